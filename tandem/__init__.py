@@ -1,0 +1,1 @@
+"""tandem: Tandem Reinforcement Learning as a reproducible pipeline."""

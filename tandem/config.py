@@ -1,0 +1,409 @@
+"""Typed, frozen configuration: one dataclass per pipeline stage, built from a `params.yaml` section.
+
+Every field carries a default and a one-line help (`field(metadata={"help": ...})`). Building a config
+checks unknown keys, types and value rules, and collects *every* problem before raising, so a user fixes a
+params file in one pass. YAML parsing lives in `tasks/`; this module works on plain dicts.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin
+
+
+class ParamsError(ValueError):
+    """A params file broke one or more rules; `problems` lists each as 'key: value -> rule'."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid params:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+def _f(default: Any, help: str) -> Any:
+    """A dataclass field with a default (copied when mutable) and a one-line help text."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+class _Section:
+    """Mixin: rule checks in `problems()`, enforced in `__post_init__` (as trl's configs do)."""
+
+    def problems(self) -> list[str]:  # overridden per section
+        return []
+
+    def __post_init__(self) -> None:
+        probs = self.problems()
+        if probs:
+            raise ParamsError(probs)
+
+
+def _rule(probs: list[str], ok: bool, key: str, value: Any, rule: str) -> None:
+    if not ok:
+        probs.append(f"{key}: {value!r} -> {rule}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DataConfig(_Section):
+    source: Literal["synthetic", "jsonl"] = _f("synthetic", "where problems come from: generated arithmetic or jsonl files")
+    n_train: int = _f(4000, "number of training problems (synthetic) or cap on training rows (jsonl, 0 = all)")
+    n_val: int = _f(200, "number of validation problems held out from training")
+    n_eval: int = _f(100, "problems per evaluation benchmark (synthetic) or cap per benchmark (jsonl, 0 = all)")
+    min_steps: int = _f(2, "fewest reasoning steps in a synthetic training problem")
+    max_steps: int = _f(8, "most reasoning steps in a synthetic training problem")
+    max_operand: int = _f(9, "largest operand of a synthetic step")
+    max_value: int = _f(40, "largest intermediate value of a synthetic problem")
+    benchmarks: dict[str, list[int]] = _f(
+        {"arith-short": [2, 3], "arith-mid": [4, 5], "arith-long": [6, 8]},
+        "synthetic evaluation benchmarks: name -> [min_steps, max_steps]")
+    train_file: str = _f("data/raw/math_train/train.jsonl", "jsonl source: training problems (id, problem, answer)")
+    eval_files: dict[str, str] = _f(
+        {"math500": "data/raw/math500/test.jsonl"}, "jsonl source: evaluation benchmark name -> jsonl file")
+    min_problem_chars: int = _f(10, "shortest problem text accepted by validation")
+    max_problem_chars: int = _f(4000, "longest problem text accepted by validation")
+    max_answer_chars: int = _f(200, "longest gold answer accepted by validation")
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        for k in ("n_train", "n_val", "n_eval", "min_problem_chars", "max_problem_chars", "max_answer_chars"):
+            _rule(p, getattr(self, k) >= 0, f"data.{k}", getattr(self, k), "must be >= 0 (a count or size)")
+        _rule(p, self.min_steps >= 1, "data.min_steps", self.min_steps, "must be >= 1")
+        _rule(p, self.max_steps >= self.min_steps, "data.max_steps", self.max_steps, "must be >= data.min_steps")
+        _rule(p, self.max_operand >= 1, "data.max_operand", self.max_operand, "must be >= 1")
+        _rule(p, self.max_value >= self.max_operand, "data.max_value", self.max_value, "must be >= data.max_operand")
+        _rule(p, self.max_problem_chars >= self.min_problem_chars, "data.max_problem_chars",
+              self.max_problem_chars, "must be >= data.min_problem_chars")
+        for name, rng in self.benchmarks.items():
+            _rule(p, len(rng) == 2 and 1 <= rng[0] <= rng[1], f"data.benchmarks.{name}", rng,
+                  "must be [min_steps, max_steps] with 1 <= min_steps <= max_steps")
+        if self.source == "synthetic":
+            _rule(p, len(self.benchmarks) > 0, "data.benchmarks", self.benchmarks, "needs at least one benchmark")
+            _rule(p, self.n_train > 0, "data.n_train", self.n_train, "synthetic data needs n_train > 0")
+        else:
+            _rule(p, len(self.eval_files) > 0, "data.eval_files", self.eval_files, "needs at least one benchmark")
+        return p
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Section):
+    source: Literal["tiny", "hub", "path"] = _f("tiny", "tiny: build and pretrain a small model here; hub: snapshot a model id; path: a local HF directory")
+    hub_id: str = _f("Qwen/Qwen3-4B-Instruct-2507", "hub source: the model id to snapshot")
+    revision: str = _f("main", "hub source: the revision (pin a commit hash for reproducibility)")
+    path: str = _f("", "path source: a local Hugging Face model directory")
+    trust_remote_code: bool = _f(False, "allow model code from the model directory (off: safer)")
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = _f("float32", "weights dtype when loading")
+    vocab_size: int = _f(640, "tiny: byte-level BPE vocabulary size")
+    hidden_size: int = _f(128, "tiny: hidden width")
+    num_layers: int = _f(4, "tiny: transformer layers")
+    num_heads: int = _f(4, "tiny: attention heads")
+    num_kv_heads: int = _f(2, "tiny: key/value heads (grouped-query attention)")
+    intermediate_size: int = _f(384, "tiny: MLP width")
+    max_position: int = _f(512, "tiny: longest sequence (prompt + completion) in tokens")
+    pretrain_lr: float = _f(3e-3, "tiny: peak pretraining learning rate")
+    pretrain_batch_size: int = _f(32, "tiny: sequences per pretraining step")
+    pretrain_steps: int = _f(2000, "tiny: maximum pretraining steps")
+    pretrain_max_seconds: float = _f(240.0, "tiny: wall-clock cap on pretraining (0 = none)")
+    n_pretrain: int = _f(20000, "tiny: synthetic reference solutions generated for pretraining")
+    eval_problems: int = _f(100, "validation problems per benchmark for metrics/base.json")
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                  "max_position", "pretrain_batch_size", "pretrain_steps", "n_pretrain", "eval_problems"):
+            _rule(p, getattr(self, k) > 0, f"model.{k}", getattr(self, k), "must be > 0")
+        _rule(p, self.pretrain_lr > 0, "model.pretrain_lr", self.pretrain_lr, "must be > 0")
+        _rule(p, self.pretrain_max_seconds >= 0, "model.pretrain_max_seconds", self.pretrain_max_seconds, "must be >= 0")
+        _rule(p, self.num_heads > 0 and self.hidden_size % max(self.num_heads, 1) == 0, "model.hidden_size",
+              self.hidden_size, "must be divisible by model.num_heads")
+        _rule(p, self.num_kv_heads > 0 and self.num_heads % max(self.num_kv_heads, 1) == 0, "model.num_kv_heads",
+              self.num_kv_heads, "must divide model.num_heads")
+        if self.source == "path":
+            _rule(p, bool(self.path), "model.path", self.path, "source 'path' needs a directory")
+        if self.source == "hub":
+            _rule(p, bool(self.hub_id), "model.hub_id", self.hub_id, "source 'hub' needs a model id")
+        return p
+
+
+@dataclass(frozen=True)
+class RolloutConfig(_Section):
+    backend: Literal["hf", "vllm"] = _f("hf", "generation backend: hf (transformers, CPU or GPU) or vllm (GPU)")
+    schedule: Literal["word", "step", "token", "solo", "junior"] = _f("word", "authorship schedule used in training")
+    p_senior: float = _f(0.5, "probability that a redraw picks the senior")
+    max_gap_tokens: int = _f(32, "word schedule: force a redraw after this many tokens without a word start")
+    max_rounds: int = _f(150, "step schedule: cap on the number of authorship turns")
+    max_new_tokens: int = _f(160, "completion budget in tokens (shared by both authors)")
+    temperature: float = _f(1.0, "sampling temperature (training: the trainer's temperature)")
+    top_p: float = _f(1.0, "nucleus sampling mass (1 = off; keep 1 in training)")
+    top_k: int = _f(0, "top-k sampling (0 = off; keep 0 in training)")
+    batch_size: int = _f(64, "rows generated together in one engine call")
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        _rule(p, 0.0 <= self.p_senior <= 1.0, "rollout.p_senior", self.p_senior, "is a probability: must lie in [0, 1]")
+        _rule(p, self.max_gap_tokens >= 1, "rollout.max_gap_tokens", self.max_gap_tokens, "must be >= 1")
+        _rule(p, self.max_rounds >= 1, "rollout.max_rounds", self.max_rounds, "must be >= 1")
+        _rule(p, self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "must be >= 1")
+        _rule(p, self.temperature > 0, "rollout.temperature", self.temperature, "must be > 0")
+        _rule(p, 0.0 < self.top_p <= 1.0, "rollout.top_p", self.top_p, "must lie in (0, 1]")
+        _rule(p, self.top_k >= 0, "rollout.top_k", self.top_k, "must be >= 0 (0 = off)")
+        _rule(p, self.batch_size >= 1, "rollout.batch_size", self.batch_size, "must be >= 1")
+        return p
+
+
+ARMS = ("tandem", "grpo", "kl_reg", "grpo_g16")
+
+
+@dataclass(frozen=True)
+class TrainConfig(_Section):
+    arms: list[str] = _f(["tandem", "grpo", "kl_reg"], f"arms to train, from {list(ARMS)}")
+    steps: int = _f(20, "optimizer steps (GRPO iterations) per arm")
+    prompts_per_step: int = _f(8, "distinct prompts per step")
+    group_size: int = _f(8, "completions per prompt (GRPO group); grpo_g16 uses 16")
+    learning_rate: float = _f(2e-4, "peak learning rate")
+    warmup_steps: int = _f(2, "linear warmup steps")
+    clip_epsilon: float = _f(0.2, "PPO clip range")
+    kl_beta: float = _f(0.001, "kl_reg arm: weight of the k3 KL penalty toward the base")
+    temperature: float = _f(1.0, "rollout temperature (the trainer rescales logits by it)")
+    max_new_tokens: int = _f(160, "response budget in tokens")
+    loss_type: Literal["dapo", "bnpo", "grpo", "dr_grpo"] = _f("dapo", "trl loss aggregation (dapo = token-mean over the batch)")
+    save_every: int = _f(10, "save a checkpoint every N steps (and at the end)")
+    resume: Literal["auto", "never"] = _f("auto", "auto: continue from the last complete checkpoint")
+    report_to: Literal["wandb", "none"] = _f("wandb", "experiment tracker (W&B mode from wandb_mode or WANDB_MODE)")
+    wandb_mode: Literal["offline", "online", "disabled"] = _f("offline", "W&B mode unless WANDB_MODE is set")
+    wandb_project: str = _f("tandem", "W&B project name")
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        bad = [a for a in self.arms if a not in ARMS]
+        _rule(p, not bad and len(self.arms) > 0, "train.arms", self.arms, f"must be a non-empty list drawn from {list(ARMS)}")
+        _rule(p, len(set(self.arms)) == len(self.arms), "train.arms", self.arms, "must not repeat an arm")
+        _rule(p, self.steps >= 1, "train.steps", self.steps, "must be >= 1")
+        _rule(p, self.prompts_per_step >= 1, "train.prompts_per_step", self.prompts_per_step, "must be >= 1")
+        _rule(p, self.group_size >= 2, "train.group_size", self.group_size,
+              "must be >= 2: the advantage is relative within a group")
+        _rule(p, self.learning_rate > 0, "train.learning_rate", self.learning_rate, "must be > 0")
+        _rule(p, self.warmup_steps >= 0, "train.warmup_steps", self.warmup_steps, "must be >= 0")
+        _rule(p, 0 < self.clip_epsilon < 1, "train.clip_epsilon", self.clip_epsilon, "must lie in (0, 1)")
+        _rule(p, self.kl_beta >= 0, "train.kl_beta", self.kl_beta, "must be >= 0")
+        _rule(p, self.temperature > 0, "train.temperature", self.temperature, "must be > 0")
+        _rule(p, self.max_new_tokens >= 1, "train.max_new_tokens", self.max_new_tokens, "must be >= 1")
+        _rule(p, self.save_every >= 1, "train.save_every", self.save_every, "must be >= 1")
+        return p
+
+
+@dataclass(frozen=True)
+class EvaluateConfig(_Section):
+    n_samples: int = _f(8, "samples per problem")
+    ks: list[int] = _f([1, 2, 4, 8], "k values for unbiased pass@k (each <= n_samples)")
+    modes: list[str] = _f(["solo", "step", "word"], "evaluation modes: solo, step (handoff robustness), word")
+    temperature: float = _f(0.7, "evaluation sampling temperature")
+    top_p: float = _f(0.8, "evaluation nucleus mass")
+    top_k: int = _f(20, "evaluation top-k (0 = off)")
+    max_new_tokens: int = _f(160, "evaluation token budget (shared in tandem modes)")
+    max_rounds: int = _f(150, "step schedule: cap on authorship turns")
+    max_problems: int = _f(0, "cap on problems per benchmark (0 = all)")
+    benchmarks: list[str] = _f([], "benchmarks to evaluate (empty = every prepared one)")
+    score_timeout: float = _f(5.0, "seconds allowed to score one sample before it counts as wrong")
+    score_workers: int = _f(2, "processes that score generations")
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        _rule(p, self.n_samples >= 1, "evaluate.n_samples", self.n_samples, "must be >= 1")
+        _rule(p, len(self.ks) > 0 and all(1 <= k <= self.n_samples for k in self.ks), "evaluate.ks", self.ks,
+              "each k must lie in [1, evaluate.n_samples]")
+        bad = [m for m in self.modes if m not in ("solo", "step", "word")]
+        _rule(p, not bad and len(self.modes) > 0, "evaluate.modes", self.modes, "must be drawn from solo, step, word")
+        _rule(p, self.temperature > 0, "evaluate.temperature", self.temperature, "must be > 0")
+        _rule(p, 0.0 < self.top_p <= 1.0, "evaluate.top_p", self.top_p, "must lie in (0, 1]")
+        _rule(p, self.top_k >= 0, "evaluate.top_k", self.top_k, "must be >= 0 (0 = off)")
+        _rule(p, self.max_new_tokens >= 1, "evaluate.max_new_tokens", self.max_new_tokens, "must be >= 1")
+        _rule(p, self.max_rounds >= 1, "evaluate.max_rounds", self.max_rounds, "must be >= 1")
+        _rule(p, self.max_problems >= 0, "evaluate.max_problems", self.max_problems, "must be >= 0")
+        _rule(p, self.score_timeout > 0, "evaluate.score_timeout", self.score_timeout, "must be > 0")
+        _rule(p, self.score_workers >= 1, "evaluate.score_workers", self.score_workers, "must be >= 1")
+        return p
+
+
+@dataclass(frozen=True)
+class AnalyzeConfig(_Section):
+    top_drift_tokens: int = _f(500, "most-drifted token types to track (fewer if the vocabulary is small)")
+    kl_bins: int = _f(40, "bins of the per-token KL histogram")
+    quantiles: list[float] = _f([0.5, 0.9, 0.99], "quantiles of the per-token KL reported")
+    reference_arm: str = _f("grpo", "arm whose drift ranks the most-drifted token types")
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        _rule(p, self.top_drift_tokens >= 1, "analyze.top_drift_tokens", self.top_drift_tokens, "must be >= 1")
+        _rule(p, self.kl_bins >= 1, "analyze.kl_bins", self.kl_bins, "must be >= 1")
+        _rule(p, all(0.0 <= q <= 1.0 for q in self.quantiles), "analyze.quantiles", self.quantiles,
+              "each quantile is a probability in [0, 1]")
+        return p
+
+
+@dataclass(frozen=True)
+class ReportConfig(_Section):
+    title: str = _f("Tandem RL: results", "report title")
+    regression_tolerance: float = _f(0.02, "promotion: largest allowed drop in solo or tandem pass@1")
+    max_examples: int = _f(3, "generations shown per arm in the report")
+
+    def problems(self) -> list[str]:
+        p: list[str] = []
+        _rule(p, self.regression_tolerance >= 0, "report.regression_tolerance", self.regression_tolerance, "must be >= 0")
+        _rule(p, self.max_examples >= 0, "report.max_examples", self.max_examples, "must be >= 0")
+        return p
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "rollout": RolloutConfig,
+    "train": TrainConfig,
+    "evaluate": EvaluateConfig,
+    "analyze": AnalyzeConfig,
+    "report": ReportConfig,
+}
+
+
+@dataclass(frozen=True)
+class Params:
+    """The whole params file: shared settings plus one frozen config per stage."""
+
+    seed: int = _f(0, "global random seed")
+    out_root: str = _f(".", "directory under which data/, models/, metrics/, results/ and reports/ live")
+    preset: str = _f("", "name of an entry of `presets` applied over the sections (empty = none)")
+    presets: dict[str, dict] = _f({}, "named overrides: preset name -> {section: {key: value}}")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    analyze: AnalyzeConfig = field(default_factory=AnalyzeConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------------------------------
+# Building from dicts
+# --------------------------------------------------------------------------------------------------
+
+def _type_ok(value: Any, ann: Any) -> bool:
+    """Strict structural type check for the annotation shapes used above (bool is not an int here)."""
+    origin = get_origin(ann)
+    if ann is Any:
+        return True
+    if origin is Literal:
+        return value in get_args(ann)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in get_args(ann))
+    if ann is bool:
+        return isinstance(value, bool)
+    if ann is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if ann is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ann is str:
+        return isinstance(value, str)
+    if origin is list:
+        (item,) = get_args(ann) or (Any,)
+        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
+    if origin is dict:
+        k, v = get_args(ann) or (Any, Any)
+        return isinstance(value, dict) and all(_type_ok(a, k) and _type_ok(b, v) for a, b in value.items())
+    if ann is dict:
+        return isinstance(value, dict)
+    return isinstance(value, ann)
+
+
+def _type_name(ann: Any) -> str:
+    if get_origin(ann) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(ann))
+    return getattr(ann, "__name__", None) if get_origin(ann) is None else str(ann).replace("typing.", "")
+
+
+def build_section(cls: type, name: str, raw: Any, problems: list[str]) -> Any:
+    """Build one section, appending every unknown key, type error and rule violation to `problems`."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        problems.append(f"{name}: {raw!r} -> must be a mapping of keys to values")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            problems.append(f"{name}.{key}: {value!r} -> unknown key (known: {', '.join(sorted(known))})")
+            continue
+        ann = hints[key]
+        if get_origin(ann) is None and ann is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not _type_ok(value, ann):
+            problems.append(f"{name}.{key}: {value!r} -> wrong type, expected {_type_name(ann)}")
+            continue
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except ParamsError as e:
+        problems.extend(e.problems)
+        # fall back to defaults so that later sections are still checked
+        return object.__new__(cls)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def params_from_dict(raw: dict | None) -> Params:
+    """Build `Params` from a parsed params file, applying `preset`; raise ParamsError listing all problems."""
+    raw = dict(raw or {})
+    problems: list[str] = []
+    preset = raw.get("preset", "") or ""
+    presets = raw.get("presets", {}) or {}
+    if not isinstance(presets, dict):
+        problems.append(f"presets: {presets!r} -> must be a mapping of preset name -> overrides")
+        presets = {}
+    if preset:
+        if preset not in presets:
+            problems.append(f"preset: {preset!r} -> unknown preset (defined: {', '.join(sorted(presets)) or 'none'})")
+        else:
+            over = presets[preset] or {}
+            if not isinstance(over, dict):
+                problems.append(f"presets.{preset}: {over!r} -> must be a mapping of section -> overrides")
+            else:
+                raw = _deep_merge(raw, over)
+    top_hints = typing.get_type_hints(Params)
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in SECTIONS:
+            kwargs[key] = build_section(SECTIONS[key], key, value, problems)
+        elif key in top_hints:
+            if not _type_ok(value, top_hints[key]):
+                problems.append(f"{key}: {value!r} -> wrong type, expected {_type_name(top_hints[key])}")
+            else:
+                kwargs[key] = value
+        else:
+            problems.append(f"{key}: {value!r} -> unknown key (known: "
+                            f"{', '.join(sorted(set(top_hints)))})")
+    if isinstance(kwargs.get("seed"), int):
+        _rule(problems, kwargs["seed"] >= 0, "seed", kwargs["seed"], "must be >= 0")
+    if problems:
+        raise ParamsError(problems)
+    return Params(**kwargs)
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Field name -> one-line help, for docs and `tandem check-params --explain`."""
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}

@@ -1,0 +1,1 @@
+"""Datasets: synthetic arithmetic generation, prompt rendering, validation and jsonl I/O."""

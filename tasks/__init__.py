@@ -1,0 +1,1 @@
+"""Pipeline stages: one thin module per stage."""
