@@ -366,6 +366,9 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
+PRESET_SECTIONS = ("rollout", "train", "evaluate", "analyze", "report")
+
+
 def params_from_dict(raw: dict | None) -> Params:
     """Build `Params` from a parsed params file, applying `preset`; raise ParamsError listing all problems."""
     raw = dict(raw or {})
@@ -375,6 +378,11 @@ def params_from_dict(raw: dict | None) -> Params:
     if not isinstance(presets, dict):
         problems.append(f"presets: {presets!r} -> must be a mapping of preset name -> overrides")
         presets = {}
+    for name, over in presets.items():
+        bad = [k for k in (over or {}) if k not in PRESET_SECTIONS] if isinstance(over, dict) else []
+        if bad:
+            problems.append(f"presets.{name}: {bad} -> a preset may only override {list(PRESET_SECTIONS)} "
+                            "(data and model feed the prepare and base stages, which do not depend on the preset)")
     if preset:
         if preset not in presets:
             problems.append(f"preset: {preset!r} -> unknown preset (defined: {', '.join(sorted(presets)) or 'none'})")
@@ -402,6 +410,19 @@ def params_from_dict(raw: dict | None) -> Params:
     if problems:
         raise ParamsError(problems)
     return Params(**kwargs)
+
+
+def check_all_presets(raw: dict) -> None:
+    """Build the params once per preset (and once as given), so a typo in an inactive preset is caught too."""
+    problems: list[str] = []
+    variants = [raw.get("preset", "")] + [name for name in (raw.get("presets") or {}) if name != raw.get("preset")]
+    for name in variants:
+        try:
+            params_from_dict({**raw, "preset": name})
+        except ParamsError as e:
+            problems.extend(p for p in e.problems if p not in problems)
+    if problems:
+        raise ParamsError(problems)
 
 
 def field_help(cls: type) -> dict[str, str]:

@@ -18,13 +18,17 @@ from typing import Any, Iterable, Iterator
 
 import yaml
 
-from tandem.config import Params, ParamsError, params_from_dict
+from tandem.config import Params, ParamsError, check_all_presets, params_from_dict
 
 DEFAULT_PARAMS = "params.yaml"
 
 
-def load_params(path: str | os.PathLike = DEFAULT_PARAMS, overrides: dict | None = None) -> Params:
-    """Parse and validate a params file; raises ParamsError (the CLI turns it into exit code 2)."""
+def load_params(path: str | os.PathLike = DEFAULT_PARAMS, overrides: dict | None = None,
+                all_presets: bool = False) -> Params:
+    """Parse and validate a params file; raises ParamsError (the CLI turns it into exit code 2).
+
+    `all_presets` also validates every preset, not only the active one (used by `tandem check-params`).
+    """
     p = Path(path)
     if not p.exists():
         raise ParamsError([f"params file: {str(p)!r} -> does not exist"])
@@ -37,6 +41,8 @@ def load_params(path: str | os.PathLike = DEFAULT_PARAMS, overrides: dict | None
     if overrides:
         from tandem.config import _deep_merge
         raw = _deep_merge(raw, overrides)
+    if all_presets:
+        check_all_presets(raw)
     return params_from_dict(raw)
 
 
