@@ -1,0 +1,458 @@
+"""Models and tokenizers: the tiny byte-level BPE + Qwen3 base, CPU pretraining, safe loading, hub snapshots.
+
+The tiny path exists so the whole pipeline runs on a CPU in minutes: a byte-level BPE tokenizer trained on
+the synthetic corpus (word starts visible as `Ġ`/`Ċ`, every digit its own token, so a number is a bare `Ġ`
+followed by its digits), a ~1M-parameter `Qwen3ForCausalLM`, and supervised pretraining on reference
+solutions. Loading goes through safetensors only and never runs model code unless asked
+(`trust_remote_code`). Accuracy helpers generate with left padding and score with `tandem.rewards`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from tandem.config import ModelConfig
+from tandem.data.prompts import render_prompt
+
+PAD_TOKEN = "<|endoftext|>"
+EOS_TOKEN = "<|im_end|>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, *ROLE_TOKENS)
+
+# One turn: role marker, newline, content, end-of-turn. The generation prompt opens the assistant turn, so a
+# completion is the solution text followed by EOS (the same token that closes every turn).
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
+    "{{ raise_exception('unknown chat role: ' + message['role']) }}"
+    "{%- endif -%}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}" + EOS_TOKEN + "\n"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>\n{%- endif -%}"
+)
+
+SAFE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.md"]
+SOURCE_FILE = "tandem_source.json"
+
+
+# --------------------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------------------
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int, model_max_length: int = 512):
+    """Train a byte-level BPE on `texts` and wrap it as a `PreTrainedTokenizerFast` with a chat template.
+
+    Pre-tokenisation isolates every newline and every digit before the byte-level split, so `\\n\\n` is two
+    `Ċ` tokens and ` 12` is `Ġ`, `1`, `2`: each word start is a token starting with `Ġ` or `Ċ`, which is what
+    the word schedule redraws on. `vocab_size` is an upper bound: a narrow corpus runs out of merges earlier.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    n_min = 256 + len(SPECIAL_TOKENS)
+    if vocab_size < n_min:
+        raise ValueError(f"vocab_size {vocab_size} is too small: a byte-level BPE needs >= {n_min} "
+                         f"(256 bytes + {len(SPECIAL_TOKENS)} special tokens)")
+    if not texts:
+        raise ValueError("train_tokenizer needs at least one text")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"),
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN,
+                                   model_max_length=model_max_length)
+    fast.add_special_tokens({"additional_special_tokens": list(ROLE_TOKENS)})
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False):
+    """Load a saved tokenizer with left padding (transformers 5.24 does not persist `padding_side`)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        # Batched generation needs a pad id; padded positions are masked, so EOS serves.
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def word_start_ids(tokenizer) -> list[int]:
+    """Ids whose token string starts a new word (leading `Ġ` or `Ċ`), the word schedule's redraw points."""
+    return sorted(i for t, i in tokenizer.get_vocab().items() if t.startswith(("Ġ", "Ċ")))
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------------
+
+def build_tiny_model(tokenizer, cfg: ModelConfig, seed: int = 0):
+    """A freshly initialised `Qwen3ForCausalLM` sized by `cfg` (tied embeddings), deterministic in `seed`."""
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.hidden_size // cfg.num_heads,
+        max_position_embeddings=cfg.max_position,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        use_cache=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        do_sample=False, max_new_tokens=160)
+    return model.float()
+
+
+def n_params(model) -> int:
+    """Distinct trainable parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def load_model(path: str | os.PathLike, dtype: str = "float32", trust_remote_code: bool = False):
+    """Load a causal LM from a local HF directory: safetensors only, no remote code unless asked."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not list(path.glob("*.safetensors")):
+        raise FileNotFoundError(f"{path}: no *.safetensors weights; this project loads safetensors only "
+                                f"(pickled .bin/.pt checkpoints can run code when loaded)")
+    if not hasattr(torch, dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), use_safetensors=True,
+                                                trust_remote_code=trust_remote_code)
+
+
+def save_model(model, tokenizer, path: str | os.PathLike) -> None:
+    """Save model (safetensors), tokenizer (with chat template) and generation config into `path`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path), safe_serialization=True)
+    tokenizer.save_pretrained(str(path))
+
+
+def check_model_dir(path: str | os.PathLike) -> None:
+    """Raise a clear error unless `path` looks like a loadable HF model directory (config + safetensors)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
+    missing = []
+    if not (path / "config.json").exists():
+        missing.append("config.json")
+    if not list(path.glob("*.safetensors")):
+        missing.append("*.safetensors weights")
+    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        missing.append("tokenizer files")
+    if missing:
+        raise FileNotFoundError(f"{path} is not a usable Hugging Face model directory: missing "
+                                f"{', '.join(missing)}")
+
+
+def snapshot_hub(model_id: str, revision: str, dest: str | os.PathLike, trust_remote_code: bool = False,
+                 cache_dir: str | os.PathLike | None = None) -> dict:
+    """Copy a hub model (safetensors, configs, tokenizer; `*.py` only with trust_remote_code) into `dest`.
+
+    The snapshot goes through the Hugging Face cache, whose snapshot folder is named by the resolved commit;
+    that commit is recorded in `dest/tandem_source.json`. Files are hard-linked from the cache when possible.
+    Offline (HF_HUB_OFFLINE=1) without a cached copy raises a RuntimeError saying how to proceed.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    patterns = SAFE_PATTERNS + (["*.py"] if trust_remote_code else [])
+    try:
+        snap = Path(snapshot_download(model_id, revision=revision, allow_patterns=patterns,
+                                      cache_dir=str(cache_dir) if cache_dir else None))
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError) as e:
+        raise RuntimeError(
+            f"cannot snapshot {model_id}@{revision}: it is not in the local Hugging Face cache and the hub is "
+            f"unreachable or offline mode is on (HF_HUB_OFFLINE=1). Either run this stage once with network "
+            f"access (unset HF_HUB_OFFLINE), or fetch the model elsewhere and set model.source: path with "
+            f"model.path pointing at the local directory. ({type(e).__name__}: {e})") from None
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    files = []
+    for src in sorted(snap.rglob("*")):
+        if src.is_dir():
+            continue
+        rel = src.relative_to(snap)
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        real = src.resolve()
+        try:
+            os.link(real, out)
+        except OSError:
+            shutil.copy2(real, out)
+        files.append(str(rel))
+    check_model_dir(dest)
+    info = {"source": "hub", "model_id": model_id, "revision": revision, "commit": snap.name,
+            "files": files, "trust_remote_code": trust_remote_code}
+    (dest / SOURCE_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+# --------------------------------------------------------------------------------------------------
+# Pretraining
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Example:
+    """One tokenised pretraining sequence: `ids` = prompt + completion + EOS; loss from `n_prompt` on."""
+
+    ids: list[int]
+    n_prompt: int
+
+
+def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]]) -> list[Example]:
+    """(user message, reference solution) pairs -> chat-rendered token sequences ending with EOS."""
+    prompts = [render_prompt(m, tokenizer) for m, _ in pairs]
+    p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    c_ids = tokenizer([s for _, s in pairs], add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    return [Example(ids=list(p) + list(c) + [eos], n_prompt=len(p)) for p, c in zip(p_ids, c_ids)]
+
+
+def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a batch; labels are -100 on prompt and padding so the loss covers completion + EOS only."""
+    T = max(len(e.ids) for e in examples)
+    B = len(examples)
+    ids_BT = torch.full((B, T), pad_id, dtype=torch.long)
+    mask_BT = torch.zeros((B, T), dtype=torch.long)
+    labels_BT = torch.full((B, T), -100, dtype=torch.long)
+    for b, e in enumerate(examples):
+        n = len(e.ids)
+        ids_BT[b, :n] = torch.tensor(e.ids)
+        mask_BT[b, :n] = 1
+        labels_BT[b, e.n_prompt:n] = ids_BT[b, e.n_prompt:n]
+    return {"input_ids": ids_BT, "attention_mask": mask_BT, "labels": labels_BT}
+
+
+def completion_loss(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over positions whose label is not -100 (labels unshifted)."""
+    logits = logits_BTV[:, :-1].reshape(-1, logits_BTV.shape[-1])
+    target = labels_BT[:, 1:].reshape(-1)
+    return torch.nn.functional.cross_entropy(logits.float(), target, ignore_index=-100)
+
+
+def lr_factor(progress: float, warmup: float) -> float:
+    """Linear warmup over the first `warmup` fraction, then cosine decay to 0 at progress 1."""
+    if progress < warmup:
+        return max(progress / warmup, 1e-3)
+    x = min((progress - warmup) / max(1.0 - warmup, 1e-9), 1.0)
+    return 0.5 * (1.0 + math.cos(math.pi * x))
+
+
+def length_bucketed_batches(n_examples: int, lengths: Sequence[int], batch_size: int,
+                            rng: random.Random, pool_batches: int = 16) -> list[list[int]]:
+    """One epoch of batches: shuffle, sort pools of `pool_batches` batches by length, shuffle the batches.
+
+    Similar lengths in a batch cut padding (about a third of the compute with 2-8 step solutions) while
+    every pool still mixes all lengths over the epoch.
+    """
+    order = list(range(n_examples))
+    rng.shuffle(order)
+    pool = batch_size * pool_batches
+    batches: list[list[int]] = []
+    for s in range(0, n_examples, pool):
+        chunk = sorted(order[s:s + pool], key=lambda i: lengths[i])
+        batches.extend(chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size))
+    batches = [b for b in batches if len(b) == batch_size] or batches
+    rng.shuffle(batches)
+    return batches
+
+
+def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfig, progress: bool = True,
+             seed: int = 0, curve_fn: Callable[[Any], dict] | None = None, curve_points: int = 0,
+             warmup: float = 0.05) -> dict:
+    """Supervised pretraining on (user message, reference solution) pairs; returns a summary dict.
+
+    Runs `cfg.pretrain_steps` AdamW steps, or stops at `cfg.pretrain_max_seconds` of training time if that
+    comes first; the learning-rate schedule follows whichever limit is nearer (progress = the larger of the
+    step and time fractions), so a time-capped run still finishes its decay instead of stopping mid-rise.
+    `curve_fn(model)` (if given) is called at `curve_points` evenly spaced points of progress and its
+    dict is logged with step, training seconds and recent loss: the learning curve. Its time is not
+    counted as training time.
+    """
+    if not texts:
+        raise ValueError("pretrain needs at least one (message, solution) pair")
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    examples = encode_examples(tokenizer, texts)
+    too_long = sum(len(e.ids) > cfg.max_position for e in examples)
+    if too_long:
+        raise ValueError(f"{too_long} of {len(examples)} pretraining sequences exceed model.max_position "
+                         f"({cfg.max_position} tokens; longest {max(len(e.ids) for e in examples)})")
+    lengths = [len(e.ids) for e in examples]
+    pad_id = tokenizer.pad_token_id
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, betas=(0.9, 0.98), weight_decay=0.01)
+    max_s = cfg.pretrain_max_seconds
+    total = cfg.pretrain_steps
+    model.train()
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=total, desc="pretrain", unit="step", dynamic_ncols=True)
+    batches: list[list[int]] = []
+    losses: list[float] = []
+    curve: list[dict] = []
+    next_curve = 1
+    train_s, tokens, step, stopped_by = 0.0, 0, 0, "steps"
+    prog = 0.0
+    try:
+        while step < total:
+            if not batches:
+                batches = length_bucketed_batches(len(examples), lengths, cfg.pretrain_batch_size, rng)
+            t0 = time.perf_counter()
+            prog = max(step / total, train_s / max_s if max_s > 0 else 0.0)
+            if prog >= 1.0:
+                stopped_by = "time"
+                break
+            for g in opt.param_groups:
+                g["lr"] = cfg.pretrain_lr * lr_factor(prog, warmup)
+            batch = collate([examples[i] for i in batches.pop()], pad_id)
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            loss = completion_loss(out.logits, batch["labels"])
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"pretraining loss became {loss.item()} at step {step}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            tokens += int(batch["attention_mask"].sum())
+            losses.append(loss.item())
+            train_s += time.perf_counter() - t0
+            if bar is not None:
+                bar.update(1)
+                if step % 10 == 0:
+                    bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}", s=f"{train_s:.0f}")
+            prog = max(step / total, train_s / max_s if max_s > 0 else 0.0)
+            if curve_fn is not None and curve_points > 0 and prog >= next_curve / curve_points - 1e-9:
+                next_curve = math.floor(prog * curve_points + 1e-9) + 1
+                model.eval()
+                point = {"step": step, "seconds": round(train_s, 1),
+                         "loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), **curve_fn(model)}
+                model.train()
+                curve.append(point)
+                if bar is not None:
+                    bar.write(f"curve: {point}")
+    finally:
+        if bar is not None:
+            bar.close()
+    model.eval()
+    tail = losses[-max(1, min(50, len(losses) // 10)):]
+    return {
+        "steps": step, "stopped_by": stopped_by if step < total else "steps",
+        "seconds": round(train_s, 2), "tokens": tokens,
+        "tokens_per_second": round(tokens / max(train_s, 1e-9), 1),
+        "first_loss": round(losses[0], 4) if losses else None,
+        "final_loss": round(sum(tail) / len(tail), 4) if tail else None,
+        "params": n_params(model), "n_sequences": len(examples),
+        "max_sequence_tokens": max(lengths), "curve": curve,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Generation and accuracy
+# --------------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def generate_completions(model, tokenizer, messages: Sequence[str], max_new_tokens: int = 160,
+                         temperature: float = 0.0, batch_size: int = 64, seed: int = 0) -> list[dict]:
+    """Complete each user message (chat-rendered, left-padded batches); temperature 0 means greedy.
+
+    Returns one dict per message: `text` (decoded up to, not including, the first EOS), `n_tokens`
+    (generated tokens up to and including EOS) and `finished` (an EOS was produced within the budget).
+    Sampling is plain temperature sampling (no top-k/top-p), seeded per call.
+    """
+    from transformers import GenerationConfig
+
+    was_training = model.training
+    model.eval()
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    prompts = [render_prompt(m, tokenizer) for m in messages]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                           temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
+                           eos_token_id=eos, pad_token_id=pad, bos_token_id=None)
+    out: list[dict | None] = [None] * len(prompts)
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for s in range(0, len(order), batch_size):
+                idx = order[s:s + batch_size]
+                enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
+                                add_special_tokens=False)
+                seq = model.generate(**enc, generation_config=gen)
+                new_BT = seq[:, enc["input_ids"].shape[1]:]
+                for row, i in enumerate(idx):
+                    ids = new_BT[row].tolist()
+                    finished = eos in ids
+                    cut = ids.index(eos) if finished else len(ids)
+                    out[i] = {"text": tokenizer.decode(ids[:cut], skip_special_tokens=True),
+                              "n_tokens": cut + int(finished), "finished": finished}
+    finally:
+        tokenizer.padding_side = side
+        if was_training:
+            model.train()
+    return out  # type: ignore[return-value]
+
+
+def accuracy(model, tokenizer, messages: Sequence[str], golds: Sequence[str], max_new_tokens: int = 160,
+             temperature: float = 0.0, batch_size: int = 64, seed: int = 0, n_samples: int = 1,
+             score_workers: int = 1) -> dict:
+    """Mean correctness of generations scored by `tandem.rewards.score_many` (greedy when temperature 0).
+
+    With `n_samples` > 1 each message is sampled that many times. Returns accuracy, per-message mean
+    scores, mean/max completion tokens and the share that ended with EOS.
+    """
+    from tandem.rewards import score_many
+
+    if len(messages) != len(golds):
+        raise ValueError(f"{len(messages)} messages but {len(golds)} gold answers")
+    if not messages:
+        raise ValueError("accuracy needs at least one message")
+    reps = n_samples if temperature > 0 else 1
+    msgs = [m for m in messages for _ in range(reps)]
+    gens = generate_completions(model, tokenizer, msgs, max_new_tokens, temperature, batch_size, seed)
+    scores = score_many([g["text"] for g in gens], [g for g in golds for _ in range(reps)],
+                        workers=score_workers)
+    per = [sum(scores[i * reps:(i + 1) * reps]) / reps for i in range(len(messages))]
+    return {
+        "accuracy": sum(per) / len(per),
+        "per_problem": per,
+        "mean_tokens": sum(g["n_tokens"] for g in gens) / len(gens),
+        "max_tokens": max(g["n_tokens"] for g in gens),
+        "finished": sum(g["finished"] for g in gens) / len(gens),
+    }
