@@ -73,7 +73,11 @@ def stage(name: str = typer.Argument(..., help=f"stage to run, one of: {', '.joi
     try:
         summary = run_stage(name, p)
     except Exception as e:  # a stage's own readable failure (validation, missing input) ends here with exit 1
-        if type(e).__name__ in ("DataValidationError", "StageInputError", "FileNotFoundError"):
+        if type(e).__name__ == "DataValidationError":  # the stage already printed the row-by-row report
+            typer.secho(f"stage {name} failed: data validation found problems (report above); "
+                        "no outputs were written", fg=typer.colors.RED, err=True)
+            raise typer.Exit(code=1)
+        if type(e).__name__ in ("StageInputError", "FileNotFoundError"):
             typer.secho(f"stage {name} failed: {e}", fg=typer.colors.RED, err=True)
             raise typer.Exit(code=1)
         raise

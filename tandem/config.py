@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -51,6 +52,9 @@ def _rule(probs: list[str], ok: bool, key: str, value: Any, rule: str) -> None:
 # Sections
 # --------------------------------------------------------------------------------------------------
 
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
 @dataclass(frozen=True)
 class DataConfig(_Section):
     source: Literal["synthetic", "jsonl"] = _f("synthetic", "where problems come from: generated arithmetic or jsonl files")
@@ -70,6 +74,8 @@ class DataConfig(_Section):
     min_problem_chars: int = _f(10, "shortest problem text accepted by validation")
     max_problem_chars: int = _f(4000, "longest problem text accepted by validation")
     max_answer_chars: int = _f(200, "longest gold answer accepted by validation")
+    parse_timeout: float = _f(5.0, "validation: seconds math-verify may spend parsing one answer before it fails")
+    drop_invalid: bool = _f(False, "drop rows that break a row rule (listed in metrics/data.json) instead of failing")
 
     def problems(self) -> list[str]:
         p: list[str] = []
@@ -79,8 +85,12 @@ class DataConfig(_Section):
         _rule(p, self.max_steps >= self.min_steps, "data.max_steps", self.max_steps, "must be >= data.min_steps")
         _rule(p, self.max_operand >= 1, "data.max_operand", self.max_operand, "must be >= 1")
         _rule(p, self.max_value >= self.max_operand, "data.max_value", self.max_value, "must be >= data.max_operand")
+        _rule(p, self.parse_timeout > 0, "data.parse_timeout", self.parse_timeout, "must be > 0 seconds")
         _rule(p, self.max_problem_chars >= self.min_problem_chars, "data.max_problem_chars",
               self.max_problem_chars, "must be >= data.min_problem_chars")
+        for key, names in (("data.benchmarks", self.benchmarks), ("data.eval_files", self.eval_files)):
+            bad = [n for n in names if not _SAFE_NAME.fullmatch(n)]
+            _rule(p, not bad, key, bad, "benchmark names become file names: use letters, digits, '.', '_', '-'")
         for name, rng in self.benchmarks.items():
             _rule(p, len(rng) == 2 and 1 <= rng[0] <= rng[1], f"data.benchmarks.{name}", rng,
                   "must be [min_steps, max_steps] with 1 <= min_steps <= max_steps")
@@ -113,13 +123,22 @@ class ModelConfig(_Section):
     pretrain_max_seconds: float = _f(240.0, "tiny: wall-clock cap on pretraining (0 = none)")
     n_pretrain: int = _f(20000, "tiny: synthetic reference solutions generated for pretraining")
     eval_problems: int = _f(100, "validation problems per benchmark for metrics/base.json")
+    eval_samples: int = _f(1, "samples per problem for the sampled (temperature 1) accuracy in metrics/base.json")
+    eval_max_new_tokens: int = _f(160, "token budget of base-model evaluation generations")
+    eval_batch_size: int = _f(100, "prompts generated together when evaluating the base")
+    pretrain_warmup: float = _f(0.05, "tiny: fraction of pretraining spent on linear warmup before cosine decay")
+    curve_points: int = _f(6, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)")
+    curve_problems: int = _f(20, "tiny: problems per benchmark in each learning-curve evaluation")
 
     def problems(self) -> list[str]:
         p: list[str] = []
         for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                  "max_position", "pretrain_batch_size", "pretrain_steps", "n_pretrain", "eval_problems"):
+                  "max_position", "pretrain_batch_size", "pretrain_steps", "n_pretrain", "eval_problems",
+                  "eval_samples", "eval_max_new_tokens", "eval_batch_size", "curve_problems"):
             _rule(p, getattr(self, k) > 0, f"model.{k}", getattr(self, k), "must be > 0")
         _rule(p, self.pretrain_lr > 0, "model.pretrain_lr", self.pretrain_lr, "must be > 0")
+        _rule(p, 0 <= self.pretrain_warmup < 1, "model.pretrain_warmup", self.pretrain_warmup, "must lie in [0, 1)")
+        _rule(p, self.curve_points >= 0, "model.curve_points", self.curve_points, "must be >= 0 (0 = off)")
         _rule(p, self.pretrain_max_seconds >= 0, "model.pretrain_max_seconds", self.pretrain_max_seconds, "must be >= 0")
         _rule(p, self.num_heads > 0 and self.hidden_size % max(self.num_heads, 1) == 0, "model.hidden_size",
               self.hidden_size, "must be divisible by model.num_heads")
@@ -179,9 +198,26 @@ class TrainConfig(_Section):
     report_to: Literal["wandb", "none"] = _f("wandb", "experiment tracker (W&B mode from wandb_mode or WANDB_MODE)")
     wandb_mode: Literal["offline", "online", "disabled"] = _f("offline", "W&B mode unless WANDB_MODE is set")
     wandb_project: str = _f("tandem", "W&B project name")
+    lr_schedule: Literal["constant_with_warmup", "linear", "cosine"] = _f(
+        "constant_with_warmup", "learning-rate schedule after warmup (transformers scheduler name)")
+    max_grad_norm: float = _f(1.0, "gradient-norm clip (0 = off)")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (large models on a GPU)")
+    kl_rows: int = _f(16, "rows per step used for the KL-to-base diagnostic of every arm (0 = off)")
+    val_every: int = _f(0, "solo greedy validation accuracy of the senior every N steps (0 = off)")
+    val_problems: int = _f(64, "validation rows used by the in-training accuracy (0 = all)")
+    score_timeout: float = _f(5.0, "seconds allowed to score one completion before it counts as wrong")
+    score_workers: int = _f(1, "processes that score completions with math-verify (plain integers skip them)")
 
     def problems(self) -> list[str]:
         p: list[str] = []
+        _rule(p, self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "must be >= 0")
+        _rule(p, self.kl_rows >= 0, "train.kl_rows", self.kl_rows, "must be >= 0 (0 = off)")
+        _rule(p, self.val_every >= 0, "train.val_every", self.val_every, "must be >= 0 (0 = off)")
+        _rule(p, self.val_problems >= 0, "train.val_problems", self.val_problems, "must be >= 0 (0 = all)")
+        _rule(p, self.score_timeout > 0, "train.score_timeout", self.score_timeout, "must be > 0")
+        _rule(p, self.score_workers >= 1, "train.score_workers", self.score_workers, "must be >= 1")
+        _rule(p, "kl_reg" not in self.arms or self.kl_beta > 0, "train.kl_beta", self.kl_beta,
+              "must be > 0 when train.arms includes kl_reg (it is GRPO plus the KL penalty)")
         bad = [a for a in self.arms if a not in ARMS]
         _rule(p, not bad and len(self.arms) > 0, "train.arms", self.arms, f"must be a non-empty list drawn from {list(ARMS)}")
         _rule(p, len(set(self.arms)) == len(self.arms), "train.arms", self.arms, "must not repeat an arm")
@@ -213,9 +249,14 @@ class EvaluateConfig(_Section):
     benchmarks: list[str] = _f([], "benchmarks to evaluate (empty = every prepared one)")
     score_timeout: float = _f(5.0, "seconds allowed to score one sample before it counts as wrong")
     score_workers: int = _f(2, "processes that score generations")
+    batch_size: int = _f(64, "rows (problem x sample) generated together in one engine call")
+    benchmark_files: dict[str, str] = _f(
+        {}, "extra benchmarks read directly: name -> jsonl file with id, problem, answer (prompt optional)")
+    progress: bool = _f(True, "show a progress bar per checkpoint, mode and benchmark")
 
     def problems(self) -> list[str]:
         p: list[str] = []
+        _rule(p, self.batch_size >= 1, "evaluate.batch_size", self.batch_size, "must be >= 1")
         _rule(p, self.n_samples >= 1, "evaluate.n_samples", self.n_samples, "must be >= 1")
         _rule(p, len(self.ks) > 0 and all(1 <= k <= self.n_samples for k in self.ks), "evaluate.ks", self.ks,
               "each k must lie in [1, evaluate.n_samples]")
@@ -238,9 +279,13 @@ class AnalyzeConfig(_Section):
     kl_bins: int = _f(40, "bins of the per-token KL histogram")
     quantiles: list[float] = _f([0.5, 0.9, 0.99], "quantiles of the per-token KL reported")
     reference_arm: str = _f("grpo", "arm whose drift ranks the most-drifted token types")
+    min_type_count: int = _f(3, "occurrences a token type needs in the reference arm's text to be ranked")
+    batch_size: int = _f(32, "completions teacher-forced together in one forward pass")
 
     def problems(self) -> list[str]:
         p: list[str] = []
+        _rule(p, self.min_type_count >= 1, "analyze.min_type_count", self.min_type_count, "must be >= 1")
+        _rule(p, self.batch_size >= 1, "analyze.batch_size", self.batch_size, "must be >= 1")
         _rule(p, self.top_drift_tokens >= 1, "analyze.top_drift_tokens", self.top_drift_tokens, "must be >= 1")
         _rule(p, self.kl_bins >= 1, "analyze.kl_bins", self.kl_bins, "must be >= 1")
         _rule(p, all(0.0 <= q <= 1.0 for q in self.quantiles), "analyze.quantiles", self.quantiles,
@@ -253,11 +298,16 @@ class ReportConfig(_Section):
     title: str = _f("Tandem RL: results", "report title")
     regression_tolerance: float = _f(0.02, "promotion: largest allowed drop in solo or tandem pass@1")
     max_examples: int = _f(3, "generations shown per arm in the report")
+    promote_arm: str = _f("tandem", "promotion: arm whose best checkpoint may be promoted (empty = best of any arm)")
+    promote_k: int = _f(1, "promotion: compare solo and tandem pass@k at this k (must be in evaluate.ks)")
 
     def problems(self) -> list[str]:
         p: list[str] = []
         _rule(p, self.regression_tolerance >= 0, "report.regression_tolerance", self.regression_tolerance, "must be >= 0")
         _rule(p, self.max_examples >= 0, "report.max_examples", self.max_examples, "must be >= 0")
+        _rule(p, self.promote_arm == "" or self.promote_arm in ARMS, "report.promote_arm", self.promote_arm,
+              f"must be empty or one of {list(ARMS)}")
+        _rule(p, self.promote_k >= 1, "report.promote_k", self.promote_k, "must be >= 1")
         return p
 
 

@@ -32,13 +32,13 @@ SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, *ROLE_TOKENS)
 # One turn: role marker, newline, content, end-of-turn. The generation prompt opens the assistant turn, so a
 # completion is the solution text followed by EOS (the same token that closes every turn).
 CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
-    "{{ raise_exception('unknown chat role: ' + message['role']) }}"
-    "{%- endif -%}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}" + EOS_TOKEN + "\n"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|assistant|>\n{%- endif -%}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{- raise_exception('unknown chat role: ' + message['role']) }}"
+    "{%- endif %}"
+    "{{- '<|' + message['role'] + '|>\\n' + message['content'] + '" + EOS_TOKEN + "\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}"
 )
 
 SAFE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.md"]
@@ -290,8 +290,7 @@ def length_bucketed_batches(n_examples: int, lengths: Sequence[int], batch_size:
 
 
 def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfig, progress: bool = True,
-             seed: int = 0, curve_fn: Callable[[Any], dict] | None = None, curve_points: int = 0,
-             warmup: float = 0.05) -> dict:
+             seed: int = 0, curve_fn: Callable[[Any], dict] | None = None, curve_points: int = 0) -> dict:
     """Supervised pretraining on (user message, reference solution) pairs; returns a summary dict.
 
     Runs `cfg.pretrain_steps` AdamW steps, or stops at `cfg.pretrain_max_seconds` of training time if that
@@ -337,7 +336,7 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
                 stopped_by = "time"
                 break
             for g in opt.param_groups:
-                g["lr"] = cfg.pretrain_lr * lr_factor(prog, warmup)
+                g["lr"] = cfg.pretrain_lr * lr_factor(prog, cfg.pretrain_warmup)
             batch = collate([examples[i] for i in batches.pop()], pad_id)
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
             loss = completion_loss(out.logits, batch["labels"])

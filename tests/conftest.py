@@ -25,5 +25,7 @@ for _k, _v in {
 os.environ.setdefault("PREFECT_HOME", str(Path(_HOME) / "prefect"))
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# importlib import mode (pyproject) keeps same-named test files apart; shared test helpers live in tests/.
+for _p in (REPO, REPO / "tests"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))

@@ -85,7 +85,7 @@ def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_val
         eq = f"{before} {sym} {k} = {after}"
         if style == "verbose":
             _, v = _verbs(op, k, obj)
-            steps.append(f"{name} {v}, so {eq}.")
+            steps.append(f"{name} {v}: {eq}.")
         else:
             steps.append(eq)
     answer = str(ops[-1][3])

@@ -1,0 +1,1 @@
+"""Rollout backends: `hf` (transformers, catch-up kernel) and `vllm` (GPU, optional)."""

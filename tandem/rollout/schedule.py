@@ -1,0 +1,128 @@
+"""Authorship schedules: who writes the next token of each row, as a vectorised state machine over rows.
+
+Shared verbatim by the catch-up engine and the lockstep reference, so both follow the same authors. The
+author of completion position t+1 depends only on the tokens emitted up to t and on counter-based uniforms
+(`sampling.uniform`), never on which engine runs.
+
+- `word`  : first author ~ Bernoulli(p_senior). After each emitted token, if it starts a word (its text begins
+            with whitespace) or `max_gap_tokens` tokens have passed since the last redraw, redraw the author
+            ~ Bernoulli(p_senior) (it may pick the same model) and reset the gap counter. The redraw follows
+            the word-initial token, so the rest of that word may come from the other model.
+- `token` : redraw after every token (the predecessor paper's per-token coin flip).
+- `step`  : the senior writes the first step; after each token that ends a step (the current turn's text now
+            holds a blank line: a `\\n\\n` token, or a token starting with `\\n` right after one ending with
+            `\\n`) authorship passes strictly to the other model. The chain stops after `max_rounds` turns.
+- `solo`  : the senior writes everything; `junior`: the junior writes everything.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from tandem.rollout.sampling import STREAM_FIRST, STREAM_REDRAW, uniform, uniform_int
+from tandem.rollout.vocab import TokenTables
+
+SCHEDULES = ("word", "step", "token", "solo", "junior")
+SENIOR, JUNIOR = 1, 0
+
+
+def check_schedule(schedule: str, p_senior: float, max_gap_tokens: int, max_rounds: int) -> None:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if not 0.0 <= p_senior <= 1.0:
+        raise ValueError(f"p_senior must lie in [0, 1], got {p_senior}")
+    if max_gap_tokens < 1:
+        raise ValueError(f"max_gap_tokens must be >= 1, got {max_gap_tokens}")
+    if max_rounds < 1:
+        raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
+
+
+def uses_junior(schedule: str, p_senior: float = 0.5) -> bool:
+    """Whether the junior can author any token under this schedule."""
+    return schedule in ("step", "junior") or (schedule in ("word", "token") and p_senior < 1.0)
+
+
+def uses_senior(schedule: str, p_senior: float = 0.5) -> bool:
+    return schedule in ("step", "solo") or (schedule in ("word", "token") and p_senior > 0.0)
+
+
+class Schedule:
+    """Per-row author state for one batch. `author_B` (bool, True = senior) names the author of the next token."""
+
+    def __init__(self, kind: str, tables: TokenTables, seed: int, row_ids_B: torch.Tensor,
+                 p_senior: float = 0.5, max_gap_tokens: int = 32, max_rounds: int = 150):
+        check_schedule(kind, p_senior, max_gap_tokens, max_rounds)
+        self.kind, self.tables, self.seed = kind, tables, seed
+        self.row_ids_B = row_ids_B.to(torch.int64)
+        self.p_senior, self.max_gap, self.max_rounds = p_senior, max_gap_tokens, max_rounds
+        B, dev = self.row_ids_B.numel(), self.row_ids_B.device
+        if kind in ("word", "token"):
+            self.author_B = uniform(seed, STREAM_FIRST, self.row_ids_B, 0) < p_senior
+        else:
+            self.author_B = torch.full((B,), kind != "junior", dtype=torch.bool, device=dev)
+        self.gap_B = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.newline_B = torch.zeros(B, dtype=torch.bool, device=dev)
+        self.turns_B = torch.zeros(B, dtype=torch.int64, device=dev)
+
+    def advance(self, tokens_B: torch.Tensor, t: int) -> torch.Tensor:
+        """Account for the tokens just emitted at completion position `t`; set the authors of position t+1.
+
+        Returns a bool per row: True where this token completed the `max_rounds`-th turn (step schedule).
+        Finished rows may be passed too; their state is simply never read again.
+        """
+        B = tokens_B.numel()
+        done_rounds_B = torch.zeros(B, dtype=torch.bool, device=tokens_B.device)
+        if self.kind in ("word", "token"):
+            if self.kind == "word":
+                self.gap_B += 1
+                redraw_B = self.tables.word_start_V[tokens_B] | (self.gap_B >= self.max_gap)
+            else:
+                redraw_B = torch.ones(B, dtype=torch.bool, device=tokens_B.device)
+            drawn_B = uniform(self.seed, STREAM_REDRAW, self.row_ids_B, t) < self.p_senior
+            self.author_B = torch.where(redraw_B, drawn_B, self.author_B)
+            self.gap_B = torch.where(redraw_B, torch.zeros_like(self.gap_B), self.gap_B)
+        elif self.kind == "step":
+            tb = self.tables
+            end_B = tb.step_end_V[tokens_B] | (self.newline_B & tb.starts_newline_V[tokens_B])
+            self.newline_B = torch.where(tb.empty_V[tokens_B], self.newline_B, tb.ends_newline_V[tokens_B])
+            self.author_B = torch.where(end_B, ~self.author_B, self.author_B)
+            self.newline_B = self.newline_B & ~end_B  # a new turn starts with empty text
+            self.turns_B = self.turns_B + end_B.to(torch.int64)
+            done_rounds_B = end_B & (self.turns_B >= self.max_rounds)
+        return done_rounds_B
+
+
+def naive_authors(kind: str, tokens: Sequence[int], texts: Sequence[str], seed: int, row_id: int,
+                  p_senior: float = 0.5, max_gap_tokens: int = 32, max_rounds: int = 150
+                  ) -> tuple[list[int], bool]:
+    """Pure-Python reference: the author of each position of one row given its tokens, decoding text directly.
+
+    Returns (authors, stopped_by_rounds): authors[t] is 1 (senior) or 0 (junior) for tokens[t]; with the step
+    schedule the list is cut where the `max_rounds`-th turn ends.
+    """
+    check_schedule(kind, p_senior, max_gap_tokens, max_rounds)
+    if kind in ("word", "token"):
+        author = int(uniform_int(seed, STREAM_FIRST, row_id, 0) < p_senior)
+    else:
+        author = JUNIOR if kind == "junior" else SENIOR
+    out, gap, turn_text, turns = [], 0, "", 0
+    for t, tok in enumerate(tokens):
+        out.append(author)
+        text = texts[tok]
+        if kind == "word":
+            gap += 1
+            if text[:1].isspace() or gap >= max_gap_tokens:
+                author = int(uniform_int(seed, STREAM_REDRAW, row_id, t) < p_senior)
+                gap = 0
+        elif kind == "token":
+            author = int(uniform_int(seed, STREAM_REDRAW, row_id, t) < p_senior)
+        elif kind == "step":
+            turn_text += text
+            if "\n\n" in turn_text:
+                turns += 1
+                if turns >= max_rounds:
+                    return out, True
+                author, turn_text = 1 - author, ""
+    return out, False

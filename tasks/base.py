@@ -1,0 +1,219 @@
+"""Stage `base`: the pre-RL base model, which becomes both the senior's initialisation and the frozen junior.
+
+`model.source`:
+- `tiny`: generate a pretraining corpus of synthetic reference solutions (its own seed prefix, excluding
+  every prepared problem so nothing leaks into validation or evaluation), train a byte-level BPE tokenizer on
+  it, build a ~1M-parameter Qwen3 and pretrain it on the CPU, logging a learning curve;
+- `hub`: snapshot `model.hub_id` at `model.revision` (safetensors only; resolved commit recorded);
+- `path`: copy (hard-link where possible) a local Hugging Face model directory after checking it.
+The model directory is written atomically to `models/base/`. Then greedy and sampled (temperature 1)
+accuracy on each prepared evaluation benchmark (at most `model.eval_problems` each) goes to
+`metrics/base.json` with the pretraining summary and the token lengths of prompts and reference solutions.
+`python -m tasks.base [params.yaml]` runs it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from tandem.config import Params
+from tasks.common import Layout, atomic_path, load_params, read_jsonl, write_json
+
+PRETRAIN_PREFIX = "pretrain"  # distinct from prepare's prefixes (eval-<name>, val, train)
+
+
+def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
+    L = Layout.of(params)
+    inputs: dict[str, Path] = {"prepared": L.prepared, "eval": L.prepared / "eval"}
+    if params.model.source == "path":
+        inputs["model_path"] = Path(params.model.path)
+    outputs = {"model": L.base_model, "metrics": L.metrics / "base.json"}
+    return inputs, outputs
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------------
+
+def _eval_sets(eval_dir: Path, cap: int) -> dict[str, list[dict]]:
+    """Benchmark name -> its first `cap` prepared rows (every benchmark file under data/prepared/eval)."""
+    if not eval_dir.is_dir():
+        raise FileNotFoundError(f"base: {eval_dir} does not exist (run the prepare stage first)")
+    sets = {p.stem: read_jsonl(p)[:cap] for p in sorted(eval_dir.glob("*.jsonl"))}
+    sets = {k: v for k, v in sets.items() if v}
+    if not sets:
+        raise FileNotFoundError(f"base: no evaluation benchmark with rows under {eval_dir}")
+    return sets
+
+
+def _prepared_problems(prepared: Path) -> set[str]:
+    """Every problem text of the prepared splits (train, val, every benchmark): kept out of pretraining."""
+    files = [prepared / "train.jsonl", prepared / "val.jsonl", *sorted((prepared / "eval").glob("*.jsonl"))]
+    missing = [str(f) for f in files[:2] if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"base: {', '.join(missing)} missing (run the prepare stage first)")
+    return {r["problem"] for f in files for r in read_jsonl(f)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Building the model directory
+# --------------------------------------------------------------------------------------------------
+
+def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str, list[dict]]) -> dict:
+    """Corpus -> tokenizer -> model -> pretraining (with a learning curve) -> saved HF dir; returns a summary."""
+    from tandem import models as M
+    from tandem.data.prompts import user_message
+    from tandem.data.synthetic import generate
+
+    mc, dc = params.model, params.data
+    exclude = _prepared_problems(prepared)
+    t0 = time.perf_counter()
+    corpus = generate(mc.n_pretrain, dc.min_steps, dc.max_steps, params.seed, max_operand=dc.max_operand,
+                      max_value=dc.max_value, exclude=exclude, prefix=PRETRAIN_PREFIX)
+    pairs = [(user_message(p.problem), p.solution) for p in corpus]
+    tokenizer = M.train_tokenizer([m + "\n\n" + s for m, s in pairs], mc.vocab_size,
+                                  model_max_length=mc.max_position)
+    model = M.build_tiny_model(tokenizer, mc, seed=params.seed)
+    setup_s = time.perf_counter() - t0
+
+    curve_sets = {name: rows[:mc.curve_problems] for name, rows in eval_sets.items()}
+
+    def curve_fn(m) -> dict:
+        accs = {name: round(M.accuracy(m, tokenizer, [r["prompt"] for r in rows], [r["answer"] for r in rows],
+                                       max_new_tokens=mc.eval_max_new_tokens, batch_size=mc.eval_batch_size,
+                                       seed=params.seed)["accuracy"], 4)
+                for name, rows in curve_sets.items()}
+        return {"greedy": accs, "macro": round(sum(accs.values()) / len(accs), 4)}
+
+    print(f"base: corpus {len(corpus)} problems, vocabulary {len(tokenizer)}, {M.n_params(model):,} parameters",
+          file=sys.stderr, flush=True)
+    summary = M.pretrain(model, tokenizer, pairs, mc, progress=True, seed=params.seed,
+                         curve_fn=curve_fn if mc.curve_points > 0 else None, curve_points=mc.curve_points)
+    M.save_model(model, tokenizer, dest)
+    (dest / M.SOURCE_FILE).write_text(json.dumps(
+        {"source": "tiny", "seed": params.seed, "n_pretrain": len(corpus), "prefix": PRETRAIN_PREFIX}, indent=2)
+        + "\n")
+    summary["setup_seconds"] = round(setup_s, 2)
+    summary["vocab_size"] = len(tokenizer)
+    summary["solution_tokens"] = _solution_tokens(tokenizer, corpus)
+    return summary
+
+
+def _solution_tokens(tokenizer, corpus) -> dict:
+    """Longest reference solution (+ EOS) in tokens, per step count: what the rollout budget must cover."""
+    by_steps: dict[int, int] = {}
+    ids = tokenizer([p.solution for p in corpus], add_special_tokens=False)["input_ids"]
+    for p, x in zip(corpus, ids):
+        by_steps[p.n_steps] = max(by_steps.get(p.n_steps, 0), len(x) + 1)
+    return {str(k): by_steps[k] for k in sorted(by_steps)}
+
+
+def _copy_local(src: Path, dest: Path, trust_remote_code: bool) -> dict:
+    """Hard-link (or copy) the safe files of a local HF model directory; records where it came from."""
+    from tandem.models import SAFE_PATTERNS, SOURCE_FILE, check_model_dir
+
+    check_model_dir(src)
+    patterns = SAFE_PATTERNS + (["*.py"] if trust_remote_code else [])
+    files = sorted({f for pat in patterns for f in src.rglob(pat) if f.is_file()})
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        out = dest / f.relative_to(src)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(f.resolve(), out)
+        except OSError:
+            shutil.copy2(f.resolve(), out)
+    info = {"source": "path", "path": str(src.resolve()), "files": [str(f.relative_to(src)) for f in files],
+            "trust_remote_code": trust_remote_code}
+    (dest / SOURCE_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+# --------------------------------------------------------------------------------------------------
+# Evaluation
+# --------------------------------------------------------------------------------------------------
+
+def _evaluate(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]]) -> dict:
+    """Greedy and sampled (temperature 1) accuracy per benchmark, macro-averaged, with greedy by step count."""
+    import torch
+
+    from tandem.data.prompts import render_prompt
+    from tandem.models import accuracy, load_model, load_tokenizer
+
+    mc = params.model
+    model = load_model(model_dir, mc.dtype, mc.trust_remote_code)
+    if torch.cuda.is_available() and mc.source != "tiny":
+        model = model.to("cuda")
+    tok = load_tokenizer(model_dir, mc.trust_remote_code)
+    out: dict = {"greedy": {}, "sampled": {}, "benchmarks": {}}
+    for name, rows in eval_sets.items():
+        msgs, golds = [r["prompt"] for r in rows], [r["answer"] for r in rows]
+        g = accuracy(model, tok, msgs, golds, mc.eval_max_new_tokens, temperature=0.0,
+                     batch_size=mc.eval_batch_size, seed=params.seed)
+        s = accuracy(model, tok, msgs, golds, mc.eval_max_new_tokens, temperature=1.0,
+                     batch_size=mc.eval_batch_size, seed=params.seed, n_samples=mc.eval_samples)
+        by_steps: dict[str, list[float]] = {}
+        for r, a in zip(rows, g["per_problem"]):
+            if isinstance(r.get("n_steps"), int):
+                by_steps.setdefault(str(r["n_steps"]), []).append(a)
+        out["greedy"][name] = round(g["accuracy"], 4)
+        out["sampled"][name] = round(s["accuracy"], 4)
+        out["benchmarks"][name] = {
+            "n": len(rows), "greedy": round(g["accuracy"], 4), "sampled": round(s["accuracy"], 4),
+            "greedy_by_steps": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_steps.items(), key=lambda kv: int(kv[0]))},
+            "greedy_mean_tokens": round(g["mean_tokens"], 1), "greedy_max_tokens": g["max_tokens"],
+            "greedy_finished": round(g["finished"], 4), "sampled_mean_tokens": round(s["mean_tokens"], 1),
+            "sampled_max_tokens": s["max_tokens"], "sampled_finished": round(s["finished"], 4),
+            "max_prompt_tokens": max(len(tok(render_prompt(r["prompt"], tok), add_special_tokens=False)["input_ids"])
+                                     for r in rows),
+        }
+    for mode in ("greedy", "sampled"):
+        vals = list(out[mode].values())
+        out[mode]["macro"] = round(sum(vals) / len(vals), 4)
+    return out
+
+
+def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
+    """Build or fetch the base into models/base, evaluate it, write metrics/base.json; returns the metrics."""
+    t0 = time.perf_counter()
+    di, do = default_io(params)
+    inputs, outputs = {**di, **(inputs or {})}, {**do, **(outputs or {})}
+    mc = params.model
+    eval_sets = _eval_sets(Path(inputs["eval"]), mc.eval_problems)
+    metrics: dict = {"source": mc.source, "seed": params.seed}
+    with atomic_path(outputs["model"]) as tmp:
+        if mc.source == "tiny":
+            metrics["pretrain"] = _build_tiny(params, Path(inputs["prepared"]), tmp, eval_sets)
+        elif mc.source == "hub":
+            from tandem.models import snapshot_hub
+
+            metrics["snapshot"] = snapshot_hub(mc.hub_id, mc.revision, tmp, mc.trust_remote_code)
+        else:
+            metrics["copied"] = _copy_local(Path(inputs["model_path"]), tmp, mc.trust_remote_code)
+    build_s = time.perf_counter() - t0
+    metrics["accuracy"] = _evaluate(params, Path(outputs["model"]), eval_sets)
+    metrics["seconds"] = {"build": round(build_s, 1), "total": round(time.perf_counter() - t0, 1)}
+    write_json(outputs["metrics"], metrics)
+    acc = metrics["accuracy"]
+    print(f"base: greedy {acc['greedy']} sampled {acc['sampled']} in {metrics['seconds']['total']}s",
+          file=sys.stderr, flush=True)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("params", nargs="?", default="params.yaml")
+    a = ap.parse_args(argv)
+    print(json.dumps(run(load_params(a.params)), indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""Stage `evaluate`: every arm x checkpoint (base = step 0) x mode x benchmark, pass@k, saved generations.
+
+Work is split into units, one per (arm, checkpoint, mode), each covering every benchmark; `plan` lists them
+(deduplicated by the checkpoint's content hash, so the shared base runs once) and `run_unit` computes one,
+which is what a Prefect flow maps over. Each (checkpoint hash, mode, benchmark, settings) result is cached
+under its key in `results/cache/evaluate/`, so a rerun, or a rerun after a crash, only computes what is
+missing. `collect` then assembles `metrics/eval.json`, the per-arm CSV tables and the generations tree from
+the cache. `run` = every unit + `collect`. Definitions and schemas: docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tandem.config import Params
+from tandem.data.prompts import user_message
+from tandem.evaluation import (FORMAT_VERSION, EvalSettings, content_hash, eos_token_ids, list_checkpoints,
+                               result_key, rows_hash, run_benchmark, stable_seed, summarize_benchmark)
+from tandem.metrics.passk import macro_mean
+from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json, write_jsonl
+
+JUNIOR = "junior"  # pseudo-arm name of the junior floor (the base model alone)
+MACRO_FIELDS = ("senior_share", "mean_tokens")
+
+
+def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
+    L = Layout.of(params)
+    inputs = {"eval_data": L.prepared / "eval", "base_model": L.base_model, "checkpoints": L.checkpoints}
+    outputs = {"metrics": L.metrics / "eval.json", "generations": L.generations, "plots": L.plots / "eval",
+               "cache": L.root / "results" / "cache" / "evaluate"}
+    return inputs, outputs
+
+
+def _io(params: Params, inputs: dict | None, outputs: dict | None) -> tuple[dict, dict]:
+    di, do = default_io(params)
+    return {**di, **(inputs or {})}, {**do, **(outputs or {})}
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs: settings, benchmarks, the base model directory
+# --------------------------------------------------------------------------------------------------
+
+def settings_of(params: Params) -> EvalSettings:
+    ev, ro = params.evaluate, params.rollout
+    return EvalSettings(n_samples=ev.n_samples, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k,
+                        max_new_tokens=ev.max_new_tokens, max_rounds=ev.max_rounds, p_senior=ro.p_senior,
+                        max_gap_tokens=ro.max_gap_tokens, seed=params.seed, batch_size=ev.batch_size)
+
+
+def load_benchmarks(params: Params, inputs: dict) -> dict[str, list[dict]]:
+    """Benchmark name -> rows (first `max_problems` of each): prepared files plus `evaluate.benchmark_files`."""
+    ev = params.evaluate
+    found: dict[str, Path] = {}
+    eval_dir = Path(inputs["eval_data"])
+    if eval_dir.is_dir():
+        found.update({p.stem: p for p in sorted(eval_dir.glob("*.jsonl"))})
+    root = Path(params.out_root)
+    for name, f in ev.benchmark_files.items():
+        p = Path(f)
+        found[name] = p if p.is_absolute() or p.exists() else root / p
+    wanted = list(ev.benchmarks) or sorted(found)
+    missing = [b for b in wanted if b not in found]
+    if missing or not wanted:
+        raise FileNotFoundError(
+            f"evaluate: benchmarks {missing or '(none)'} not found; prepared ones in {eval_dir}: "
+            f"{sorted(p for p in found) or 'none'} (run the prepare stage, or set evaluate.benchmark_files)")
+    out: dict[str, list[dict]] = {}
+    for b in wanted:
+        if not found[b].exists():
+            raise FileNotFoundError(f"evaluate: benchmark {b!r}: file {found[b]} does not exist")
+        rows = read_jsonl(found[b])
+        for i, r in enumerate(rows):
+            if "id" not in r or "answer" not in r or ("prompt" not in r and "problem" not in r):
+                raise ValueError(f"evaluate: {found[b]} row {i + 1} needs id, answer and problem (or prompt)")
+            if "prompt" not in r:
+                r["prompt"] = user_message(r["problem"])
+            r["answer"] = str(r["answer"])
+        if ev.max_problems:
+            rows = rows[: ev.max_problems]
+        if not rows:
+            raise ValueError(f"evaluate: benchmark {b!r} ({found[b]}) has no rows")
+        out[b] = rows
+    return out
+
+
+def base_dir(params: Params, inputs: dict) -> Path:
+    """The base model: `models/base/` when the base stage produced it, else `model.path` (source 'path')."""
+    d = Path(inputs["base_model"])
+    if d.is_dir() and (list(d.glob("*.safetensors")) or list(d.glob("*.bin"))):
+        return d
+    if params.model.source == "path" and params.model.path:
+        return Path(params.model.path)
+    raise FileNotFoundError(f"evaluate: no base model at {d} (run the base stage, or set model.source: path "
+                            f"and model.path to a Hugging Face model directory)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Units
+# --------------------------------------------------------------------------------------------------
+
+def _all_checkpoints(params: Params, inputs: dict) -> dict[str, list]:
+    base = base_dir(params, inputs)
+    return {arm: list_checkpoints(inputs["checkpoints"], arm, base) for arm in params.train.arms}
+
+
+def plan(params: Params, inputs: dict | None = None) -> list[dict]:
+    """Units to compute, as plain dicts {arm, step, path, mode}; one per distinct (weights, mode).
+
+    The junior floor is the base in solo mode, so it shares step 0's unit; identical weights under two
+    names (every arm's step 0) are listed once.
+    """
+    inputs, _ = _io(params, inputs, None)
+    seen: set[tuple[str, str]] = set()
+    units = []
+    for arm, ckpts in _all_checkpoints(params, inputs).items():
+        for c in ckpts:
+            h = content_hash(c.path)
+            for mode in params.evaluate.modes:
+                if (h, mode) not in seen:
+                    seen.add((h, mode))
+                    units.append({"arm": arm, "step": c.step, "path": str(c.path), "mode": mode})
+    if ("solo" not in params.evaluate.modes):
+        base = base_dir(params, inputs)
+        units.append({"arm": JUNIOR, "step": 0, "path": str(base), "mode": "solo"})
+    return units
+
+
+_MODELS: dict[str, Any] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def _load(path: Path, params: Params, keep: set[str]):
+    """Load a model by content hash, keeping only the hashes in `keep` resident (base + current senior)."""
+    import torch
+
+    from tandem.models import load_model
+
+    h = content_hash(path)
+    with _MODELS_LOCK:
+        for k in [k for k in _MODELS if k not in keep | {h}]:
+            del _MODELS[k]
+        if h not in _MODELS:
+            m = load_model(path, params.model.dtype, trust_remote_code=params.model.trust_remote_code)
+            m.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+            _MODELS[h] = m
+        return _MODELS[h]
+
+
+def _entry_paths(cache: Path, key: str) -> tuple[Path, Path]:
+    return cache / f"{key}.json", cache / f"{key}.jsonl"
+
+
+def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: dict | None = None) -> dict:
+    """Evaluate one (arm, checkpoint, mode) unit on every benchmark; cached benchmarks are not redone.
+
+    Returns {benchmark: summary} (the summaries of docs/metrics.md, `<MODE>.benchmarks`).
+    """
+    from tqdm.auto import tqdm
+
+    from tandem.models import load_tokenizer
+    from tandem.rewards import score_many
+
+    inputs, outputs = _io(params, inputs, outputs)
+    ev = params.evaluate
+    mode = unit["mode"]
+    settings = settings_of(params)
+    benches = load_benchmarks(params, inputs)
+    base = base_dir(params, inputs)
+    senior_path = Path(unit["path"])
+    base_hash, senior_hash = content_hash(base), content_hash(senior_path)
+    cache = Path(outputs["cache"])
+    todo = {}
+    summaries = {}
+    for b, rows in benches.items():
+        key = result_key(senior_hash, mode, b, rows_hash(rows), settings, None if mode == "solo" else base_hash)
+        meta_p, _ = _entry_paths(cache, key)
+        if meta_p.exists():
+            summaries[b] = read_json(meta_p)["summary"]
+        else:
+            todo[b] = (key, rows)
+    if not todo:
+        return summaries
+    tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
+    junior = _load(base, params, keep={base_hash})
+    senior = _load(senior_path, params, keep={base_hash})
+    engine = make_engine(senior, junior, tokenizer, params)
+    eos = eos_token_ids(tokenizer, senior)
+    for b, (key, rows) in todo.items():
+        t0 = time.perf_counter()
+        with tqdm(total=len(rows) * settings.n_samples, desc=f"{unit['arm']} step-{unit['step']} {mode} {b}",
+                  unit="gen", disable=not ev.progress, file=sys.stderr, leave=True) as bar:
+            records = run_benchmark(
+                engine, tokenizer, rows, mode, settings, make_sampling(settings),
+                seed=stable_seed(params.seed, mode, b),
+                score_fn=lambda t, g: score_many(t, g, timeout=ev.score_timeout, workers=ev.score_workers),
+                eos_ids=eos, progress=bar.update)
+        summary = summarize_benchmark(records, ev.ks)
+        summary["seconds"] = round(time.perf_counter() - t0, 3)
+        meta_p, gen_p = _entry_paths(cache, key)
+        write_jsonl(gen_p, records)
+        # the summary is written last: its presence marks the entry complete
+        write_json(meta_p, {"format": FORMAT_VERSION, "key": key, "model_hash": senior_hash, "mode": mode,
+                            "benchmark": b, "junior_hash": None if mode == "solo" else base_hash,
+                            "settings": settings.key_fields(mode), "summary": summary})
+        summaries[b] = summary
+    return summaries
+
+
+def make_sampling(settings: EvalSettings):
+    """The engine's sampling parameters for evaluation decoding."""
+    from tandem.rollout.engine import SamplingParams
+
+    return SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                          max_new_tokens=settings.max_new_tokens)
+
+
+def make_engine(senior, junior, tokenizer, params: Params):
+    """The rollout engine for evaluation (a seam the tests replace to count or break generation calls)."""
+    from tandem.rollout.engine import TandemEngine
+
+    return TandemEngine(senior, junior, tokenizer, backend=params.rollout.backend,
+                        device=next(senior.parameters()).device)
+
+
+# --------------------------------------------------------------------------------------------------
+# Collection: eval.json, CSV tables, generations tree
+# --------------------------------------------------------------------------------------------------
+
+def _mode_block(h: str, mode: str, base_hash: str, benches: dict, settings: EvalSettings, cache: Path,
+                ks: list[int], copies: list[tuple[Path, str]], gen_dir: str) -> dict:
+    out_b = {}
+    for b, rows in benches.items():
+        key = result_key(h, mode, b, rows_hash(rows), settings, None if mode == "solo" else base_hash)
+        meta_p, gen_p = _entry_paths(cache, key)
+        if not meta_p.exists():
+            raise RuntimeError(f"evaluate: result {key[:12]} ({gen_dir} {mode} {b}) is missing from {cache}; "
+                               f"run every unit of `plan` before `collect`")
+        out_b[b] = {"key": key, **read_json(meta_p)["summary"]}
+        copies.append((gen_p, f"{gen_dir}/{mode}/{b}.jsonl"))
+    macro = {f"pass@{k}": macro_mean({b: s[f"pass@{k}"] for b, s in out_b.items()}) for k in ks}
+    macro.update({f: macro_mean({b: s[f] for b, s in out_b.items()}) for f in MACRO_FIELDS})
+    return {"macro": macro, "benchmarks": out_b}
+
+
+def collect(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
+    """Assemble eval.json, the per-arm CSVs and the generations tree from the cache; return flat summary."""
+    inputs, outputs = _io(params, inputs, outputs)
+    ev = params.evaluate
+    settings = settings_of(params)
+    benches = load_benchmarks(params, inputs)
+    base = base_dir(params, inputs)
+    base_hash = content_hash(base)
+    cache = Path(outputs["cache"])
+    copies: list[tuple[Path, str]] = []
+    root = Path(params.out_root)
+
+    def rel(p: Path) -> str:
+        try:
+            return str(Path(p).resolve().relative_to(root.resolve()))
+        except ValueError:
+            return str(p)
+
+    junior = {"path": rel(base), "hash": base_hash,
+              "modes": {"solo": _mode_block(base_hash, "solo", base_hash, benches, settings, cache, ev.ks,
+                                            copies, f"{JUNIOR}/step-0")}}
+    arms: dict[str, Any] = {}
+    for arm, ckpts in _all_checkpoints(params, inputs).items():
+        rows = []
+        for c in ckpts:
+            h = content_hash(c.path)
+            modes = {m: _mode_block(h, m, base_hash, benches, settings, cache, ev.ks, copies, f"{arm}/{c.name}")
+                     for m in ev.modes}
+            rows.append({"step": c.step, "path": rel(c.path), "hash": h, "modes": modes})
+        arms[arm] = {"checkpoints": rows}
+    summary: dict[str, Any] = {}
+    for arm, a in arms.items():
+        last = a["checkpoints"][-1]
+        summary[arm] = {"final_step": last["step"]}
+        for m in ev.modes:
+            summary[arm].update({f"{m}/pass@{k}": last["modes"][m]["macro"][f"pass@{k}"] for k in ev.ks})
+    summary[JUNIOR] = {f"solo/pass@{k}": junior["modes"]["solo"]["macro"][f"pass@{k}"] for k in ev.ks}
+    doc = {
+        "settings": {"n_samples": ev.n_samples, "ks": list(ev.ks), "modes": list(ev.modes),
+                     "temperature": ev.temperature, "top_p": ev.top_p, "top_k": ev.top_k,
+                     "max_new_tokens": ev.max_new_tokens, "max_rounds": ev.max_rounds,
+                     "p_senior": settings.p_senior, "max_gap_tokens": settings.max_gap_tokens,
+                     "max_problems": ev.max_problems, "seed": params.seed,
+                     "benchmarks": {b: {"n_problems": len(r), "rows_hash": rows_hash(r)} for b, r in benches.items()}},
+        "junior": junior, "arms": arms, "summary": summary,
+    }
+    with atomic_path(outputs["generations"]) as tmp:
+        for src, dst in copies:
+            (tmp / dst).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, tmp / dst)
+    with atomic_path(outputs["plots"]) as tmp:
+        tmp.mkdir()
+        for arm in arms:
+            write_csv(tmp / f"{arm}.csv", *_arm_table(arms[arm], junior, ev.modes, ev.ks, list(benches)))
+    write_json(outputs["metrics"], doc)
+    flat = {f"{arm}/{k}": v for arm, s in summary.items() for k, v in s.items() if k != "final_step"}
+    return flat
+
+
+def _arm_table(arm: dict, junior: dict, modes: list[str], ks: list[int], benches: list[str]):
+    cols = ["step", "hash"]
+    for m in modes:
+        cols += [f"{m}/pass@{k}" for k in ks] + [f"{m}/{f}" for f in MACRO_FIELDS]
+        cols += [f"{m}/{b}/pass@{k}" for b in benches for k in ks]
+    cols += [f"junior/pass@{k}" for k in ks]
+    rows = []
+    for c in arm["checkpoints"]:
+        r: dict[str, Any] = {"step": c["step"], "hash": c["hash"][:12]}
+        for m in modes:
+            mb = c["modes"][m]
+            r.update({f"{m}/pass@{k}": mb["macro"][f"pass@{k}"] for k in ks})
+            r.update({f"{m}/{f}": mb["macro"][f] for f in MACRO_FIELDS})
+            r.update({f"{m}/{b}/pass@{k}": mb["benchmarks"][b][f"pass@{k}"] for b in benches for k in ks})
+        r.update({f"junior/pass@{k}": junior["modes"]["solo"]["macro"][f"pass@{k}"] for k in ks})
+        rows.append(r)
+    return cols, rows
+
+
+def write_csv(path: Path, cols: list[str], rows: list[dict]) -> None:
+    """A CSV with header `cols`; None becomes an empty cell (undefined, never 0)."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: ("" if r.get(c) is None else r[c]) for c in cols})
+
+
+def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
+    """Compute every missing unit, then collect; returns {"<arm>/<mode>/pass@<k>": value} (last checkpoint)."""
+    inputs, outputs = _io(params, inputs, outputs)
+    for unit in plan(params, inputs):
+        run_unit(params, unit, inputs, outputs)
+    return collect(params, inputs, outputs)
+

@@ -1,0 +1,303 @@
+"""Stage `report`: read the metrics, write `reports/report.html` (self-contained) and `reports/report.md`.
+
+Figures and tables come from `tandem.report` (paper figures 2, 3, 4, 7 and tables 1, 2), plus training
+reward curves, the promotion comparison against the last promoted checkpoint, a few escaped example
+generations and the run metadata (git commit, dvc.lock hash, params, package versions, seeds, hardware,
+wall times). When W&B is on (`train.report_to: wandb` and a mode other than disabled), the same figures
+are logged to a W&B run through `log_figures_to_wandb`, the one place here that touches wandb.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tandem.config import Params
+from tandem.report.build import build_report
+from tandem.report.document import Figure, TextBlock
+from tandem.report.render import figure_filename, render_html, render_markdown
+from tasks import promotion
+from tasks.common import Layout, atomic_path, read_json, read_jsonl
+
+PACKAGES = ("torch", "transformers", "trl", "accelerate", "math-verify", "prefect", "dvc", "great-expectations",
+            "wandb", "numpy", "matplotlib")
+REWARD_COLUMNS = ("reward", "reward_mean", "rewards/mean", "train/reward", "mean_reward")
+
+
+def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
+    L = Layout.of(params)
+    inputs = {"eval": L.metrics / "eval.json", "analysis": L.metrics / "analysis.json",
+              "base": L.metrics / "base.json", "train": L.metrics / "train.json", "data": L.metrics / "data.json",
+              "plots": L.plots,
+              "generations": L.generations}
+    outputs = {"html": L.reports / "report.html", "markdown": L.reports / "report.md",
+               "figures": L.reports / "figures"}
+    return inputs, outputs
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------------------
+
+def _read_optional(path: Path) -> dict:
+    return read_json(path) if Path(path).exists() else {}
+
+
+def _floats(values: list[str]) -> list[float]:
+    out = []
+    for v in values:
+        try:
+            out.append(float(v))
+        except (TypeError, ValueError):
+            out.append(float("nan"))
+    return out
+
+
+def train_tables(plots: Path, arms: list[str]) -> dict[str, dict[str, list[float]]]:
+    """arm -> column -> values, from `metrics/plots/train_<arm>.csv` or `metrics/plots/train/<arm>.csv`."""
+    out = {}
+    for arm in arms:
+        for p in (Path(plots) / f"train_{arm}.csv", Path(plots) / "train" / f"{arm}.csv",
+                  Path(plots) / "train" / f"train_{arm}.csv"):
+            if p.exists():
+                with open(p, newline="", encoding="utf-8") as f:
+                    rows = list(csv.DictReader(f))
+                if rows:
+                    out[arm] = {c: _floats([r.get(c, "") for r in rows]) for c in rows[0]}
+                break
+    return out
+
+
+def reward_column(tables: dict[str, dict[str, list[float]]]) -> str | None:
+    """The mean-reward column shared by the training tables (known names first, then any '*reward*')."""
+    cols = set.intersection(*(set(t) for t in tables.values())) if tables else set()
+    for name in REWARD_COLUMNS:
+        if name in cols:
+            return name
+    rest = sorted(c for c in cols if "reward" in c.lower() and "std" not in c.lower())
+    return rest[0] if rest else None
+
+
+def examples(eval_data: dict, generations: Path, max_examples: int) -> list[TextBlock]:
+    """Up to `max_examples` solo generations of each arm's last checkpoint (first benchmark), as text blocks."""
+    if max_examples <= 0:
+        return []
+    benches = sorted(eval_data.get("settings", {}).get("benchmarks", {}))
+    out = []
+    for arm, data in eval_data.get("arms", {}).items():
+        cks = sorted(data.get("checkpoints", []), key=lambda c: c.get("step", 0))
+        if not cks or not benches:
+            continue
+        step = cks[-1].get("step", 0)
+        p = Path(generations) / arm / f"step-{step}" / "solo" / f"{benches[0]}.jsonl"
+        if not p.exists():
+            continue
+        for row in read_jsonl(p)[:max_examples]:
+            label = (f"{arm} step-{step}, {benches[0]}, problem {row.get('id')} sample {row.get('sample')}: "
+                     f"score {row.get('score')}, gold {row.get('answer')}, finish {row.get('finish_reason')}")
+            out.append(TextBlock(label, str(row.get("text", ""))))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Run metadata
+# --------------------------------------------------------------------------------------------------
+
+def _git_commit(root: Path) -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=20)
+        if head.returncode != 0:
+            return "not a git checkout"
+        # --no-optional-locks: reading the status must not rewrite the index
+        dirty = subprocess.run(["git", "--no-optional-locks", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True, timeout=60)
+        return head.stdout.strip() + (" (uncommitted changes)" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "git unavailable"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if Path(path).exists() else "absent"
+
+
+def _versions() -> str:
+    out = []
+    for name in PACKAGES:
+        try:
+            out.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            out.append(f"{name} -")
+    return ", ".join(out)
+
+
+def _hardware() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    parts = [f"{os.cpu_count()} x {cpu}"]
+    try:
+        mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal"))
+        parts.append(f"{mem_kb / 2**20:.1f} GiB RAM")
+    except (OSError, StopIteration, ValueError):
+        pass
+    if "torch" in sys.modules:  # only report GPUs when torch is already loaded (importing it costs seconds)
+        torch = sys.modules["torch"]
+        if torch.cuda.is_available():
+            parts.append(", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))
+    return "; ".join(parts)
+
+
+_TIME_KEYS = ("wall_seconds", "seconds", "wall_s", "elapsed_seconds")
+
+
+def _find_seconds(doc: Any, depth: int = 2) -> float | None:
+    """The first wall-time key at the top level of `doc`, else one level down (e.g. a 'pretrain' block)."""
+    if not isinstance(doc, dict):
+        return None
+    for key in _TIME_KEYS:
+        if isinstance(doc.get(key), (int, float)) and not isinstance(doc.get(key), bool):
+            return float(doc[key])
+    if depth > 1:
+        for v in doc.values():
+            found = _find_seconds(v, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
+def _wall_times(docs: dict[str, dict], train_arms: dict[str, dict]) -> str:
+    """Stage wall times as the stage metrics record them (not this report's run), e.g. 'base 42.0 s'."""
+    out = []
+    for stage in ("prepare", "base"):
+        secs = _find_seconds(docs.get(stage))
+        if secs is not None:
+            out.append(f"{stage} {secs:.1f} s")
+    for arm, summ in train_arms.items():
+        secs = _find_seconds(summ, 1)
+        if secs is None and isinstance(summ.get("step_seconds"), (int, float)) and summ.get("steps"):
+            out.append(f"train {arm} ~{summ['step_seconds'] * summ['steps']:.1f} s "
+                       f"({summ['steps']} steps x {summ['step_seconds']:.2f} s)")
+        elif secs is not None:
+            out.append(f"train {arm} {secs:.1f} s")
+    ev = docs.get("evaluate") or {}
+    secs = [b.get("seconds") or 0 for a in ev.get("arms", {}).values() for c in a.get("checkpoints", [])
+            for m in c.get("modes", {}).values() for b in (m.get("benchmarks") or {}).values()]
+    if secs:  # each cache entry's compute time, counted once per checkpoint listing
+        out.append(f"evaluate {sum(secs):.1f} s (sum over listed entries, cached ones included)")
+    secs_an = _find_seconds(docs.get("analyze"), 1)
+    if secs_an is not None:
+        out.append(f"analyze {secs_an:.1f} s")
+    return ", ".join(out) or "not recorded"
+
+
+def metadata(params: Params, docs: dict[str, dict], train_arms: dict[str, dict] | None = None) -> dict[str, Any]:
+    root = Path.cwd()
+    seeds = f"seed {params.seed}"
+    if "seed" in docs.get("evaluate", {}).get("settings", {}):
+        seeds += f"; evaluation seed {docs['evaluate']['settings']['seed']}"
+    return {
+        "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "git commit": _git_commit(root),
+        "dvc.lock sha256": _sha256(root / "dvc.lock"),
+        "params preset": params.preset or "none",
+        "seeds": seeds,
+        "python": platform.python_version(),
+        "packages": _versions(),
+        "hardware": _hardware(),
+        "wall times": _wall_times(docs, train_arms or {}),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# The stage
+# --------------------------------------------------------------------------------------------------
+
+def log_figures_to_wandb(params: Params, figures: list[Figure], figure_dir: Path) -> bool:
+    """Log the report's figures to W&B when tracking is on; never fails the stage (returns False instead)."""
+    mode = os.environ.get("WANDB_MODE") or params.train.wandb_mode
+    if params.train.report_to != "wandb" or mode == "disabled" or not figures:
+        return False
+    try:
+        import wandb
+
+        run = wandb.init(project=params.train.wandb_project, job_type="report", name="report", mode=mode,
+                         dir=str(Layout.of(params).runs), config={"seed": params.seed, "preset": params.preset},
+                         reinit="finish_previous")
+        run.log({f"report/{f.name}": wandb.Image(str(figure_dir / figure_filename(f.name)), caption=f.caption)
+                 for f in figures})
+        run.finish()
+        return True
+    except Exception as e:  # tracking is optional: the report on disk is the result
+        print(f"report: W&B logging skipped ({type(e).__name__}: {e})", file=sys.stderr)
+        return False
+
+
+def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
+    """Build the report from the metrics files; returns paths, figure count and the promotion decision."""
+    di, do = default_io(params)
+    inputs, outputs = {**di, **(inputs or {})}, {**do, **(outputs or {})}
+    for key in ("eval", "analysis"):
+        if not Path(inputs[key]).exists():
+            raise FileNotFoundError(f"report: {inputs[key]} is missing; run the "
+                                    f"{'evaluate' if key == 'eval' else 'analyze'} stage first")
+    eval_data, analysis = read_json(inputs["eval"]), read_json(inputs["analysis"])
+    docs = {"prepare": _read_optional(inputs["data"]), "base": _read_optional(inputs["base"]),
+            "train": _read_optional(inputs["train"]), "evaluate": eval_data, "analyze": analysis}
+    train_arms = {arm: _read_optional(Path(inputs["train"]).parent / f"train_{arm}.json")
+                  for arm in eval_data.get("arms", {})}
+    curves = train_tables(inputs["plots"], list(eval_data.get("arms", {})))
+    decision = promotion.decision_for(params, eval_data)
+    rep = build_report(
+        title=params.report.title, eval_data=eval_data, analysis=analysis, train_curves=curves,
+        reward_key=reward_column(curves), decision=decision, metadata=metadata(params, docs, train_arms),
+        params_text=yaml.safe_dump(params.to_dict(), sort_keys=False),
+        examples=examples(eval_data, inputs["generations"], params.report.max_examples))
+    fig_dir = Path(outputs["figures"])
+    with atomic_path(fig_dir) as tmp:
+        tmp.mkdir(parents=True)
+        for f in rep.figures():
+            (tmp / figure_filename(f.name)).write_bytes(f.png)
+    with atomic_path(outputs["markdown"]) as tmp:
+        tmp.write_text(render_markdown(rep, figure_dir=os.path.relpath(fig_dir, Path(outputs["markdown"]).parent)),
+                       encoding="utf-8")
+    with atomic_path(outputs["html"]) as tmp:
+        tmp.write_text(render_html(rep), encoding="utf-8")
+    wandb_logged = log_figures_to_wandb(params, rep.figures(), fig_dir)
+    return {"html": str(outputs["html"]), "markdown": str(outputs["markdown"]), "figures": len(rep.figures()),
+            "promote": decision.promote, "promotion_reason": decision.reason, "wandb": wandb_logged}
+
+
+def artifact_markdown(params: Params, summary: dict) -> str:
+    """The Prefect markdown artifact: links to the HTML and Markdown reports, headline numbers, promotion."""
+    from tandem.report.build import summary_lines
+    from tandem.report.render import md_escape
+
+    html_path, md_path = Path(summary["html"]).resolve(), Path(summary["markdown"]).resolve()
+    L = Layout.of(params)
+    eval_data = _read_optional(L.metrics / "eval.json")
+    analysis = _read_optional(L.metrics / "analysis.json")
+    lines = [f"# {md_escape(params.report.title)}", "",
+             f"- HTML report (self-contained): [{md_escape(html_path.name)}]({html_path.as_uri()})",
+             f"- Markdown report: [{md_escape(md_path.name)}]({md_path.as_uri()})",
+             f"- Path on the machine that ran the flow: `{str(html_path).replace('`', '')}`", ""]
+    lines += [f"- {md_escape(s)}" for s in summary_lines(eval_data, analysis)]
+    lines += ["", f"**Promotion gate**: {'passes' if summary.get('promote') else 'does not pass'}: "
+                  f"{md_escape(summary.get('promotion_reason', ''))}"]
+    return "\n".join(lines) + "\n"

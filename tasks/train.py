@@ -1,0 +1,136 @@
+"""Stage `train`: every arm of `train.arms` from `models/base/`, with checkpoints, resume and per-step metrics.
+
+Each arm trains a fresh copy of the base next to a frozen junior copy (`tandem.train.train_arm`), saving
+`models/checkpoints/<arm>/step-<N>/` every `train.save_every` steps and at the end. With `train.resume: auto`
+a rerun after a crash continues from the last complete checkpoint of the same run. Writes
+`metrics/train_<arm>.json` (summary), `metrics/plots/train_<arm>.csv` (one row per step, for `dvc plots`) and
+`metrics/train.json` (headline numbers of every arm; `collect`). `run_arm` trains one arm (the Prefect flow
+maps it over arms, then calls `collect`).
+W&B goes through trl's `report_to`: mode from `WANDB_MODE` if set, else `train.wandb_mode` (offline by
+default), files under `runs/wandb/`. `python -m tasks.train [params.yaml] [--arm NAME]` runs it directly.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+from pathlib import Path
+
+from tandem.config import Params
+from tasks.common import Layout, atomic_path, load_params, read_jsonl, write_json
+
+
+def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
+    L = Layout.of(params)
+    inputs = {"train_data": L.prepared / "train.jsonl", "val_data": L.prepared / "val.jsonl",
+              "base_model": L.base_model}
+    outputs: dict[str, Path] = {"checkpoints": L.checkpoints, "runs": L.runs / "wandb",
+                                "metrics": L.metrics / "train.json"}
+    for arm in params.train.arms:
+        outputs[f"metrics_{arm}"] = L.metrics / f"train_{arm}.json"
+        outputs[f"plot_{arm}"] = L.plots / f"train_{arm}.csv"
+    return inputs, outputs
+
+
+def _wandb_env(params: Params, runs_dir: Path) -> None:
+    if params.train.report_to != "wandb":
+        return
+    os.environ.setdefault("WANDB_MODE", params.train.wandb_mode)
+    os.environ.setdefault("WANDB_PROJECT", params.train.wandb_project)
+    if "WANDB_DIR" not in os.environ:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        os.environ["WANDB_DIR"] = str(runs_dir.resolve())
+
+
+def _finish_wandb(params: Params) -> None:
+    # transformers' W&B callback never closes its run: without this, the next arm would log into it.
+    if params.train.report_to == "wandb" and "wandb" in sys.modules:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
+
+
+def write_step_table(path: Path, rows: list[dict]) -> None:
+    from tandem.train import TABLE_COLUMNS
+
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(TABLE_COLUMNS))
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+
+
+def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
+    """Train one arm and write its summary and per-step table; returns the summary."""
+    from tandem.models import check_model_dir, load_model, load_tokenizer
+    from tandem.train import step_rows, train_arm
+
+    base = Path(inputs["base_model"])
+    check_model_dir(base)
+    for key in ("train_data", "val_data"):
+        if not Path(inputs[key]).exists():
+            raise FileNotFoundError(f"train: {inputs[key]} does not exist (run the prepare stage first)")
+    train_rows, val_rows = read_jsonl(inputs["train_data"]), read_jsonl(inputs["val_data"])
+    dtype, trust = params.model.dtype, params.model.trust_remote_code
+    senior, junior = load_model(base, dtype, trust), load_model(base, dtype, trust)
+    tokenizer = load_tokenizer(base, trust)
+    _wandb_env(params, Path(outputs["runs"]))
+    try:
+        res = train_arm(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
+                        Path(outputs["checkpoints"]) / arm, seed=params.seed, val_rows=val_rows)
+    finally:
+        _finish_wandb(params)
+    write_json(outputs[f"metrics_{arm}"], res.summary)
+    write_step_table(Path(outputs[f"plot_{arm}"]), step_rows(res.log_history))
+    return res.summary
+
+
+KEEP = ("steps", "reward_first", "reward_last", "senior_fraction", "handoffs_per_completion", "kl_to_base_last",
+        "zero_variance_groups", "val_accuracy_initial", "val_accuracy_last", "step_seconds", "phase_seconds",
+        "junior_unchanged", "checkpoints")
+
+
+def collect(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
+    """`metrics/train.json`: the headline numbers of every arm, from the per-arm summaries."""
+    from tasks.common import read_json
+
+    do = {**default_io(params)[1], **(outputs or {})}
+    out = {}
+    for arm in params.train.arms:
+        path = Path(do[f"metrics_{arm}"])
+        if not path.exists():
+            raise FileNotFoundError(f"train: {path} is missing (arm {arm!r} has not been trained)")
+        summary = read_json(path)
+        out[arm] = {k: summary.get(k) for k in KEEP}
+    write_json(do["metrics"], out)
+    return out
+
+
+def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
+    di, do = default_io(params)
+    inputs, outputs = {**di, **(inputs or {})}, {**do, **(outputs or {})}
+    for arm in params.train.arms:
+        run_arm(params, arm, inputs, outputs)
+    return collect(params, inputs, outputs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("params", nargs="?", default="params.yaml")
+    ap.add_argument("--arm", action="append", help="train only this arm (repeatable); default train.arms")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    overrides = {"train": {"arms": a.arm}} if a.arm else None
+    params = load_params(a.params, overrides=overrides)
+    print(json.dumps(run(params), indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

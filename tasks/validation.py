@@ -1,0 +1,305 @@
+"""Great Expectations checks on prepared problem tables: one suite, one run, one report naming every bad row.
+
+All splits (train, val and each evaluation benchmark) are stacked into one table with a `split` column and
+validated by one GX 1.x suite in an ephemeral context. Rules GX cannot compute itself (does math-verify parse
+the answer? does a training problem also appear in an evaluation set?) are computed first as boolean helper
+columns, then expected to be True through GX, so every rule reports through the same result. GX is imported
+inside `validate_splits` because its import costs seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from tandem.config import DataConfig
+from tandem.rewards import parses_many
+
+REQUIRED = ("id", "problem", "answer")
+TRAINING_SPLITS = ("train", "val")
+
+# rule name -> what a failing row broke (shown under the report)
+RULES: dict[str, str] = {
+    "required_columns": "the table has no such column at all",
+    "id_not_null": "id is missing, null, or not a string/integer",
+    "problem_not_null": "problem is missing, null, or not a string",
+    "answer_not_null": "answer is missing, null, or not a string",
+    "problem_not_empty": "problem is blank",
+    "answer_not_empty": "answer is blank",
+    "unique_id": "id repeats within its split",
+    "problem_length": "problem length outside [data.min_problem_chars, data.max_problem_chars]",
+    "answer_length": "answer longer than data.max_answer_chars",
+    "answer_parses": "math-verify builds no math expression from the answer (read as $answer$)",
+    "no_eval_overlap": "a training/validation problem also appears in an evaluation benchmark",
+    "no_train_val_overlap": "a training problem also appears in the validation split",
+}
+
+
+class DataValidationError(RuntimeError):
+    """Prepared data broke validation rules; `report` names each failing row and rule."""
+
+    def __init__(self, report: "ValidationReport"):
+        self.report = report
+        super().__init__(report.format())
+
+
+@dataclass(frozen=True)
+class Failure:
+    split: str
+    id: str  # the row's id, "(no id: <file:line or row N>)" when it has none, "*" for a whole-table failure
+    rule: str
+    detail: str = ""
+    row: int = -1  # position in the stacked table (splits in the order given), for sorting
+
+
+@dataclass
+class ValidationReport:
+    n_rows: int
+    rows_per_split: dict[str, int]
+    n_expectations: int
+    failures: list[Failure] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def counts_by_rule(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for f in self.failures:
+            out[f.rule] = out.get(f.rule, 0) + 1
+        return out
+
+    def summary(self) -> dict:
+        """JSON-ready summary for metrics files."""
+        return {
+            "passed": self.passed,
+            "rows_checked": self.n_rows,
+            "expectations": self.n_expectations,
+            "failures": len(self.failures),
+            "failures_by_rule": self.counts_by_rule(),
+            "rules": sorted(RULES),
+            "seconds": round(self.seconds, 3),
+        }
+
+    def format(self, max_rows: int | None = 200) -> str:
+        """Readable report: a verdict line, then one line per failing (split, id, rule) with a detail."""
+        head = (f"data validation {'passed' if self.passed else 'FAILED'}: {self.n_rows} rows in "
+                f"{len(self.rows_per_split)} splits, {self.n_expectations} expectations")
+        if self.passed:
+            return head
+        bad_rows = len({(f.split, f.id) for f in self.failures})
+        lines = [f"{head}; {len(self.failures)} failures in {bad_rows} rows"]
+        shown = self.failures if max_rows is None else self.failures[:max_rows]
+        w_split = max(len("split"), *(len(f.split) for f in shown))
+        w_id = max(len("id"), *(len(f.id) for f in shown))
+        w_rule = max(len("rule"), *(len(f.rule) for f in shown))
+        lines.append(f"  {'split':<{w_split}}  {'id':<{w_id}}  {'rule':<{w_rule}}  detail")
+        for f in shown:
+            lines.append(f"  {f.split:<{w_split}}  {f.id:<{w_id}}  {f.rule:<{w_rule}}  {f.detail}")
+        if len(shown) < len(self.failures):
+            lines.append(f"  ... and {len(self.failures) - len(shown)} more")
+        lines.append("rules broken:")
+        for rule, n in sorted(self.counts_by_rule().items()):
+            lines.append(f"  {rule} ({n}): {RULES.get(rule, '')}")
+        return "\n".join(lines)
+
+
+def normalise_problem(text: str) -> str:
+    """Text used for overlap checks: lower case, whitespace runs collapsed."""
+    return " ".join(text.lower().split())
+
+
+def _clip(value: Any, n: int = 60) -> str:
+    s = repr(value)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _as_text(value: Any, allow_int: bool = False) -> str | None:
+    if isinstance(value, str):
+        return value
+    if allow_int and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def _import_gx_quietly() -> None:
+    try:
+        import great_expectations.expectations  # noqa: F401
+    except Exception:
+        pass  # the import in the caller's thread raises it again, with its traceback
+
+
+def _gx_context() -> Any:
+    """A fresh ephemeral GX context with analytics and progress bars off."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        analytics_enabled=False,
+        progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
+    )
+    return gx.get_context(project_config=config, mode="ephemeral")
+
+
+def validate_splits(splits: Mapping[str, Sequence[Mapping[str, Any]]], cfg: DataConfig,
+                    eval_splits: Sequence[str] | None = None, parse_timeout: float | None = None,
+                    parse_workers: int = 2) -> ValidationReport:
+    """Validate every split's rows against the data rules; never raises on bad data (see `.passed`).
+
+    `splits` maps split name -> rows (dicts with at least id, problem, answer; an optional `_where` such as
+    "file.jsonl:12" names a row that has no id). Splits named "train" and "val" are training splits;
+    `eval_splits` (default: every other split) are evaluation benchmarks.
+    """
+    t0 = time.perf_counter()
+    import pandas as pd
+
+    names = list(splits)
+    evals = [s for s in (eval_splits if eval_splits is not None else names) if s not in TRAINING_SPLITS]
+    unknown = [s for s in evals if s not in splits]
+    if unknown:
+        raise ValueError(f"eval_splits names splits that are not given: {unknown}")
+    timeout = parse_timeout if parse_timeout is not None else cfg.parse_timeout
+    # GX takes seconds to import and math-verify runs in worker processes: overlap the two
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    gx_import = threading.Thread(target=_import_gx_quietly, name="gx-import", daemon=True)
+    gx_import.start()
+
+    # one record per row; helper columns hold the rules GX cannot compute
+    records: list[dict] = []
+    raw_rows: list[Mapping[str, Any]] = []
+    present: set[str] = set()
+    for split in names:
+        first = len(raw_rows)
+        for row in splits[split]:
+            present.update(k for k in REQUIRED if k in row)
+            where = row.get("_where") or f"row {len(raw_rows) - first + 1}"
+            rec = {"_row": len(records), "split": split, "_where": where,
+                   "id": _as_text(row.get("id"), allow_int=True),
+                   "problem": _as_text(row.get("problem")), "answer": _as_text(row.get("answer"))}
+            records.append(rec)
+            raw_rows.append(row)
+
+    answers = [r["answer"] if r["answer"] is not None and r["answer"].strip() else None for r in records]
+    todo = [i for i, a in enumerate(answers) if a is not None]
+    ok = parses_many([answers[i] for i in todo], timeout=timeout, workers=parse_workers)
+    for r in records:
+        r["_answer_parses"] = None
+    for i, good in zip(todo, ok):
+        records[i]["_answer_parses"] = bool(good)
+
+    eval_texts: dict[str, list[str]] = {}
+    for r in records:
+        if r["split"] in evals and r["problem"] is not None and r["problem"].strip():
+            eval_texts.setdefault(normalise_problem(r["problem"]), []).append(r["split"])
+    val_texts = {normalise_problem(r["problem"]) for r in records
+                 if r["split"] == "val" and r["problem"] is not None and r["problem"].strip()}
+    for r in records:
+        r["_no_eval_overlap"] = r["_no_train_val_overlap"] = None
+        if r["problem"] is None or not r["problem"].strip() or r["split"] not in TRAINING_SPLITS:
+            continue
+        key = normalise_problem(r["problem"])
+        r["_no_eval_overlap"] = key not in eval_texts
+        if r["split"] == "train":
+            r["_no_train_val_overlap"] = key not in val_texts
+
+    columns = ["_row", "split", *[c for c in REQUIRED if c in present],
+               "_answer_parses", "_no_eval_overlap", "_no_train_val_overlap"]
+    df = pd.DataFrame.from_records(records, columns=columns) if records else pd.DataFrame(columns=columns)
+    # object dtype keeps None as None (pandas' string dtype would turn it into NaN, which GX also treats as null)
+    df = df.astype({c: object for c in columns if c != "_row"})
+
+    gx_import.join()
+    import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    def rule(exp_cls: type, name: str, **kw: Any) -> Any:
+        return exp_cls(meta={"rule": name}, **kw)
+
+    expectations = [rule(gxe.ExpectColumnToExist, "required_columns", column=c) for c in REQUIRED]
+    for c in REQUIRED:
+        if c in present:
+            expectations.append(rule(gxe.ExpectColumnValuesToNotBeNull, f"{c}_not_null", column=c))
+    if "problem" in present:
+        expectations += [
+            rule(gxe.ExpectColumnValuesToMatchRegex, "problem_not_empty", column="problem", regex=r"\S"),
+            rule(gxe.ExpectColumnValueLengthsToBeBetween, "problem_length", column="problem",
+                 min_value=cfg.min_problem_chars, max_value=cfg.max_problem_chars),
+        ]
+    if "answer" in present:
+        expectations += [
+            rule(gxe.ExpectColumnValuesToMatchRegex, "answer_not_empty", column="answer", regex=r"\S"),
+            rule(gxe.ExpectColumnValueLengthsToBeBetween, "answer_length", column="answer",
+                 max_value=cfg.max_answer_chars),
+        ]
+    if "id" in present:
+        expectations.append(rule(gxe.ExpectCompoundColumnsToBeUnique, "unique_id", column_list=["split", "id"],
+                                 ignore_row_if="any_value_is_missing"))
+    for col, name in (("_answer_parses", "answer_parses"), ("_no_eval_overlap", "no_eval_overlap"),
+                      ("_no_train_val_overlap", "no_train_val_overlap")):
+        expectations.append(rule(gxe.ExpectColumnValuesToBeInSet, name, column=col, value_set=[True]))
+
+    ctx = _gx_context()
+    batch = (ctx.data_sources.add_pandas("prepared").add_dataframe_asset("rows")
+             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": df}))
+    suite = gx.ExpectationSuite(name="prepared_data", expectations=expectations)
+    result = batch.validate(suite, result_format={"result_format": "COMPLETE",
+                                                  "unexpected_index_column_names": ["_row"]})
+
+    failures: list[Failure] = []
+    for res in result.results:
+        name = res.expectation_config.meta["rule"]
+        if res.exception_info and res.exception_info.get("raised_exception"):
+            raise RuntimeError(f"GX expectation {name!r} raised: {res.exception_info.get('exception_message')}")
+        if res.success:
+            continue
+        if name == "required_columns":
+            col = res.expectation_config.kwargs["column"]
+            failures.append(Failure("*", "*", name, f"no row has a {col!r} field"))
+            continue
+        for hit in res.result.get("unexpected_index_list") or []:
+            i = int(hit["_row"])
+            failures.append(_row_failure(records[i], raw_rows[i], name, cfg, eval_texts))
+    rule_order = {r: k for k, r in enumerate(RULES)}
+    failures.sort(key=lambda f: (f.row, rule_order.get(f.rule, 99)))
+    return ValidationReport(n_rows=len(records), rows_per_split={s: len(splits[s]) for s in names},
+                            n_expectations=len(expectations), failures=failures,
+                            seconds=time.perf_counter() - t0)
+
+
+def _label(rec: dict) -> str:
+    return rec["id"] if rec["id"] is not None else f"(no id: {rec['_where']})"
+
+
+def _row_failure(rec: dict, raw: Mapping[str, Any], rule: str, cfg: DataConfig,
+                 eval_texts: dict[str, list[str]]) -> Failure:
+    """One failing row with a detail that says what was wrong with it."""
+    if rule.endswith("_not_null"):
+        col = rule[: -len("_not_null")]
+        detail = f"no {col!r} field" if col not in raw else f"{col} = {_clip(raw[col])}"
+    elif rule == "problem_length":
+        detail = (f"{len(rec['problem'])} chars, allowed [{cfg.min_problem_chars}, {cfg.max_problem_chars}]: "
+                  f"{_clip(rec['problem'], 40)}")
+    elif rule == "answer_length":
+        detail = f"{len(rec['answer'])} chars, allowed <= {cfg.max_answer_chars}"
+    elif rule in ("problem_not_empty", "answer_not_empty", "answer_parses"):
+        col = "answer" if rule.startswith("answer") else "problem"
+        detail = f"{col} = {_clip(rec[col])}"
+    elif rule == "unique_id":
+        detail = f"id {rec['id']!r} appears more than once in {rec['split']}"
+    elif rule == "no_eval_overlap":
+        where = sorted(set(eval_texts.get(normalise_problem(rec["problem"]), [])))
+        detail = f"problem also in {', '.join(where)}: {_clip(rec['problem'], 40)}"
+    elif rule == "no_train_val_overlap":
+        detail = f"problem also in val: {_clip(rec['problem'], 40)}"
+    else:
+        detail = ""
+    return Failure(rec["split"], _label(rec), rule, detail, rec["_row"])

@@ -1,0 +1,146 @@
+"""Fake stage modules with the real contracts (`default_io`, `run`, and the unit/arm entry points the flow
+calls), writing tiny files where a matching fake `dvc.yaml` expects them. They record every call, so the
+flow's wiring (order, mapping, DVC commits, artifacts) is tested without any model."""
+
+from __future__ import annotations
+
+import json
+import threading
+import types
+from pathlib import Path
+
+from tasks.common import Layout
+
+DVC_YAML = """\
+stages:
+  prepare:
+    cmd: echo prepare
+    deps: [src.txt]
+    params: [seed]
+    outs: [data/prepared]
+    metrics:
+      - metrics/data.json:
+          cache: false
+  base:
+    cmd: echo base
+    deps: [data/prepared]
+    params: [model.hidden_size]
+    outs: [models/base]
+  train:
+    cmd: echo train
+    deps: [models/base, data/prepared]
+    params: [train.arms, train.steps]
+    outs: [models/checkpoints]
+  evaluate:
+    cmd: echo evaluate
+    deps: [models/checkpoints]
+    params: [evaluate]
+    outs: [results/generations]
+    metrics:
+      - metrics/eval.json:
+          cache: false
+  analyze:
+    cmd: echo analyze
+    deps: [results/generations]
+    metrics:
+      - metrics/analysis.json:
+          cache: false
+  report:
+    cmd: echo report
+    deps: [metrics/eval.json, metrics/analysis.json]
+    outs:
+      - reports:
+          cache: false
+"""
+
+PARAMS_YAML = """\
+seed: 0
+model: {hidden_size: 16}
+train: {arms: [tandem, grpo], steps: 2, report_to: none}
+evaluate: {modes: [solo, step], ks: [1], n_samples: 2}
+"""
+
+
+class Recorder:
+    def __init__(self, fail: set[str] | None = None):
+        self.calls: list[str] = []
+        self.fail = set(fail or ())
+        self.lock = threading.Lock()
+
+    def hit(self, name: str) -> None:
+        with self.lock:
+            self.calls.append(name)
+        if name in self.fail:
+            raise RuntimeError(f"fake failure in {name}")
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def modules(rec: Recorder) -> dict[str, types.SimpleNamespace]:
+    """name -> a module-like namespace for `flows.pipeline._stage`."""
+
+    def io(params):
+        return {}, {}
+
+    def prepare_run(params, inputs, outputs):
+        rec.hit("prepare")
+        L = Layout.of(params)
+        _write(L.prepared / "train.jsonl", '{"id": 1}\n')
+        _write(L.metrics / "data.json", json.dumps({"n": 1}))
+        return {"n": 1}
+
+    def base_run(params, inputs, outputs):
+        rec.hit("base")
+        _write(Layout.of(params).base_model / "w.txt", "base")
+        return {"ok": True}
+
+    def run_arm(params, arm, inputs, outputs):
+        rec.hit(f"train-{arm}")
+        _write(Layout.of(params).checkpoints / arm / "step-2" / "w.txt", arm)
+        return {"arm": arm}
+
+    def plan(params, inputs=None):
+        return [{"arm": a, "step": s, "path": "x", "mode": m}
+                for a in params.train.arms for s in (0, 2) for m in params.evaluate.modes
+                if not (s == 0 and a != params.train.arms[0])]
+
+    def run_unit(params, unit, inputs=None, outputs=None):
+        rec.hit(f"unit-{unit['arm']}-{unit['step']}-{unit['mode']}")
+        return {"b1": {"n_problems": 2, "pass@1": 0.5, "senior_share": 1.0, "mean_tokens": 3.0},
+                "b2": {"n_problems": 2, "pass@1": 0.25, "senior_share": 1.0, "mean_tokens": 4.0}}
+
+    def collect(params, inputs=None, outputs=None):
+        rec.hit("evaluate-collect")
+        L = Layout.of(params)
+        _write(L.generations / "g.jsonl", "{}\n")
+        _write(L.metrics / "eval.json", json.dumps({"settings": {}, "arms": {}}))
+        return {"tandem/solo/pass@1": 0.5}
+
+    def analyze_run(params, inputs, outputs):
+        rec.hit("analyze")
+        _write(Layout.of(params).metrics / "analysis.json", json.dumps({"arms": {}}))
+        return {}
+
+    def report_run(params, inputs, outputs):
+        rec.hit("report")
+        L = Layout.of(params)
+        _write(L.reports / "report.html", "<html></html>")
+        _write(L.reports / "report.md", "# r\n")
+        return {"html": str(L.reports / "report.html"), "markdown": str(L.reports / "report.md"),
+                "promote": False, "promotion_reason": "fake"}
+
+    def artifact_markdown(params, summary):
+        return f"[report]({Path(summary['html']).resolve().as_uri()})"
+
+    ns = types.SimpleNamespace
+    return {
+        "prepare": ns(default_io=io, run=prepare_run),
+        "base": ns(default_io=io, run=base_run),
+        "train": ns(default_io=io, run_arm=run_arm, run=None),
+        "evaluate": ns(default_io=io, plan=plan, run_unit=run_unit, collect=collect, run=None),
+        "analyze": ns(default_io=io, run=analyze_run),
+        "report": ns(default_io=io, run=report_run, artifact_markdown=artifact_markdown),
+    }

@@ -1,0 +1,160 @@
+"""The `tandem-pipeline` flow: its stage list is dvc.yaml's, its wiring (order, one task run per arm and per
+evaluation unit, artifacts, no retry on training) holds, and after a run `dvc status` is clean.
+
+The wiring tests run the real flow on fake stage modules (tests/flows/fake_stages.py) inside a scratch DVC
+project, on Prefect's temporary local server; the real stages run in tests/flows/test_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import flows.pipeline as fp
+from flows.dvc_sync import DvcSync
+
+from tests.flows import fake_stages
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_stage_list_matches_dvc_yaml():
+    stages = list(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
+    assert list(fp.STAGES) == stages
+
+
+def test_every_stage_has_its_module_contract():
+    import importlib
+
+    for name in fp.STAGES:
+        mod = importlib.import_module(f"tasks.{name}")
+        assert callable(mod.default_io) and callable(mod.run), name
+    train, evaluate = importlib.import_module("tasks.train"), importlib.import_module("tasks.evaluate")
+    assert callable(train.run_arm)  # one task run per arm
+    assert callable(evaluate.plan) and callable(evaluate.run_unit) and callable(evaluate.collect)
+
+
+def test_retries_only_where_transient():
+    assert fp.train_arm_task.retries == 0
+    for t in (fp.prepare_task, fp.evaluate_unit_task, fp.analyze_task, fp.report_task, fp.base_task):
+        assert not t.retries, t.name  # base gets retries only for a hub download, set per run
+    assert fp.push_task.retries == 3
+
+
+def test_artifact_keys_are_valid():
+    assert fp._artifact_key("eval", "kl_reg", "step", 20, "solo") == "eval-kl-reg-step-20-solo"
+    assert fp._artifact_key("eval", "GRPO_G16", "step", 0, "word") == "eval-grpo-g16-step-0-word"
+
+
+def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A scratch DVC project (no git) with the fake dvc.yaml and params.yaml; cwd moves into it."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    assert _dvc(root, "init", "--no-scm", "-q").returncode == 0
+    (root / "dvc.yaml").write_text(fake_stages.DVC_YAML)
+    (root / "params.yaml").write_text(fake_stages.PARAMS_YAML)
+    (root / "src.txt").write_text("source")
+    monkeypatch.chdir(root)
+    return root
+
+
+def test_dvc_sync_detection(project, tmp_path):
+    assert DvcSync.detect("params.yaml", ".").root == project
+    other = tmp_path / "other.yaml"
+    other.write_text("seed: 0\n")
+    assert not DvcSync.detect(other, ".").enabled and "not the project's params.yaml" in \
+        DvcSync.detect(other, ".").reason
+    assert "out_root" in DvcSync.detect("params.yaml", str(tmp_path)).reason
+    assert DvcSync.detect("params.yaml", ".", "off").reason == "turned off"
+    with pytest.raises(RuntimeError, match="impossible"):
+        DvcSync.detect(other, ".", "on")
+
+
+def _use_fakes(monkeypatch, rec):
+    mods = fake_stages.modules(rec)
+    monkeypatch.setattr(fp, "_stage", lambda name: mods[name])
+
+
+def _task_runs(flow_run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+
+def _artifact_keys(flow_run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
+            any_=[flow_run_id])))
+    return {a.key: a for a in arts}
+
+
+@pytest.mark.slow
+def test_flow_wiring_and_dvc_agreement(project, monkeypatch):
+    rec = fake_stages.Recorder()
+    _use_fakes(monkeypatch, rec)
+    before = json.loads(_dvc(project, "status", "--json").stdout or "{}")
+    assert set(before) == set(fp.STAGES)  # nothing recorded yet: DVC sees every stage as changed
+
+    state = fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True)
+    assert state.is_completed(), state
+    result = state.result()
+    assert result["report"].endswith("reports/report.html") and Path(result["report"]).exists()
+    assert "committing stages" in result["dvc"]
+
+    # order: whole stages in sequence, one training run per arm, every unit before collect
+    units = [c for c in rec.calls if c.startswith("unit-")]
+    assert rec.calls[:4] == ["prepare", "base", "train-tandem", "train-grpo"]
+    assert rec.calls[4:4 + len(units)] == units
+    assert rec.calls[4 + len(units):] == ["evaluate-collect", "analyze", "report"]
+    assert sorted(units) == sorted(["unit-tandem-0-solo", "unit-tandem-0-step", "unit-tandem-2-solo",
+                                    "unit-tandem-2-step", "unit-grpo-2-solo", "unit-grpo-2-step"])
+
+    # the Prefect view: one completed task run per unit, a table artifact each, the report artifact
+    runs = _task_runs(state.state_details.flow_run_id)
+    evals = {r.name: r for r in runs if r.name.startswith("evaluate-") and "step-" in r.name}
+    assert len(evals) == 6 and all(r.state.is_completed() for r in evals.values())
+    assert {r.name for r in runs if r.name.startswith("train-")} == {"train-tandem", "train-grpo", "train-commit"}
+    arts = _artifact_keys(state.state_details.flow_run_id)
+    assert "eval-grpo-step-2-solo" in arts and arts["eval-grpo-step-2-solo"].type == "table"
+    assert arts["tandem-report"].type == "markdown" and "file://" in arts["tandem-report"].data
+
+    # DVC agrees: dvc.lock records every stage and nothing is out of date
+    status = _dvc(project, "status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout or "{}") == {}, status.stdout + status.stderr
+    assert set(yaml.safe_load((project / "dvc.lock").read_text())["stages"]) == set(fp.STAGES)
+
+
+@pytest.mark.slow
+def test_training_failure_is_not_retried_and_not_committed(project, monkeypatch):
+    rec = fake_stages.Recorder(fail={"train-grpo"})
+    _use_fakes(monkeypatch, rec)
+    state = fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True)
+    assert state.is_failed()
+    assert rec.calls == ["prepare", "base", "train-tandem", "train-grpo"]  # one attempt, nothing after it
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+    assert set(lock) == {"prepare", "base"}
+
+
+@pytest.mark.slow
+def test_a_failed_unit_fails_the_flow_before_collect(project, monkeypatch):
+    rec = fake_stages.Recorder(fail={"unit-grpo-2-step"})
+    _use_fakes(monkeypatch, rec)
+    state = fp.tandem_pipeline(params_path="params.yaml", live=False, dvc="off", return_state=True)
+    assert state.is_failed()
+    assert "evaluate-collect" not in rec.calls and "report" not in rec.calls
+    assert not (project / "dvc.lock").exists()  # dvc="off": nothing committed

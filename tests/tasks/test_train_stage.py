@@ -1,0 +1,147 @@
+"""Stage `train` end to end in subprocesses: outputs, W&B off in tests, and resume after a SIGKILL.
+
+The stage runs exactly as DVC runs it (a fresh interpreter, `tasks.train.main`) on a tiny base and a few
+prepared rows. One run goes uninterrupted; another is killed with SIGKILL right after its first checkpoint
+and rerun: it must finish with the same steps, the same checkpoints and the same final weights.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+from train_fixtures import build_base, write_prepared  # noqa: E402
+
+STEPS, SAVE_EVERY = 6, 2
+
+
+def _params(out_root: Path) -> Path:
+    raw = {
+        "seed": 0, "out_root": str(out_root),
+        "rollout": {"max_new_tokens": 12, "batch_size": 8},
+        "train": {"arms": ["tandem"], "steps": STEPS, "prompts_per_step": 2, "group_size": 4,
+                  "max_new_tokens": 12, "save_every": SAVE_EVERY, "learning_rate": 0.01, "warmup_steps": 1,
+                  "kl_rows": 4, "report_to": "wandb", "val_every": 3, "val_problems": 4},
+    }
+    path = out_root / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _project(root: Path, base_src: Path) -> Path:
+    import shutil
+
+    shutil.copytree(base_src, root / "models" / "base")
+    write_prepared(root / "data" / "prepared", n_train=32, n_val=8)
+    return _params(root)
+
+
+def _start(params: Path) -> subprocess.Popen:
+    # The engine stand-in is installed only while the real engine module is absent.
+    code = (f"import sys; sys.path[:0] = [{str(TESTS)!r}, {str(REPO)!r}]\n"
+            "import train_fixtures; train_fixtures.engine_module()\n"
+            f"from tasks.train import main; sys.exit(main([{str(params)!r}]))\n")
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 240) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def base_src(tmp_path_factory) -> Path:
+    return build_base(tmp_path_factory.mktemp("stage") / "base")
+
+
+@pytest.mark.slow
+def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(base_src, tmp_path):
+    from tandem.models import load_model
+    from tandem.train import complete_checkpoints, weights_hash
+
+    clean, crashed = tmp_path / "clean", tmp_path / "crashed"
+    p_clean, p_crash = _project(clean, base_src), _project(crashed, base_src)
+    ref = _start(p_clean)
+
+    # Kill the second run with SIGKILL as soon as its first checkpoint is committed (mid-run).
+    victim = _start(p_crash)
+    arm_dir = crashed / "models" / "checkpoints" / "tandem"
+    deadline = time.time() + 240
+    while not (arm_dir / f"step-{SAVE_EVERY}").exists():
+        assert victim.poll() is None, victim.communicate()[0][-4000:]
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=30)
+    assert victim.returncode == -signal.SIGKILL
+    assert [s for s, _ in complete_checkpoints(arm_dir)][-1] < STEPS  # it really stopped mid-run
+    assert not (crashed / "metrics" / "train_tandem.json").exists()
+
+    _finish(ref)
+    _finish(_start(p_crash))
+
+    want = [f"step-{n}" for n in range(SAVE_EVERY, STEPS + 1, SAVE_EVERY)]
+    summaries = {}
+    for root in (clean, crashed):
+        ck = root / "models" / "checkpoints" / "tandem"
+        assert [p.name for _, p in complete_checkpoints(ck)] == want
+        assert not [p for p in ck.iterdir() if p.name.startswith(("checkpoint-", ".old-"))]
+        s = json.loads((root / "metrics" / "train_tandem.json").read_text())
+        summaries[root.name] = s
+        assert json.loads((root / "metrics" / "train.json").read_text())["tandem"]["checkpoints"] == want
+        assert s["steps"] == STEPS and s["junior_unchanged"] and s["loss_finite"] and s["checkpoints"] == want
+        with open(root / "metrics" / "plots" / "train_tandem.csv") as f:
+            table = list(csv.DictReader(f))
+        assert [int(r["step"]) for r in table] == list(range(1, STEPS + 1))
+        assert all(r["senior_fraction"] and r["time_step"] for r in table)
+        assert [r["val_accuracy"] != "" for r in table] == [s % 3 == 0 for s in range(1, STEPS + 1)]
+    assert summaries["clean"]["resumed_from"] is None
+    assert summaries["crashed"]["resumed_from"] in {f"step-{n}" for n in range(SAVE_EVERY, STEPS, SAVE_EVERY)}
+    # Deterministic resume: rollouts are seeded by step, data order and RNG come back from the checkpoint.
+    a = load_model(clean / "models" / "checkpoints" / "tandem" / f"step-{STEPS}")
+    b = load_model(crashed / "models" / "checkpoints" / "tandem" / f"step-{STEPS}")
+    assert weights_hash(a) == weights_hash(b)
+    assert summaries["clean"]["reward_mean"] == pytest.approx(summaries["crashed"]["reward_mean"])
+
+
+def test_default_io_declares_every_arm(tmp_path):
+    from tandem.config import params_from_dict
+    from tasks.train import default_io
+
+    params = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem", "grpo_g16"]}})
+    inputs, outputs = default_io(params)
+    assert inputs["base_model"] == tmp_path / "models" / "base"
+    assert outputs["metrics_grpo_g16"] == tmp_path / "metrics" / "train_grpo_g16.json"
+    assert outputs["plot_tandem"] == tmp_path / "metrics" / "plots" / "train_tandem.csv"
+    assert outputs["checkpoints"] == tmp_path / "models" / "checkpoints"
+
+
+def test_missing_inputs_fail_clearly(tmp_path, base_src):
+    import shutil
+
+    from tandem.config import params_from_dict
+    from tasks.train import run
+
+    params = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["grpo"], "report_to": "none"}})
+    with pytest.raises(FileNotFoundError, match="models/base|does not exist"):
+        run(params)
+    shutil.copytree(base_src, tmp_path / "models" / "base")
+    with pytest.raises(FileNotFoundError, match="prepare stage"):
+        run(params)
