@@ -9,6 +9,7 @@ Otherwise (a tiny config in a temporary folder, a test) syncing is off and `reas
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -68,6 +69,7 @@ class DvcSync:
         from dvc.repo import Repo
 
         os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+        logging.getLogger("dvc").setLevel(logging.WARNING)  # "Updating lock file" per stage is noise here
         with _LOCK:
             try:
                 with Repo(str(self.root)) as repo:
@@ -75,6 +77,16 @@ class DvcSync:
             except DvcException as e:
                 raise RuntimeError(f"`dvc commit {stage}` failed: {e}") from e
         return True
+
+    def up_to_date(self, stage: str) -> bool:
+        """True when dvc.lock already records this stage with its current deps, params and outputs."""
+        if self.root is None:
+            return False
+        from dvc.repo import Repo
+
+        with _LOCK:
+            with Repo(str(self.root)) as repo:
+                return not repo.status(targets=[stage])
 
     def push(self, remote: str | None = None, timeout: float = 3600) -> None:
         """`dvc push` of everything committed (to the default remote unless `remote` is given)."""

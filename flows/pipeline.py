@@ -2,9 +2,11 @@
 
 Orchestration only: every task calls a `tasks/<stage>` function on the paths `default_io` declares (the same
 calls `dvc repro` makes through `tandem stage <name>`), then `dvc commit`s the stage (flows/dvc_sync.py) so
-that after a flow run `dvc status` is clean and `dvc.lock` describes what the flow produced. Evaluation is
-mapped over `tasks.evaluate.plan` units, one task run per (arm, checkpoint, mode), each publishing a
-table artifact of pass@k per benchmark; the report task publishes a markdown artifact linking the HTML.
+that after a flow run `dvc status` is clean and `dvc.lock` describes what the flow produced. A stage that
+`dvc.lock` already records as current is skipped, as `dvc repro` would skip it: a scheduled rerun with
+nothing changed trains nothing. Evaluation is mapped over `tasks.evaluate.plan` units, one task run per
+(arm, checkpoint, mode), each publishing a table artifact of pass@k per benchmark; the report task
+publishes a markdown artifact linking the HTML report.
 
 Retries only where a failure can be transient: the base stage when it downloads from the hub, and the DVC
 push to remote storage. Training never retries (a retry would silently redo minutes to hours of work; it
@@ -36,16 +38,15 @@ from tasks.common import load_params
 
 # The pipeline's stages in order; dvc.yaml must list the same (tests/flows/test_pipeline.py checks).
 STAGES = ("prepare", "base", "train", "evaluate", "analyze", "report")
-EVAL_STAGES = ("evaluate", "analyze", "report")
 
 
 def eval_workers() -> int:
     """Evaluation units run at once (TANDEM_EVAL_WORKERS). Default 1: on a small CPU, parallel units only
     fight over the same cores; on a large GPU box, raise it to overlap units."""
-    try:
-        return max(1, int(os.environ.get("TANDEM_EVAL_WORKERS", "1")))
-    except ValueError:
-        raise ValueError(f"TANDEM_EVAL_WORKERS must be an integer >= 1, got {os.environ['TANDEM_EVAL_WORKERS']!r}")
+    raw = os.environ.get("TANDEM_EVAL_WORKERS", "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"TANDEM_EVAL_WORKERS must be an integer >= 1, got {raw!r}")
+    return int(raw)
 
 
 def _stage(name: str):
@@ -57,11 +58,23 @@ def _artifact_key(*parts: Any) -> str:
     return re.sub(r"[^a-z0-9]+", "-", "-".join(str(p) for p in parts).lower()).strip("-")
 
 
-def run_stage(name: str, params: Params, sync: DvcSync) -> dict:
+def is_current(name: str, sync: DvcSync, force: bool) -> bool:
+    """Whether dvc.lock already records stage `name` as up to date (then it is skipped, as by dvc repro)."""
+    if force or not sync.enabled or not sync.up_to_date(name):
+        return False
+    get_run_logger().info("%s: up to date in dvc.lock, skipped", name)
+    return True
+
+
+def run_stage(name: str, params: Params, sync: DvcSync, force: bool) -> dict:
     """One whole stage: `tasks.<name>.run` on its declared paths, then `dvc commit <name>`."""
+    view = progress.current()
+    if is_current(name, sync, force):
+        view.set_state(name, name, "skipped")
+        return {"skipped": True}
     mod = _stage(name)
     inputs, outputs = mod.default_io(params)
-    with progress.current().track(name, name):
+    with view.track(name, name):
         summary = mod.run(params, inputs, outputs)
         sync.commit(name)
     return summary or {}
@@ -72,13 +85,13 @@ def run_stage(name: str, params: Params, sync: DvcSync) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 @task(name="prepare", task_run_name="prepare", cache_policy=NO_CACHE)
-def prepare_task(params: Params, sync: DvcSync) -> dict:
-    return run_stage("prepare", params, sync)
+def prepare_task(params: Params, sync: DvcSync, force: bool) -> dict:
+    return run_stage("prepare", params, sync, force)
 
 
 @task(name="base", task_run_name="base", cache_policy=NO_CACHE, retry_delay_seconds=[10, 60])
-def base_task(params: Params, sync: DvcSync) -> dict:
-    return run_stage("base", params, sync)
+def base_task(params: Params, sync: DvcSync, force: bool) -> dict:
+    return run_stage("base", params, sync, force)
 
 
 @task(name="train", task_run_name="train-{arm}", cache_policy=NO_CACHE, retries=0)
@@ -140,14 +153,16 @@ def evaluate_collect_task(params: Params, sync: DvcSync) -> dict:
 
 
 @task(name="analyze", task_run_name="analyze", cache_policy=NO_CACHE)
-def analyze_task(params: Params, sync: DvcSync) -> dict:
-    return run_stage("analyze", params, sync)
+def analyze_task(params: Params, sync: DvcSync, force: bool) -> dict:
+    return run_stage("analyze", params, sync, force)
 
 
 @task(name="report", task_run_name="report", cache_policy=NO_CACHE)
-def report_task(params: Params, sync: DvcSync) -> dict:
-    summary = run_stage("report", params, sync)
+def report_task(params: Params, sync: DvcSync, force: bool) -> dict:
     mod = _stage("report")
+    summary = run_stage("report", params, sync, force)
+    if summary.get("skipped"):  # the report on disk is current: publish it again for this run
+        summary = {**mod.existing_summary(params), "skipped": True}
     create_markdown_artifact(key="tandem-report", markdown=mod.artifact_markdown(params, summary),
                              description="Tandem RL results report")
     return summary
@@ -156,6 +171,8 @@ def report_task(params: Params, sync: DvcSync) -> dict:
 @task(name="promote", task_run_name="promote", cache_policy=NO_CACHE)
 def promote_task(params: Params, sync: DvcSync, tag: bool) -> dict:
     """Promote this run's best checkpoint when the regression gate passes (scheduled retraining)."""
+    from prefect.runtime import flow_run
+
     from tasks import promotion
     from tasks.common import Layout, read_json
 
@@ -164,8 +181,6 @@ def promote_task(params: Params, sync: DvcSync, tag: bool) -> dict:
     if not decision.promote:
         logger.info("promotion: keeping the promoted checkpoint: %s", decision.reason)
         return decision.to_dict()
-    from prefect.runtime import flow_run
-
     rec = promotion.record(params, decision, run_id=str(flow_run.id or ""),
                            tag_repo=(sync.root if tag and sync.enabled else None),
                            provenance={"dvc_sync": sync.reason})
@@ -191,19 +206,46 @@ def _live_view(live: bool | None) -> bool:
     return sys.stderr.isatty() and deployment.id is None and os.environ.get("CI") is None
 
 
-def _evaluate_analyze_report(params: Params, sync: DvcSync, view: progress.ProgressView) -> dict:
+def _train(params: Params, sync: DvcSync, view: progress.ProgressView, force: bool) -> dict:
+    arms = list(params.train.arms)
+    if is_current("train", sync, force):
+        for a in arms:
+            view.set_state("train", f"train-{a}", "skipped")
+        view.set_state("train", "train-commit", "skipped")
+        return {"skipped": True}
+    # Arms run one after another: each needs the whole machine (cores or GPU), and trl's accelerate state
+    # is process-wide.
+    out = {a: train_arm_task(params, a) for a in arms}
+    out["commit"] = train_commit_task(params, sync)
+    return out
+
+
+def _evaluate_analyze_report(params: Params, sync: DvcSync, view: progress.ProgressView, force: bool) -> dict:
     out: dict[str, Any] = {}
-    units = evaluate_plan_task(params)
-    for u in units:
-        view.expect("evaluate", unit_label(u))
-    view.expect("evaluate", "evaluate-collect")
+    current = is_current("evaluate", sync, force)
+    units = [] if current else evaluate_plan_task(params)
+    for name in [unit_label(u) for u in units] + ["evaluate-collect"]:
+        view.expect("evaluate", name)
     for name in ("analyze", "report"):
         view.expect(name, name)
-    evaluate_unit_task.map(unmapped(params), units).result()  # raises if any unit failed
-    out["evaluate"] = evaluate_collect_task(params, sync)
-    out["analyze"] = analyze_task(params, sync)
-    out["report"] = report_task(params, sync)
+    if current:
+        view.set_state("evaluate", "evaluate-collect", "skipped")
+        out["evaluate"] = {"skipped": True}
+    else:
+        evaluate_unit_task.map(unmapped(params), units).result()  # raises if any unit failed
+        out["evaluate"] = evaluate_collect_task(params, sync)
+    out["analyze"] = analyze_task(params, sync, force)
+    out["report"] = report_task(params, sync, force)
     return out
+
+
+def _setup(params_path: str, dvc: str, push: bool) -> tuple[Params, DvcSync]:
+    params = load_params(params_path)
+    sync = DvcSync.detect(params_path, params.out_root, dvc)
+    if push and not sync.enabled:
+        raise RuntimeError(f"push=True needs DVC sync, which is off: {sync.reason}")
+    get_run_logger().info("DVC sync: %s", sync.reason)
+    return params, sync
 
 
 def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summaries: dict, t0: float,
@@ -213,72 +255,58 @@ def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summarie
     if push:
         push_task(sync, remote)
     report = summaries.get("report", {}) or {}
-    result = {"report": report.get("html"), "markdown": report.get("markdown"), "stages": summaries,
+    html = str(Path(report["html"]).resolve()) if report.get("html") else None
+    md = str(Path(report["markdown"]).resolve()) if report.get("markdown") else None
+    result = {"report": html, "markdown": md, "stages": summaries,
               "timings": view.timings(), "wall_seconds": round(time.perf_counter() - t0, 3), "dvc": sync.reason}
     get_run_logger().info("report: %s", result["report"])
+    if view.live_requested:
+        print(f"\nReport: {result['report']}", file=sys.stderr)
     return result
-
-
-def _setup(params_path: str, dvc: str, promote: bool, push: bool):
-    params = load_params(params_path)
-    sync = DvcSync.detect(params_path, params.out_root, dvc)
-    if push and not sync.enabled:
-        raise RuntimeError(f"push=True needs DVC sync, which is off: {sync.reason}")
-    get_run_logger().info("DVC sync: %s", sync.reason)
-    return params, sync
 
 
 @flow(name="tandem-pipeline", task_runner=ThreadPoolTaskRunner(max_workers=eval_workers()), persist_result=False,
       log_prints=False)
-def tandem_pipeline(params_path: str = "params.yaml", dvc: str = "auto", promote: bool = False, tag: bool = False,
-                    push: bool = False, remote: str | None = None, live: bool | None = None) -> dict:
+def tandem_pipeline(params_path: str = "params.yaml", dvc: str = "auto", force: bool = False, promote: bool = False,
+                    tag: bool = False, push: bool = False, remote: str | None = None,
+                    live: bool | None = None) -> dict:
     """Run every stage on `params_path` and return {'report': html path, 'stages': summaries, ...}.
 
-    dvc: 'auto' commits each stage to dvc.lock when this run is the DVC project's run, 'on' insists, 'off'.
+    dvc: 'auto' commits each stage to dvc.lock when this run is the DVC project's run (and skips stages
+    dvc.lock records as current), 'on' insists on that, 'off' never touches DVC. force: run every stage.
     promote/tag: scheduled retraining (promote the best checkpoint if no regression; also git-tag it).
     push: `dvc push` the results (to `remote`, default the project's default remote), with retries.
     live: terminal progress view (default: on when attached to a terminal and not under a deployment).
     """
     t0 = time.perf_counter()
-    params, sync = _setup(params_path, dvc, promote, push)
+    params, sync = _setup(params_path, dvc, push)
     view = progress.ProgressView(f"tandem-pipeline ({params_path})", live=_live_view(live))
-    arms = list(params.train.arms)
     summaries: dict[str, Any] = {}
     with progress.activate(view):
-        for stage, name in [("prepare", "prepare"), ("base", "base")] + [("train", f"train-{a}") for a in arms] \
-                + [("train", "train-commit")]:
+        for stage, name in [("prepare", "prepare"), ("base", "base")] + \
+                [("train", f"train-{a}") for a in params.train.arms] + [("train", "train-commit")]:
             view.expect(stage, name)
-        summaries["prepare"] = prepare_task(params, sync)
+        summaries["prepare"] = prepare_task(params, sync, force)
         base = base_task.with_options(retries=2 if params.model.source == "hub" else 0)
-        summaries["base"] = base(params, sync)
-        # Arms run one after another: each needs the whole machine (cores or GPU), and trl's accelerate
-        # state is process-wide.
-        summaries["train"] = {a: train_arm_task(params, a) for a in arms}
-        train_commit_task(params, sync)
-        summaries.update(_evaluate_analyze_report(params, sync, view))
-    result = _finish(params, sync, view, summaries, t0, promote, tag, push, remote)
-    if view.live_requested:
-        print(f"\nReport: {result['report']}", file=sys.stderr)
-    return result
+        summaries["base"] = base(params, sync, force)
+        summaries["train"] = _train(params, sync, view, force)
+        summaries.update(_evaluate_analyze_report(params, sync, view, force))
+    return _finish(params, sync, view, summaries, t0, promote, tag, push, remote)
 
 
 @flow(name="tandem-evaluation", task_runner=ThreadPoolTaskRunner(max_workers=eval_workers()), persist_result=False,
       log_prints=False)
-def tandem_evaluation(params_path: str = "params.yaml", dvc: str = "auto", promote: bool = False,
-                      tag: bool = False, push: bool = False, remote: str | None = None,
+def tandem_evaluation(params_path: str = "params.yaml", dvc: str = "auto", force: bool = False,
+                      promote: bool = False, tag: bool = False, push: bool = False, remote: str | None = None,
                       live: bool | None = None) -> dict:
     """Evaluate whatever checkpoints exist (new ones included), then analyze and report; no training."""
     t0 = time.perf_counter()
-    params, sync = _setup(params_path, dvc, promote, push)
+    params, sync = _setup(params_path, dvc, push)
     view = progress.ProgressView(f"tandem-evaluation ({params_path})", live=_live_view(live))
     with progress.activate(view):
-        summaries = _evaluate_analyze_report(params, sync, view)
-    result = _finish(params, sync, view, summaries, t0, promote, tag, push, remote)
-    if view.live_requested:
-        print(f"\nReport: {result['report']}", file=sys.stderr)
-    return result
+        summaries = _evaluate_analyze_report(params, sync, view, force)
+    return _finish(params, sync, view, summaries, t0, promote, tag, push, remote)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    res = tandem_pipeline(params_path=sys.argv[1] if len(sys.argv) > 1 else "params.yaml")
-    print(res["report"])
+    print(tandem_pipeline(params_path=sys.argv[1] if len(sys.argv) > 1 else "params.yaml")["report"])

@@ -253,10 +253,14 @@ class EvaluateConfig(_Section):
     benchmark_files: dict[str, str] = _f(
         {}, "extra benchmarks read directly: name -> jsonl file with id, problem, answer (prompt optional)")
     progress: bool = _f(True, "show a progress bar per checkpoint, mode and benchmark")
+    torch_threads: int = _f(1, "torch CPU threads while evaluating (0 = torch's default); tiny models run fastest on 1")
+    workers: int = _f(1, "processes evaluating different checkpoints at once in `run` (CPU: up to the core count)")
 
     def problems(self) -> list[str]:
         p: list[str] = []
         _rule(p, self.batch_size >= 1, "evaluate.batch_size", self.batch_size, "must be >= 1")
+        _rule(p, self.torch_threads >= 0, "evaluate.torch_threads", self.torch_threads, "must be >= 0 (0 = default)")
+        _rule(p, self.workers >= 1, "evaluate.workers", self.workers, "must be >= 1")
         _rule(p, self.n_samples >= 1, "evaluate.n_samples", self.n_samples, "must be >= 1")
         _rule(p, len(self.ks) > 0 and all(1 <= k <= self.n_samples for k in self.ks), "evaluate.ks", self.ks,
               "each k must lie in [1, evaluate.n_samples]")
@@ -281,11 +285,13 @@ class AnalyzeConfig(_Section):
     reference_arm: str = _f("grpo", "arm whose drift ranks the most-drifted token types")
     min_type_count: int = _f(3, "occurrences a token type needs in the reference arm's text to be ranked")
     batch_size: int = _f(32, "completions teacher-forced together in one forward pass")
+    torch_threads: int = _f(1, "torch CPU threads while analysing (0 = torch's default); tiny models run fastest on 1")
 
     def problems(self) -> list[str]:
         p: list[str] = []
         _rule(p, self.min_type_count >= 1, "analyze.min_type_count", self.min_type_count, "must be >= 1")
         _rule(p, self.batch_size >= 1, "analyze.batch_size", self.batch_size, "must be >= 1")
+        _rule(p, self.torch_threads >= 0, "analyze.torch_threads", self.torch_threads, "must be >= 0 (0 = default)")
         _rule(p, self.top_drift_tokens >= 1, "analyze.top_drift_tokens", self.top_drift_tokens, "must be >= 1")
         _rule(p, self.kl_bins >= 1, "analyze.kl_bins", self.kl_bins, "must be >= 1")
         _rule(p, all(0.0 <= q <= 1.0 for q in self.quantiles), "analyze.quantiles", self.quantiles,

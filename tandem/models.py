@@ -338,7 +338,7 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
             for g in opt.param_groups:
                 g["lr"] = cfg.pretrain_lr * lr_factor(prog, cfg.pretrain_warmup)
             batch = collate([examples[i] for i in batches.pop()], pad_id)
-            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
             loss = completion_loss(out.logits, batch["labels"])
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"pretraining loss became {loss.item()} at step {step}")

@@ -415,7 +415,12 @@ def commit_dir(staging: Path, final: Path) -> None:
 
 def _make_trainer_class():
     """Subclass trl's GRPOTrainer lazily (importing trl costs seconds; keep `import tandem.train` cheap)."""
+    import warnings
+
     from trl import GRPOTrainer
+
+    # trl 1.16 still calls transformers' deprecated alias once per step; the warning says nothing about this run
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
 
     class TandemGRPOTrainer(GRPOTrainer):
         """GRPOTrainer + tandem diagnostics in every training log + atomic `step-<N>` checkpoints."""
@@ -624,6 +629,7 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
         rollout_func=rollout_fn, callbacks=callbacks, step_stats=stats, tandem_state=state0)
     for cb in (ProgressCallback, PrinterCallback):  # one compact bar (ProgressBar) instead of a dict per step
         trainer.remove_callback(cb)
+    junior.to(trainer.args.device)  # trl placed the senior; the junior decodes next to it
     if trainer.ref_model is not None and weights_hash(trainer.ref_model) != guard.before:
         # trl loads the KL reference from the senior's own path: it must be the base the junior copies
         raise RuntimeError("the kl_reg reference model differs from the frozen base: load the senior from the "

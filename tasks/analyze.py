@@ -9,7 +9,6 @@ quantiles, histogram), and the mean log-ratio on the reference arm's most-drifte
 
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import numpy as np
 import torch
 
 from tandem.config import Params
-from tandem.evaluation import content_hash, teacher_forced_stats
+from tandem.evaluation import content_hash, teacher_forced_stats, torch_threads
 from tandem.metrics.drift import histogram_counts, per_type_sums_V, quantiles, top_types
 from tandem.metrics.passk import macro_mean
 from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json
@@ -86,10 +85,15 @@ def _type_sums(stats_by_b: dict[str, list[dict]], vocab: int) -> tuple[torch.Ten
 
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """Analyse every arm's checkpoints; returns {"<arm>/<metric>": value} at each arm's last checkpoint."""
-    from tandem.models import load_model, load_tokenizer
-
     di, do = default_io(params)
     inputs, outputs = {**di, **(inputs or {})}, {**do, **(outputs or {})}
+    with torch_threads(params.analyze.torch_threads):
+        return _run(params, inputs, outputs)
+
+
+def _run(params: Params, inputs: dict, outputs: dict) -> dict:
+    from tandem.models import load_model, load_tokenizer
+
     an = params.analyze
     root = Path(params.out_root)
     ev = read_json(inputs["eval"])

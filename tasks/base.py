@@ -64,17 +64,23 @@ def _prepared_problems(prepared: Path) -> set[str]:
 # Building the model directory
 # --------------------------------------------------------------------------------------------------
 
+def pretraining_corpus(params: Params, exclude: set[str]) -> list:
+    """`model.n_pretrain` synthetic problems with reference solutions, none of whose texts is in `exclude`."""
+    from tandem.data.synthetic import generate
+
+    dc = params.data
+    return generate(params.model.n_pretrain, dc.min_steps, dc.max_steps, params.seed, max_operand=dc.max_operand,
+                    max_value=dc.max_value, exclude=exclude, prefix=PRETRAIN_PREFIX)
+
+
 def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str, list[dict]]) -> dict:
     """Corpus -> tokenizer -> model -> pretraining (with a learning curve) -> saved HF dir; returns a summary."""
     from tandem import models as M
     from tandem.data.prompts import user_message
-    from tandem.data.synthetic import generate
 
-    mc, dc = params.model, params.data
-    exclude = _prepared_problems(prepared)
+    mc = params.model
     t0 = time.perf_counter()
-    corpus = generate(mc.n_pretrain, dc.min_steps, dc.max_steps, params.seed, max_operand=dc.max_operand,
-                      max_value=dc.max_value, exclude=exclude, prefix=PRETRAIN_PREFIX)
+    corpus = pretraining_corpus(params, _prepared_problems(prepared))
     pairs = [(user_message(p.problem), p.solution) for p in corpus]
     tokenizer = M.train_tokenizer([m + "\n\n" + s for m, s in pairs], mc.vocab_size,
                                   model_max_length=mc.max_position)

@@ -11,7 +11,6 @@ the cache. `run` = every unit + `collect`. Definitions and schemas: docs/metrics
 from __future__ import annotations
 
 import csv
-import json
 import shutil
 import sys
 import threading
@@ -22,7 +21,8 @@ from typing import Any
 from tandem.config import Params
 from tandem.data.prompts import user_message
 from tandem.evaluation import (FORMAT_VERSION, EvalSettings, content_hash, eos_token_ids, list_checkpoints,
-                               result_key, rows_hash, run_benchmark, stable_seed, summarize_benchmark)
+                               result_key, rows_hash, run_benchmark, stable_seed, summarize_benchmark,
+                               torch_threads)
 from tandem.metrics.passk import macro_mean
 from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json, write_jsonl
 
@@ -162,11 +162,6 @@ def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: di
 
     Returns {benchmark: summary} (the summaries of docs/metrics.md, `<MODE>.benchmarks`).
     """
-    from tqdm.auto import tqdm
-
-    from tandem.models import load_tokenizer
-    from tandem.rewards import score_many
-
     inputs, outputs = _io(params, inputs, outputs)
     ev = params.evaluate
     mode = unit["mode"]
@@ -187,6 +182,22 @@ def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: di
             todo[b] = (key, rows)
     if not todo:
         return summaries
+    with torch_threads(ev.torch_threads):
+        summaries.update(_compute(params, unit, todo, base, base_hash, senior_hash, cache))
+    return {b: summaries[b] for b in benches}
+
+
+def _compute(params: Params, unit: dict, todo: dict, base: Path, base_hash: str, senior_hash: str,
+             cache: Path) -> dict:
+    """Generate, score and cache the missing benchmarks of one unit."""
+    from tqdm.auto import tqdm
+
+    from tandem.models import load_tokenizer
+    from tandem.rewards import score_many
+
+    ev, mode, settings = params.evaluate, unit["mode"], settings_of(params)
+    senior_path = Path(unit["path"])
+    summaries = {}
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     junior = _load(base, params, keep={base_hash})
     senior = _load(senior_path, params, keep={base_hash})
@@ -336,10 +347,32 @@ def write_csv(path: Path, cols: list[str], rows: list[dict]) -> None:
             w.writerow({c: ("" if r.get(c) is None else r[c]) for c in cols})
 
 
-def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
-    """Compute every missing unit, then collect; returns {"<arm>/<mode>/pass@<k>": value} (last checkpoint)."""
-    inputs, outputs = _io(params, inputs, outputs)
-    for unit in plan(params, inputs):
+def _run_units(params: Params, units: list[dict], inputs: dict, outputs: dict) -> None:
+    for unit in units:
         run_unit(params, unit, inputs, outputs)
+
+
+def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
+    """Compute every missing unit, then collect; returns {"<arm>/<mode>/pass@<k>": value} (last checkpoint).
+
+    With `evaluate.workers` > 1 the units of different checkpoints run in that many spawned processes (each
+    checkpoint's modes stay together so its weights load once); results meet in the on-disk cache.
+    """
+    inputs, outputs = _io(params, inputs, outputs)
+    groups: dict[str, list[dict]] = {}
+    for unit in plan(params, inputs):
+        groups.setdefault(unit["path"], []).append(unit)
+    workers = min(params.evaluate.workers, len(groups))
+    if workers <= 1:
+        _run_units(params, [u for g in groups.values() for u in g], inputs, outputs)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn, not fork: the parent may hold torch/tokenizers threads; largest groups first
+        ordered = sorted(groups.values(), key=len, reverse=True)
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for f in [pool.submit(_run_units, params, g, inputs, outputs) for g in ordered]:
+                f.result()
     return collect(params, inputs, outputs)
 

@@ -117,14 +117,14 @@ def _git_commit(root: Path) -> str:
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=20)
-        if head.returncode != 0:
-            return "not a git checkout"
+        if head.returncode != 0:  # e.g. the GPU image, which records its build commit instead
+            return os.environ.get("TANDEM_GIT_COMMIT", "not a git checkout")
         # --no-optional-locks: reading the status must not rewrite the index
         dirty = subprocess.run(["git", "--no-optional-locks", "-C", str(root), "status", "--porcelain",
                                 "--untracked-files=no"], capture_output=True, text=True, timeout=60)
         return head.stdout.strip() + (" (uncommitted changes)" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
-        return "git unavailable"
+        return os.environ.get("TANDEM_GIT_COMMIT", "git unavailable")
 
 
 def _sha256(path: Path) -> str:
@@ -301,3 +301,11 @@ def artifact_markdown(params: Params, summary: dict) -> str:
     lines += ["", f"**Promotion gate**: {'passes' if summary.get('promote') else 'does not pass'}: "
                   f"{md_escape(summary.get('promotion_reason', ''))}"]
     return "\n".join(lines) + "\n"
+
+
+def existing_summary(params: Params) -> dict:
+    """What `run` returns, for a report already on disk and current (the flow skipped the stage)."""
+    inputs, outputs = default_io(params)
+    decision = promotion.decision_for(params, read_json(inputs["eval"]))
+    return {"html": str(outputs["html"]), "markdown": str(outputs["markdown"]),
+            "promote": decision.promote, "promotion_reason": decision.reason}

@@ -191,10 +191,24 @@ def test_greedy_generation_is_independent_of_left_padding(tok, problems):
 
 def test_generation_cuts_at_first_eos(tok):
     model = M.build_tiny_model(tok, ModelConfig(**SMALL), seed=0)
-    with torch.no_grad():  # make EOS the argmax everywhere: the completion is empty and finished
-        model.lm_head.weight[tok.eos_token_id] += 50 * model.lm_head.weight.abs().max()
+    script = [tok.convert_tokens_to_ids(t) for t in ("Ġ", "7")] + [tok.eos_token_id]
+    filler = tok.convert_tokens_to_ids("Ġ")
+    calls = []
+
+    def force(module, inputs, logits_BTV):  # the n-th generation step emits script[n], then filler forever
+        n = len(calls)
+        calls.append(1)
+        out = torch.full_like(logits_BTV, -1e4)
+        out[:, -1, script[n] if n < len(script) else filler] = 0.0
+        return out
+
+    model.lm_head.register_forward_hook(force)
     g = M.generate_completions(model, tok, ["anything"], max_new_tokens=8)[0]
-    assert g == {"text": "", "n_tokens": 1, "finished": True}
+    assert g == {"text": " 7", "n_tokens": 3, "finished": True}
+    calls.clear()
+    script[:] = [filler] * 8
+    g = M.generate_completions(model, tok, ["anything"], max_new_tokens=4)[0]
+    assert g == {"text": "    ", "n_tokens": 4, "finished": False}
 
 
 def test_accuracy_scores_with_rewards(tok, monkeypatch):

@@ -249,6 +249,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_junior_tokens_get_exactly_zero_gradient(base_dir, rows, tmp_path):
     """trl's compute_loss gradient == hand gradient over senior positions only; all-ones mask differs."""
     from tandem.data.prompts import render_prompt

@@ -29,7 +29,7 @@ class HFStepper:
     def __init__(self, model: Any):
         self.model = model
 
-    def start(self, hist_BS: torch.Tensor, off_B: torch.Tensor) -> None:
+    def start(self, hist_BS: torch.Tensor, off_B: torch.Tensor, p_max: int) -> None:
         from transformers import DynamicCache
 
         self.device = next(self.model.parameters()).device
@@ -59,8 +59,8 @@ class FastStepper:
 
         self.dec = FastDecoder(model)
 
-    def start(self, hist_BS: torch.Tensor, off_B: torch.Tensor) -> None:
-        self.dec.start(hist_BS, off_B)
+    def start(self, hist_BS: torch.Tensor, off_B: torch.Tensor, p_max: int) -> None:
+        self.dec.start(hist_BS, off_B, p_max)  # same prompt sharing as the engine: compare algorithms only
         self.rows = torch.arange(hist_BS.shape[0])
 
     def step(self, hist_BS: torch.Tensor, slot: int) -> torch.Tensor:
@@ -94,7 +94,7 @@ def lockstep_generate(senior: Any, junior: Any | None, tables: TokenTables, prom
             raise ValueError(f"schedule {schedule!r} needs a junior model")
         models[0] = make(junior)
     for st in models.values():
-        st.start(hist_BS, off_B)
+        st.start(hist_BS, off_B, p_max)
 
     def propose(t, slot, active_B, author_B, hist):
         logits = {m: st.step(hist, slot).to(dev) for m, st in models.items()}

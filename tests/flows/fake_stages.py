@@ -132,6 +132,11 @@ def modules(rec: Recorder) -> dict[str, types.SimpleNamespace]:
         return {"html": str(L.reports / "report.html"), "markdown": str(L.reports / "report.md"),
                 "promote": False, "promotion_reason": "fake"}
 
+    def existing_summary(params):
+        L = Layout.of(params)
+        return {"html": str(L.reports / "report.html"), "markdown": str(L.reports / "report.md"),
+                "promote": False, "promotion_reason": "fake"}
+
     def artifact_markdown(params, summary):
         return f"[report]({Path(summary['html']).resolve().as_uri()})"
 
@@ -142,5 +147,6 @@ def modules(rec: Recorder) -> dict[str, types.SimpleNamespace]:
         "train": ns(default_io=io, run_arm=run_arm, run=None),
         "evaluate": ns(default_io=io, plan=plan, run_unit=run_unit, collect=collect, run=None),
         "analyze": ns(default_io=io, run=analyze_run),
-        "report": ns(default_io=io, run=report_run, artifact_markdown=artifact_markdown),
+        "report": ns(default_io=io, run=report_run, artifact_markdown=artifact_markdown,
+                     existing_summary=existing_summary),
     }

@@ -158,3 +158,22 @@ def test_a_failed_unit_fails_the_flow_before_collect(project, monkeypatch):
     assert state.is_failed()
     assert "evaluate-collect" not in rec.calls and "report" not in rec.calls
     assert not (project / "dvc.lock").exists()  # dvc="off": nothing committed
+
+
+@pytest.mark.slow
+def test_a_rerun_with_nothing_changed_runs_nothing(project, monkeypatch):
+    rec = fake_stages.Recorder()
+    _use_fakes(monkeypatch, rec)
+    assert fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True).is_completed()
+    first = list(rec.calls)
+    lock = (project / "dvc.lock").read_text()
+    state = fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True)
+    assert state.is_completed()
+    assert rec.calls == first  # dvc.lock says every stage is current: nothing ran again
+    assert (project / "dvc.lock").read_text() == lock
+    assert all(v == {"skipped": True} for k, v in state.result()["stages"].items() if k != "report")
+    # a changed parameter makes its stage and everything downstream stale again (as for dvc repro)
+    (project / "params.yaml").write_text(fake_stages.PARAMS_YAML.replace("steps: 2", "steps: 3"))
+    assert fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True).is_completed()
+    assert rec.calls[len(first):][:2] == ["train-tandem", "train-grpo"]
+    assert "prepare" not in rec.calls[len(first):] and "base" not in rec.calls[len(first):]

@@ -149,7 +149,7 @@ def use_engine(monkeypatch, counter: list | None = None, fail_after: int | None 
     if cls is NaiveEngine:
         monkeypatch.setattr(ev, "make_sampling", lambda s: NaiveSampling(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens))
-    real_make = ev.make_engine
+    real_make = getattr(ev.make_engine, "original", ev.make_engine)  # never wrap a wrapper
 
     def make(senior, junior, tokenizer, params):
         eng = cls(senior, junior, tokenizer) if cls is NaiveEngine else real_make(senior, junior, tokenizer, params)
@@ -165,5 +165,6 @@ def use_engine(monkeypatch, counter: list | None = None, fail_after: int | None 
         eng.generate = generate
         return eng
 
+    make.original = real_make
     monkeypatch.setattr(ev, "make_engine", make)
     return cls

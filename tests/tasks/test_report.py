@@ -128,3 +128,48 @@ def test_browser_check_detects_broken_images_and_console_errors(tmp_path):
     page = load_page(chromium, bad)
     assert [i["naturalWidth"] for i in page.images] == [0, 0]
     assert any("boom" in e for e in page.errors) and any("ERR_FILE_NOT_FOUND" in e for e in page.errors)
+
+
+class _FakeWandb:
+    """Stands in for the wandb module: records init kwargs, logged keys, and finish."""
+
+    def __init__(self):
+        self.inits, self.logged, self.finished = [], {}, 0
+        outer = self
+
+        class Run:
+            def log(self, data):
+                outer.logged.update(data)
+
+            def finish(self):
+                outer.finished += 1
+
+        self._run = Run
+
+    def init(self, **kw):
+        self.inits.append(kw)
+        return self._run()
+
+    def Image(self, path, caption=""):  # noqa: N802 (wandb's name)
+        assert Path(path).exists()
+        return ("image", path, caption)
+
+
+def test_figures_go_to_wandb_when_tracking_is_on(rendered, monkeypatch):
+    import sys
+
+    params, out = rendered
+    from tandem.report.document import Figure
+
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    fig_dir = Path(out["html"]).parent / "figures"
+    figs = [Figure(p.stem, "caption", p.read_bytes()) for p in sorted(fig_dir.glob("*.png"))]
+    on = params_from_dict({"out_root": params.out_root, "train": {"report_to": "wandb"}})
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert R.log_figures_to_wandb(on, figs, fig_dir) is True
+    assert set(fake.logged) == {f"report/{f.name}" for f in figs} and fake.finished == 1
+    assert fake.inits[0]["mode"] == "offline" and fake.inits[0]["job_type"] == "report"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert R.log_figures_to_wandb(on, figs, fig_dir) is False and len(fake.inits) == 1
+    assert R.log_figures_to_wandb(params, figs, fig_dir) is False  # report_to: none

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 SUPPORTED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+COMPACT_AT = 0.75  # drop finished rows from a cache once a quarter of its rows are finished
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -65,15 +66,30 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _attend(q_RHCD: torch.Tensor, k_RGSD: torch.Tensor, v_RGSD: torch.Tensor, mask_R1CS: torch.Tensor,
-            scale: float) -> torch.Tensor:
-    """Grouped-query attention: q heads [i*G, (i+1)*G) share kv head i (transformers' repeat_kv order)."""
-    return F.scaled_dot_product_attention(q_RHCD, k_RGSD, v_RGSD, attn_mask=mask_R1CS, scale=scale,
-                                          enable_gqa=q_RHCD.shape[1] != k_RGSD.shape[1])
+def _group_rows(u_R: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Rank of each row among the rows sharing its prompt (u_R), and the largest group size."""
+    R = u_R.numel()
+    u_sorted, order = torch.sort(u_R, stable=True)
+    _, counts = torch.unique_consecutive(u_sorted, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    j_sorted = torch.arange(R, device=u_R.device) - torch.repeat_interleave(starts, counts)
+    j_R = torch.empty_like(j_sorted)
+    j_R[order] = j_sorted
+    return j_R, int(counts.max())
 
 
 class FastDecoder:
-    """Per-model, per-row KV cache and the catch-up forward (see the module docstring)."""
+    """One model's KV caches for a batch and the catch-up forward (see the module docstring).
+
+    Two caches per layer, so that the rows of a GRPO group share their prompt's keys and values:
+    - prompt cache  `pk/pv[l]`: [U, Hkv, Pm, D], one row per distinct prompt, slots [0, Pm) with Pm = p_max - 1
+      (every prompt token but the last, left-padded; `pbias_US` is -inf on pad slots);
+    - completion cache `ck/cv[l]`: [P, Hkv, T, D], one row per live batch row, slot s at index s - Pm (the last
+      prompt token, then the completion).
+    Rows are named by their batch index b ("logical"); the completion cache stores them at physical rows
+    `phys_B[b]`, so finished rows can be dropped (`compact`) and later rounds run on cache views.
+    Attention over a row's history is one softmax over [prompt scores, completion scores].
+    """
 
     def __init__(self, model: Any):
         reason = unsupported_reason(model)
@@ -81,124 +97,239 @@ class FastDecoder:
             raise ValueError(f"FastDecoder cannot run this model: {reason}")
         self.model = model
         cfg = model.config
-        self.n_layers = cfg.num_hidden_layers
         attn0 = model.model.layers[0].self_attn
         self.head_dim = attn0.head_dim
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.scale = float(attn0.scaling)
-        self.cache_k: list[torch.Tensor] = []
-        self.cache_v: list[torch.Tensor] = []
+        self.pk: list[torch.Tensor] = []
+        self.pv: list[torch.Tensor] = []
+        self.ck: list[torch.Tensor] = []
+        self.cv: list[torch.Tensor] = []
 
     # ---------------------------------------------------------------------------------------------
-    def start(self, hist_BS: torch.Tensor, off_B: torch.Tensor) -> None:
-        """Allocate empty caches for a batch whose history buffer is `hist_BS` (slots) with left pads `off_B`."""
+    def start(self, hist_BS: torch.Tensor, off_B: torch.Tensor, p_max: int) -> None:
+        """Allocate caches for a batch (history buffer `hist_BS`, left pads `off_B`) and encode its prompts.
+
+        Every prompt token but the last is encoded here, once per distinct prompt; the last one is left to the
+        first catch-up, which yields the logits of the first completion token.
+        """
         p = next(self.model.parameters())
-        self.device, self.dtype = p.device, p.dtype
+        dev = self.device = p.device
+        self.dtype = p.dtype
         B, S_max = hist_BS.shape
-        self.B, self.S_max = B, S_max
-        shape = (B, self.n_kv, S_max, self.head_dim)
-        self.cache_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
-        self.cache_v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.n_layers)]
-        self.off_B = off_B.to(self.device)
-        self.cached_B = self.off_B.clone()  # pad slots are never encoded; attention masks them (zeros: masked garbage could still be NaN)
-        self.key_ok_BS = torch.arange(S_max, device=self.device)[None, :] >= self.off_B[:, None]
-        self.all_rows = torch.arange(B, device=self.device)
-        pos = torch.arange(S_max, device=self.device)[None, :]
-        dummy = torch.empty(1, dtype=self.dtype, device=self.device)
-        cos, sin = self.model.model.rotary_emb(dummy, pos)
-        self.cos_PD, self.sin_PD = cos[0], sin[0]
+        G, D = self.n_kv, self.head_dim
+        self.Pm = Pm = p_max - 1
+        self.T = S_max - Pm
+        n_layers = len(self.model.model.layers)
+        off_B = off_B.to(dev)
+        if Pm > 0:
+            prefix_BS = hist_BS[:, :Pm].to(dev)
+            _, inv_B = torch.unique(prefix_BS, dim=0, return_inverse=True)
+            U = int(inv_B.max()) + 1
+            first_U = torch.full((U,), B, dtype=torch.int64, device=dev).scatter_reduce(
+                0, inv_B, torch.arange(B, device=dev), reduce="amin")
+        else:
+            inv_B, U, first_U = torch.zeros(B, dtype=torch.int64, device=dev), 0, None
+        self.U = U
+        self.u_B = inv_B               # prompt of each logical row
+        self.u_P = inv_B.clone()       # prompt of each physical completion row
+        self.phys_B = torch.arange(B, device=dev)
+        self.n_phys = B
+        self.off_P = off_B.clone()
+        self.cached_B = torch.full((B,), Pm, dtype=torch.int64, device=dev)
+        slots = torch.arange(S_max, device=dev)
+        dummy = torch.empty(1, dtype=self.dtype, device=dev)
+        cos, sin = self.model.model.rotary_emb(dummy, slots[None, :])
+        self.cos_SD, self.sin_SD = cos[0], sin[0]
+        # zeros, not empty: masked slots get probability 0, but 0 * uninitialised memory can be NaN
+        self.ck = [torch.zeros(B, G, self.T, D, dtype=self.dtype, device=dev) for _ in range(n_layers)]
+        self.cv = [torch.zeros(B, G, self.T, D, dtype=self.dtype, device=dev) for _ in range(n_layers)]
+        self.pk = [torch.zeros(U, G, Pm, D, dtype=self.dtype, device=dev) for _ in range(n_layers)]
+        self.pv = [torch.zeros(U, G, Pm, D, dtype=self.dtype, device=dev) for _ in range(n_layers)]
+        if U:
+            off_U = off_B[first_U]
+            self.pbias_US = torch.zeros(U, Pm, dtype=self.dtype, device=dev).masked_fill(
+                slots[None, :Pm] < off_U[:, None], float("-inf"))
+            self._encode_prompts(hist_BS[first_U].to(dev), off_U)
 
     def release(self) -> None:
-        self.cache_k, self.cache_v = [], []
+        self.pk, self.pv, self.ck, self.cv = [], [], [], []
+
+    def compact(self, keep_B: torch.Tensor) -> None:
+        """Drop the completion-cache rows of rows not in `keep_B` (bool over logical rows), keeping order."""
+        keep_B = keep_B.to(self.device) & (self.phys_B >= 0)
+        src_P = self.phys_B[keep_B]
+        if src_P.numel() == self.n_phys:
+            return
+        self.ck = [c[src_P] for c in self.ck]
+        self.cv = [c[src_P] for c in self.cv]
+        self.off_P, self.u_P = self.off_P[src_P], self.u_P[src_P]
+        self.n_phys = int(src_P.numel())
+        self.phys_B = torch.full_like(self.phys_B, -1)
+        self.phys_B[keep_B] = torch.arange(self.n_phys, device=self.device)
 
     # ---------------------------------------------------------------------------------------------
+    def _layer_qkv(self, layer: Any, h_N: torch.Tensor, cos_N1D: torch.Tensor, sin_N1D: torch.Tensor):
+        at, ln = layer.self_attn, layer.input_layernorm
+        N, H, G, D = h_N.shape[0], self.n_heads, self.n_kv, self.head_dim
+        x = _rms(h_N, ln.weight, ln.variance_epsilon)
+        q = F.linear(x, at.q_proj.weight, at.q_proj.bias).view(N, H, D)
+        k = F.linear(x, at.k_proj.weight, at.k_proj.bias).view(N, G, D)
+        v = F.linear(x, at.v_proj.weight, at.v_proj.bias).view(N, G, D)
+        if hasattr(at, "q_norm"):
+            q = _rms(q, at.q_norm.weight, at.q_norm.variance_epsilon)
+            k = _rms(k, at.k_norm.weight, at.k_norm.variance_epsilon)
+        q = q * cos_N1D + _rotate_half(q) * sin_N1D
+        k = k * cos_N1D + _rotate_half(k) * sin_N1D
+        return q, k, v
+
+    @staticmethod
+    def _layer_rest(layer: Any, h_N: torch.Tensor, attn_N: torch.Tensor) -> torch.Tensor:
+        at, mlp, ln = layer.self_attn, layer.mlp, layer.post_attention_layernorm
+        h_N = h_N + F.linear(attn_N, at.o_proj.weight, at.o_proj.bias)
+        x = _rms(h_N, ln.weight, ln.variance_epsilon)
+        gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
+        up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+        return h_N + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+
+    def _encode_prompts(self, ids_US: torch.Tensor, off_U: torch.Tensor) -> None:
+        """Fill the prompt cache: all U distinct prompts, slots [0, Pm), pads included (masked as keys)."""
+        U, Pm, H, D = self.U, self.Pm, self.n_heads, self.head_dim
+        ids = ids_US[:, :Pm]
+        pos_US = (torch.arange(Pm, device=self.device)[None, :] - off_U[:, None]).clamp(min=0)
+        cos, sin = self.cos_SD[pos_US].view(U * Pm, 1, D), self.sin_SD[pos_US].view(U * Pm, 1, D)
+        eye = torch.eye(Pm, dtype=torch.bool, device=self.device)
+        causal = torch.ones(Pm, Pm, dtype=torch.bool, device=self.device).tril()
+        # a pad query attends to itself only, so that no row is fully masked (finite values everywhere)
+        mask = ((self.pbias_US == 0)[:, None, None, :] & causal[None, None]) | eye[None, None]
+        m = self.model.model
+        h = m.embed_tokens(ids).view(U * Pm, -1)
+        for li, layer in enumerate(m.layers):
+            q, k, v = self._layer_qkv(layer, h, cos, sin)
+            self.pk[li].copy_(k.view(U, Pm, self.n_kv, D).transpose(1, 2))
+            self.pv[li].copy_(v.view(U, Pm, self.n_kv, D).transpose(1, 2))
+            if li == len(m.layers) - 1:
+                break  # the last layer's output feeds no cache
+            o = F.scaled_dot_product_attention(q.view(U, Pm, H, D).transpose(1, 2), self.pk[li], self.pv[li],
+                                               attn_mask=mask, scale=self.scale, enable_gqa=H != self.n_kv)
+            h = self._layer_rest(layer, h, o.transpose(1, 2).reshape(U * Pm, H * D))
+
+    # ---------------------------------------------------------------------------------------------
+    def _decode_attn(self, q_RHD: torch.Tensor, phys_R: torch.Tensor | None, u_R: torch.Tensor,
+                     grp: tuple[torch.Tensor, int] | None, li: int, tq: int) -> torch.Tensor:
+        """Attention of one query per row (the row's newest slot) over its prompt and its tq completion slots.
+
+        Completion part: rows `phys_R` of the completion cache (None = all physical rows, in order: views, no
+        copy). Prompt part: the queries are grouped by prompt ([U, group, ...]) so that each distinct prompt's
+        keys are read once and never copied per row. One softmax over both parts.
+        """
+        R, H, D = q_RHD.shape
+        G, Hg = self.n_kv, self.n_heads // self.n_kv
+        ck, cv = self.ck[li][:, :, :tq], self.cv[li][:, :, :tq]
+        if phys_R is not None:
+            ck, cv = ck[phys_R], cv[phys_R]
+        sc = torch.bmm(q_RHD.reshape(R * G, Hg, D), ck.reshape(R * G, tq, D).transpose(1, 2)).view(R, G, Hg, tq)
+        if self.U:
+            j_R, mx = grp
+            U, Pm = self.U, self.Pm
+            q5 = q_RHD.new_zeros((U, mx, G, Hg, D))
+            q5[u_R, j_R] = q_RHD.view(R, G, Hg, D)
+            sp = torch.bmm(q5.permute(0, 2, 1, 3, 4).reshape(U * G, mx * Hg, D),
+                           self.pk[li].view(U * G, Pm, D).transpose(1, 2))
+            sp = sp.view(U, G, mx, Hg, Pm).permute(0, 2, 1, 3, 4)[u_R, j_R]          # [R, G, Hg, Pm]
+            scores = torch.cat((sp * self.scale + self.pbias_US[u_R][:, None, None, :], sc * self.scale), -1)
+        else:
+            scores = sc * self.scale
+        probs = torch.softmax(scores, dim=-1)
+        pc = probs[..., -tq:]
+        out = torch.bmm(pc.reshape(R * G, Hg, tq), cv.reshape(R * G, tq, D)).view(R, G, Hg, D)
+        if self.U:
+            pp5 = probs.new_zeros((U, mx, G, Hg, Pm))
+            pp5[u_R, j_R] = probs[..., :Pm]
+            op = torch.bmm(pp5.permute(0, 2, 1, 3, 4).reshape(U * G, mx * Hg, Pm), self.pv[li].view(U * G, Pm, D))
+            out = out + op.view(U, G, mx, Hg, D).permute(0, 2, 1, 3, 4)[u_R, j_R]
+        return out.reshape(R, H * D)
+
+    def _chunk_attn(self, q_RHCD: torch.Tensor, phys_R: torch.Tensor, u_R: torch.Tensor, li: int, slot: int
+                    ) -> torch.Tensor:
+        """Attention of C queries per row (slots slot-C .. slot-1) for a few rows: gathered keys, one sdpa call."""
+        C = q_RHCD.shape[2]
+        tq = slot - self.Pm
+        k = self.ck[li][phys_R, :, :tq]
+        v = self.cv[li][phys_R, :, :tq]
+        q_idx = torch.arange(tq - C, tq, device=self.device)
+        mask = (torch.arange(tq, device=self.device)[None, :] <= q_idx[:, None])[None, None]
+        if self.U:
+            k = torch.cat((self.pk[li][u_R], k), dim=2)
+            v = torch.cat((self.pv[li][u_R], v), dim=2)
+            pmask = (self.pbias_US[u_R] == 0)[:, None, None, :].expand(-1, 1, C, -1)
+            mask = torch.cat((pmask, mask.expand(q_RHCD.shape[0], 1, C, tq)), dim=-1)
+        return F.scaled_dot_product_attention(q_RHCD, k, v, attn_mask=mask, scale=self.scale,
+                                              enable_gqa=self.n_heads != self.n_kv)
+
     def catch_up(self, hist_BS: torch.Tensor, rows_R: torch.Tensor, slot: int) -> torch.Tensor:
-        """Encode slots [cached_r, slot) of each row r in `rows_R` in one pass; return logits at slot-1 [R, V]."""
-        rows_R = rows_R.to(self.device)
+        """Encode slots [cached_r, slot) of each row r of `rows_R` (sorted ascending) in one forward pass and
+        return the next-token logits at slot - 1, [R, V]."""
+        dev = self.device
+        rows_R = rows_R.to(dev)
         R = rows_R.numel()
-        cached_R = self.cached_B[rows_R]
+        cached_R, phys_R, u_R = self.cached_B[rows_R], self.phys_B[rows_R], self.u_B[rows_R]
         c_R = slot - cached_R
         C = int(c_R.max())
-        if int(c_R.min()) < 1:
-            raise RuntimeError("catch_up called for a row whose cache is already at the frontier")
+        if int(c_R.min()) < 1 or int(phys_R.min()) < 0:
+            raise RuntimeError("catch_up: a row is already encoded up to the frontier, or was compacted away")
+        tq = slot - self.Pm
         if C == 1:
-            rows_N = rows_R
-            slots_N = torch.full((R,), slot - 1, dtype=torch.int64, device=self.device)
-            last_R = torch.arange(R, device=self.device)
-            chunk_local = None
+            rows_N, phys_N = rows_R, phys_R
+            slots_N = torch.full((R,), slot - 1, dtype=torch.int64, device=dev)
+            last_R = torch.arange(R, device=dev)
         else:
-            # Right-align every row's chunk in a [R, C] grid; keep only the real (not yet cached) slots.
-            slots_C = torch.arange(slot - C, slot, device=self.device)
+            # Right-align every row's chunk in a [R, C] grid; keep only the real (not yet encoded) slots.
+            slots_C = torch.arange(slot - C, slot, device=dev)
             keep_RC = slots_C[None, :] >= cached_R[:, None]
             r_loc_N, j_N = keep_RC.nonzero(as_tuple=True)  # row-major: each row's tokens contiguous, in order
-            rows_N = rows_R[r_loc_N]
-            slots_N = slots_C[j_N]
+            rows_N, phys_N, slots_N = rows_R[r_loc_N], phys_R[r_loc_N], slots_C[j_N]
             last_R = torch.cumsum(c_R, 0) - 1
-            # packed index of grid cell (r, j), for gathering padded queries of multi-token rows
             grid_RC = torch.cumsum(keep_RC.flatten().to(torch.int64), 0).view(R, C) - 1
-            grid_RC = torch.where(keep_RC, grid_RC, -1)
-            chunk_local = (c_R > 1).nonzero().flatten()
-        ids_N = hist_BS[rows_N.to(hist_BS.device), slots_N.to(hist_BS.device)].to(self.device)
-        pos_N = slots_N - self.off_B[rows_N]
-        cos_N1D, sin_N1D = self.cos_PD[pos_N][:, None, :], self.sin_PD[pos_N][:, None, :]
-
-        whole = R == self.B and C == 1 and bool((rows_R == self.all_rows).all())
-        decode_local = (c_R == 1).nonzero().flatten() if C > 1 else None
-
+            grid_RC = torch.where(keep_RC, grid_RC, -1)  # packed index of each real cell, -1 on padding
+            dec_loc = (c_R == 1).nonzero().flatten()
+            dec_q = last_R[dec_loc]
+            dec_grp = _group_rows(u_R[dec_loc]) if self.U and dec_loc.numel() else None
+            ch_loc = (c_R > 1).nonzero().flatten()
+            ch_grid = grid_RC[ch_loc]
+            ch_real = ch_grid >= 0
+            ch_src, ch_dst = ch_grid.clamp(min=0), ch_grid[ch_real]
+        ids_N = hist_BS[rows_N.to(hist_BS.device), slots_N.to(hist_BS.device)].to(dev)
+        pos_N = slots_N - self.off_P[phys_N]
+        cos_N1D, sin_N1D = self.cos_SD[pos_N][:, None, :], self.sin_SD[pos_N][:, None, :]
+        all_phys = None if R == self.n_phys else phys_R  # sorted rows + order-preserving phys map
+        grp = _group_rows(u_R) if self.U else None
+        H, G, D = self.n_heads, self.n_kv, self.head_dim
+        w_idx = (phys_N[:, None], torch.arange(G, device=dev)[None, :], (slots_N - self.Pm)[:, None])
         m = self.model.model
         h_N = m.embed_tokens(ids_N)
         N = h_N.shape[0]
-        H, G, D = self.n_heads, self.n_kv, self.head_dim
-        head_idx = torch.arange(G, device=self.device)[None, :]
+        n_last = len(m.layers) - 1
         for li, layer in enumerate(m.layers):
-            at = layer.self_attn
-            x = _rms(h_N, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
-            q = F.linear(x, at.q_proj.weight, at.q_proj.bias).view(N, H, D)
-            k = F.linear(x, at.k_proj.weight, at.k_proj.bias).view(N, G, D)
-            v = F.linear(x, at.v_proj.weight, at.v_proj.bias).view(N, G, D)
-            if hasattr(at, "q_norm"):
-                q = _rms(q, at.q_norm.weight, at.q_norm.variance_epsilon)
-                k = _rms(k, at.k_norm.weight, at.k_norm.variance_epsilon)
-            q = q * cos_N1D + _rotate_half(q) * sin_N1D
-            k = k * cos_N1D + _rotate_half(k) * sin_N1D
-            ck, cv = self.cache_k[li], self.cache_v[li]
-            ck.index_put_((rows_N[:, None], head_idx, slots_N[:, None]), k)
-            cv.index_put_((rows_N[:, None], head_idx, slots_N[:, None]), v)
-            if whole:
-                # every row, one new token each: attend over cache views, no gather
-                o = _attend(q.view(N, 1, H, D).transpose(1, 2), ck[:, :, :slot], cv[:, :, :slot],
-                            self.key_ok_BS[:, None, None, :slot], self.scale)
-                out_N = o.transpose(1, 2).reshape(N, H * D)
-            elif C == 1:
-                o = _attend(q.view(N, 1, H, D).transpose(1, 2), ck[rows_R, :, :slot], cv[rows_R, :, :slot],
-                            self.key_ok_BS[rows_R][:, None, None, :slot], self.scale)
-                out_N = o.transpose(1, 2).reshape(N, H * D)
+            q, k, v = self._layer_qkv(layer, h_N, cos_N1D, sin_N1D)
+            self.ck[li].index_put_(w_idx, k)
+            self.cv[li].index_put_(w_idx, v)
+            if li == n_last or C == 1:
+                # The last layer only matters at each row's newest slot (its keys/values for the whole chunk
+                # are written above), so it attends and runs its MLP for those R queries alone.
+                if C > 1:
+                    q, h_N = q[last_R], h_N[last_R]
+                attn = self._decode_attn(q, all_phys, u_R, grp, li, tq)
             else:
-                out_N = torch.empty(N, H * D, dtype=q.dtype, device=self.device)
-                if decode_local.numel():
-                    rr = rows_R[decode_local]
-                    qi = last_R[decode_local]
-                    o = _attend(q[qi].view(-1, 1, H, D).transpose(1, 2), ck[rr, :, :slot], cv[rr, :, :slot],
-                                self.key_ok_BS[rr][:, None, None, :slot], self.scale)
-                    out_N[qi] = o.transpose(1, 2).reshape(-1, H * D)
-                rr = rows_R[chunk_local]
-                grid = grid_RC[chunk_local]                     # [Rc, C], -1 on padding cells
-                real = grid >= 0
-                qg = q[grid.clamp(min=0)].transpose(1, 2)       # [Rc, H, C, D]; padding cells are discarded
-                q_slots = torch.arange(slot - C, slot, device=self.device)
-                causal_CS = torch.arange(slot, device=self.device)[None, :] <= q_slots[:, None]
-                mask = self.key_ok_BS[rr][:, None, None, :slot] & causal_CS[None, None]
-                o = _attend(qg, ck[rr, :, :slot], cv[rr, :, :slot], mask, self.scale)  # [Rc, H, C, D]
-                out_N[grid[real]] = o.transpose(1, 2)[real].reshape(-1, H * D)
-            h_N = h_N + F.linear(out_N, at.o_proj.weight, at.o_proj.bias)
-            mlp = layer.mlp
-            x = _rms(h_N, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-            gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
-            h_N = h_N + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+                attn = torch.empty(N, H * D, dtype=q.dtype, device=dev)
+                if dec_loc.numel():
+                    attn[dec_q] = self._decode_attn(q[dec_q], phys_R[dec_loc], u_R[dec_loc], dec_grp, li, tq)
+                o = self._chunk_attn(q[ch_src].transpose(1, 2), phys_R[ch_loc], u_R[ch_loc], li, slot)
+                attn[ch_dst] = o.transpose(1, 2)[ch_real].reshape(-1, H * D)
+            h_N = self._layer_rest(layer, h_N, attn)
         self.cached_B[rows_R] = slot
-        h_R = _rms(h_N[last_R], m.norm.weight, m.norm.variance_epsilon)
+        h_R = _rms(h_N, m.norm.weight, m.norm.variance_epsilon)
         head = self.model.lm_head
         return F.linear(h_R, head.weight, getattr(head, "bias", None))
 
@@ -206,40 +337,42 @@ class FastDecoder:
 def self_check(model: Any, atol: float | None = None) -> None:
     """Compare `FastDecoder` with the model's own forward on a short ragged batch; raise if they differ.
 
-    Exercises a prefill, a one-token decode on a subset of rows and a multi-token catch-up next to a one-token
-    row, with left padding, i.e. every code path of `catch_up`.
+    Covers every code path: deduplicated prompt prefill (rows 0 and 2 share a prompt), left padding (row 1),
+    a whole-batch decode, a decode on a subset, a round mixing a multi-token catch-up with a one-token row,
+    and a decode after compaction. Cheap: a few forwards over a dozen tokens.
     """
     p = next(model.parameters())
     V = int(model.config.vocab_size)
     gen = torch.Generator().manual_seed(1234)
-    lens = [5, 3]
-    total = 5 + 6
-    seqs = [torch.randint(0, V, (n + 6,), generator=gen) for n in lens]
-    hist = torch.zeros(2, total, dtype=torch.int64)
-    off = torch.tensor([0, 2])
-    for b, s in enumerate(seqs):
-        hist[b, off[b]:] = s
+    lens, n_new = [5, 3, 5], 7
+    p_max, total = max(lens), max(lens) + n_new
+    hist = torch.zeros(3, total, dtype=torch.int64)
+    off = torch.tensor([p_max - n for n in lens])
+    for b, n in enumerate(lens):
+        hist[b, off[b]:] = torch.randint(0, V, (n + n_new,), generator=gen)
+    hist[2, :p_max] = hist[0, :p_max]
+    hist = hist.to(p.device)
     dec = FastDecoder(model)
     was_training = model.training
     model.eval()
+    tol = atol if atol is not None else (1e-3 if p.dtype in (torch.float32, torch.float64) else 5e-2)
     try:
         with torch.no_grad():
-            dec.start(hist, off)
-            got = {}
-            got[(0, 5)] = dec.catch_up(hist, torch.tensor([0, 1]), 5)[0]
-            got[(1, 6)] = dec.catch_up(hist, torch.tensor([1]), 6)[0]
-            got[(0, 9)], got[(1, 9)] = dec.catch_up(hist, torch.tensor([0, 1]), 9)
-            got[(1, 10)] = dec.catch_up(hist, torch.tensor([1]), 10)[0]
-            for (b, slot), logits in got.items():
-                ids = hist[b, off[b]:slot][None].to(p.device)
-                ref = model(input_ids=ids).logits[0, -1]
-                tol = atol if atol is not None else (1e-3 if p.dtype in (torch.float32, torch.float64) else 5e-2)
-                scale = max(1.0, float(ref.abs().max()))
-                err = float((logits.float() - ref.float()).abs().max())
-                if err > tol * scale:
-                    raise RuntimeError(
-                        f"FastDecoder disagrees with {type(model).__name__}'s forward (max |logit diff| {err:.3g} "
-                        f"at row {b}, slot {slot}); use backend 'hf' with fast=False")
+            dec.start(hist, off, p_max)
+            plan = [([0, 1, 2], p_max), ([1], p_max + 1), ([1], p_max + 2), ([0, 1], p_max + 3),
+                    ([0, 1, 2], p_max + 4), (None, None), ([0, 1], p_max + 5)]
+            for rows, slot in plan:
+                if rows is None:
+                    dec.compact(torch.tensor([True, True, False]))
+                    continue
+                logits = dec.catch_up(hist, torch.tensor(rows), slot)
+                for i, b in enumerate(rows):
+                    ref = model(input_ids=hist[b:b + 1, int(off[b]):slot]).logits[0, -1]
+                    err = float((logits[i].float() - ref.float()).abs().max())
+                    if err > tol * max(1.0, float(ref.abs().max())):
+                        raise RuntimeError(
+                            f"FastDecoder disagrees with {type(model).__name__}'s forward (max |logit diff| "
+                            f"{err:.3g} at row {b}, slot {slot}); use TandemEngine(..., fast=False)")
     finally:
         dec.release()
         model.train(was_training)
@@ -272,16 +405,21 @@ def catch_up_generate(senior: Any, junior: Any | None, tables: Any, prompt_ids: 
             raise ValueError(f"schedule {schedule!r} needs a junior model")
         decoders[0] = FastDecoder(junior)
     for d in decoders.values():
-        d.start(hist_BS, off_B)
+        d.start(hist_BS, off_B, p_max)
 
     def propose(t, slot, active_B, author_B, hist):
         tok_B = torch.zeros(B, dtype=torch.int64, device=dev)
         lp_B = torch.zeros(B, dtype=torch.float64, device=dev)
+        n_active = int(active_B.sum())
         for m, dec in decoders.items():
             mine_B = active_B & (author_B if m == 1 else ~author_B)
             rows_R = mine_B.nonzero().flatten()
             if rows_R.numel() == 0:
                 continue
+            # Drop finished rows from this model's cache: at once when it authors every active row (then the
+            # round runs on cache views, no gathers), else once a quarter of its rows are finished.
+            if n_active < dec.n_phys and (rows_R.numel() == n_active or n_active <= COMPACT_AT * dec.n_phys):
+                dec.compact(active_B)
             logits_RV = dec.catch_up(hist, rows_R, slot).to(dev)
             ids_R, lp_R = sample_rows(logits_RV, sampling, seed, rows_B[rows_R], t)
             tok_B[rows_R] = ids_R

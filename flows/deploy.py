@@ -1,0 +1,55 @@
+"""Serve the deployments of infra/prefect.yaml from this process: scheduled retraining without a work pool.
+
+`prefect deploy` + a worker (infra/README.md) is the way for shared or GPU infrastructure. On a single
+machine, `python -m flows.deploy serve` is enough: it registers the same deployments (same entrypoints,
+parameters and cron schedules, read from infra/prefect.yaml so the two never drift) and runs their flow runs
+in this process until interrupted. Needs a Prefect API (`PREFECT_API_URL`, e.g. `prefect server start`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+PREFECT_YAML = Path(__file__).resolve().parents[1] / "infra" / "prefect.yaml"
+
+
+def deployment_spec(name: str, path: Path = PREFECT_YAML) -> dict:
+    """One deployment entry of infra/prefect.yaml, by name."""
+    deps = {d["name"]: d for d in yaml.safe_load(Path(path).read_text())["deployments"]}
+    if name not in deps:
+        raise KeyError(f"no deployment {name!r} in {path} (have: {', '.join(sorted(deps))})")
+    return deps[name]
+
+
+def runner_deployment(name: str, path: Path = PREFECT_YAML):
+    """The deployment as a `RunnerDeployment` of the flow its entrypoint names, for `prefect.serve`."""
+    import flows.pipeline as pipeline
+
+    from prefect.schedules import Cron
+
+    spec = deployment_spec(name, path)
+    flow = getattr(pipeline, spec["entrypoint"].split(":")[1])
+    schedules = [Cron(s["cron"], timezone=s.get("timezone")) for s in spec.get("schedules", [])
+                 if s.get("active", True)]
+    return flow.to_deployment(name=f"{name}-local", parameters=spec.get("parameters", {}), schedules=schedules,
+                              tags=list(spec.get("tags", [])) + ["served"], description=spec.get("description"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="serve deployments from this process until interrupted")
+    s.add_argument("--name", action="append", help="deployment name (repeatable; default scheduled-retraining)")
+    a = ap.parse_args(argv)
+    from prefect import serve
+
+    serve(*[runner_deployment(n) for n in (a.name or ["scheduled-retraining"])])
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

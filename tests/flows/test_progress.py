@@ -1,0 +1,83 @@
+"""The terminal progress view: task states and timings, thread safety, rendering, console hand-over."""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+
+import pytest
+from rich.console import Console
+
+from flows import progress
+
+
+def _text(view: progress.ProgressView) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=120, force_terminal=False).print(view._render())
+    return buf.getvalue()
+
+
+def test_states_and_timings():
+    view = progress.ProgressView("t", live=False)
+    view.expect("evaluate", "unit-a")
+    view.expect("evaluate", "unit-b")
+    with view.track("evaluate", "unit-a"):
+        pass
+    with pytest.raises(RuntimeError):
+        with view.track("evaluate", "unit-b"):
+            raise RuntimeError("boom")
+    view.set_state("train", "train-x", "skipped")
+    states = {r.name: r.state for r in view.rows()}
+    assert states == {"unit-a": "done", "unit-b": "failed", "train-x": "skipped"}
+    assert set(view.timings()) == {"unit-a", "unit-b"} and all(v >= 0 for v in view.timings().values())
+    text = _text(view)
+    assert "unit-a" in text and "unit-b" in text and "train-x" in text
+
+
+def test_concurrent_tracking_loses_nothing():
+    view = progress.ProgressView("t", live=False)
+
+    def work(i: int) -> None:
+        with view.track("evaluate", f"u{i}"):
+            pass
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.name for r in view.rows() if r.state == "done") == sorted(f"u{i}" for i in range(32))
+
+
+def test_current_outside_a_run_is_a_silent_view():
+    assert progress.current().live_requested is False
+    view = progress.ProgressView("t", live=False)
+    with progress.activate(view):
+        assert progress.current() is view
+    assert progress.current() is not view
+
+
+class _ConsoleHandler(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.console = Console(file=io.StringIO())
+
+    def emit(self, record):
+        self.console.print(record.getMessage())
+
+
+def test_live_view_borrows_and_returns_log_consoles():
+    handler = _ConsoleHandler()
+    original = handler.console
+    logger = logging.getLogger("tandem-test-progress")
+    logger.addHandler(handler)
+    try:
+        view = progress.ProgressView("t", live=True)
+        with progress.activate(view):
+            assert handler.console is not original  # log lines go through the live display's console
+            with view.track("prepare", "prepare"):
+                logger.warning("inside")
+        assert handler.console is original
+    finally:
+        logger.removeHandler(handler)

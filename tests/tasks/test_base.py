@@ -1,0 +1,153 @@
+"""Tests for the `base` stage: corpus isolation, the tiny build end to end, local-path and hub sources."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tandem.config import params_from_dict
+from tandem.data.prompts import user_message
+from tandem.data.synthetic import generate
+
+TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64,
+        "vocab_size": 400, "n_pretrain": 300, "pretrain_steps": 12, "pretrain_batch_size": 8,
+        "pretrain_max_seconds": 0.0, "eval_problems": 4, "eval_max_new_tokens": 12, "curve_points": 2,
+        "curve_problems": 2}
+
+
+def _write(path: Path, problems) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for p in problems:
+            f.write(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer,
+                                "prompt": user_message(p.problem), "source": p.source, "n_steps": p.n_steps,
+                                "solution": p.solution}) + "\n")
+
+
+def _params(root: Path, **model):
+    return params_from_dict({"seed": 0, "out_root": str(root), "data": {"max_steps": 4},
+                             "model": {**TINY, **model}})
+
+
+def _prepare(root: Path, val=None) -> None:
+    """Prepared splits in the prepare stage's row shape (written directly: no GX import in these tests)."""
+    prepared = root / "data" / "prepared"
+    _write(prepared / "train.jsonl", generate(20, 2, 4, seed=1, prefix="t"))
+    _write(prepared / "val.jsonl", val if val is not None else generate(10, 2, 4, seed=1, prefix="v"))
+    _write(prepared / "eval" / "arith-short.jsonl", generate(6, 2, 3, seed=1, prefix="s"))
+    _write(prepared / "eval" / "arith-long.jsonl", generate(6, 4, 4, seed=1, prefix="l"))
+
+
+def test_pretraining_corpus_excludes_every_prepared_problem(tmp_path):
+    from tasks import base
+
+    params = _params(tmp_path)
+    # val holds exactly the problems the pretraining generator would draw first: they must be skipped
+    first = generate(40, 2, 4, params.seed, max_operand=params.data.max_operand, max_value=params.data.max_value,
+                     prefix=base.PRETRAIN_PREFIX)
+    _prepare(tmp_path, val=first)
+    excluded = base._prepared_problems(tmp_path / "data" / "prepared")
+    assert {p.problem for p in first} <= excluded and len(excluded) == 20 + 40 + 12
+    corpus = base.pretraining_corpus(params, excluded)
+    assert len(corpus) == params.model.n_pretrain
+    assert not {p.problem for p in corpus} & excluded
+
+
+def test_missing_prepared_data_is_a_clear_error(tmp_path):
+    from tasks import base
+
+    params = _params(tmp_path)
+    with pytest.raises(FileNotFoundError, match="prepare"):
+        base.run(params, *base.default_io(params))
+
+
+@pytest.mark.slow
+def test_tiny_base_stage_end_to_end(tmp_path):
+    from tandem.models import load_model, load_tokenizer
+    from tasks import base
+
+    _prepare(tmp_path)
+    params = _params(tmp_path)
+    inputs, outputs = base.default_io(params)
+    assert outputs["model"] == tmp_path / "models" / "base" and outputs["metrics"] == tmp_path / "metrics" / "base.json"
+    metrics = base.run(params, inputs, outputs)
+
+    mdir = outputs["model"]
+    names = {p.name for p in mdir.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+            "chat_template.jinja", "tandem_source.json"} <= names
+    assert not [n for n in names if n.endswith((".bin", ".pt", ".pth", ".pkl"))]
+    assert not [p for p in mdir.parent.iterdir() if p.name.startswith(".")]  # no temporary dir left behind
+    tok = load_tokenizer(mdir)
+    assert tok.padding_side == "left" and tok.chat_template
+    gen = json.loads((mdir / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == tok.eos_token_id and gen["pad_token_id"] == tok.pad_token_id
+    assert load_model(mdir).config.num_hidden_layers == 2
+
+    on_disk = json.loads(outputs["metrics"].read_text())
+    assert on_disk == json.loads(json.dumps(metrics))
+    pre = metrics["pretrain"]
+    assert pre["steps"] == 12 and pre["final_loss"] < pre["first_loss"] and pre["params"] > 0
+    assert [c["step"] for c in pre["curve"]] == [6, 12]
+    assert set(pre["curve"][0]["greedy"]) == {"arith-short", "arith-long"}
+    assert set(pre["solution_tokens"]) == {"2", "3", "4"}
+    acc = metrics["accuracy"]
+    for mode in ("greedy", "sampled"):
+        assert set(acc[mode]) == {"arith-short", "arith-long", "macro"}
+        assert all(0.0 <= v <= 1.0 for v in acc[mode].values())
+    assert acc["benchmarks"]["arith-short"]["n"] == 4
+    assert metrics["seconds"]["total"] > 0
+
+
+@pytest.mark.slow
+def test_path_source_copies_a_local_model(tmp_path):
+    from tandem.config import ModelConfig
+    from tandem.models import SOURCE_FILE, build_tiny_model, save_model, train_tokenizer
+    from tasks import base
+
+    _prepare(tmp_path)
+    src = tmp_path / "elsewhere"
+    probs = generate(50, 2, 4, seed=3)
+    tok = train_tokenizer([user_message(p.problem) + "\n\n" + p.solution for p in probs], 300)
+    save_model(build_tiny_model(tok, ModelConfig(**{k: TINY[k] for k in (
+        "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")})), tok, src)
+    (src / "pytorch_model.bin").write_bytes(b"not loaded, not copied")
+    params = _params(tmp_path, source="path", path=str(src))
+    inputs, outputs = base.default_io(params)
+    assert inputs["model_path"] == src
+    metrics = base.run(params, inputs, outputs)
+    names = {p.name for p in outputs["model"].iterdir()}
+    assert "model.safetensors" in names and "pytorch_model.bin" not in names
+    assert json.loads((outputs["model"] / SOURCE_FILE).read_text())["path"] == str(src.resolve())
+    assert "pretrain" not in metrics and "arith-long" in metrics["accuracy"]["greedy"]
+
+
+def test_path_source_rejects_a_directory_without_safetensors(tmp_path):
+    from tasks import base
+
+    _prepare(tmp_path)
+    src = tmp_path / "bad"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    params = _params(tmp_path, source="path", path=str(src))
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        base.run(params, *base.default_io(params))
+    assert not (tmp_path / "models" / "base").exists()
+
+
+def test_hub_source_offline_fails_cleanly(tmp_path, monkeypatch):
+    import huggingface_hub.constants as hc
+
+    from tasks import base
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    _prepare(tmp_path)
+    params = _params(tmp_path, source="hub", hub_id="someone/not-cached-model", revision="main")
+    with pytest.raises(RuntimeError, match="model.source: path"):
+        base.run(params, *base.default_io(params))
+    assert not (tmp_path / "models" / "base").exists()
