@@ -126,7 +126,7 @@ def plan(params: Params, inputs: dict | None = None) -> list[dict]:
                 if (h, mode) not in seen:
                     seen.add((h, mode))
                     units.append({"arm": arm, "step": c.step, "path": str(c.path), "mode": mode})
-    if ("solo" not in params.evaluate.modes):
+    if "solo" not in params.evaluate.modes:
         base = base_dir(params, inputs)
         units.append({"arm": JUNIOR, "step": 0, "path": str(base), "mode": "solo"})
     return units

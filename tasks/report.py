@@ -38,8 +38,7 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     L = Layout.of(params)
     inputs = {"eval": L.metrics / "eval.json", "analysis": L.metrics / "analysis.json",
               "base": L.metrics / "base.json", "train": L.metrics / "train.json", "data": L.metrics / "data.json",
-              "plots": L.plots,
-              "generations": L.generations}
+              "plots": L.plots, "generations": L.generations}
     outputs = {"html": L.reports / "report.html", "markdown": L.reports / "report.md",
                "figures": L.reports / "figures"}
     return inputs, outputs
@@ -260,8 +259,8 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     eval_data, analysis = read_json(inputs["eval"]), read_json(inputs["analysis"])
     docs = {"prepare": _read_optional(inputs["data"]), "base": _read_optional(inputs["base"]),
             "train": _read_optional(inputs["train"]), "evaluate": eval_data, "analyze": analysis}
-    train_arms = {arm: _read_optional(Path(inputs["train"]).parent / f"train_{arm}.json")
-                  for arm in eval_data.get("arms", {})}
+    # metrics/train.json: arm -> headline numbers (steps, mean step seconds, ...)
+    train_arms = {arm: v for arm, v in docs["train"].items() if isinstance(v, dict)}
     curves = train_tables(inputs["plots"], list(eval_data.get("arms", {})))
     decision = promotion.decision_for(params, eval_data)
     rep = build_report(

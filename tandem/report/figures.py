@@ -1,6 +1,7 @@
 """The report's figures, drawn with matplotlib's Agg backend from the eval/analysis dicts.
 
 Each `*_figure` function returns PNG bytes, or None when its data is absent (the report then says why).
+Figures are drawn on matplotlib's Agg canvas through the object API (never pyplot).
 Numbering follows the paper: figure 2 (solo pass@k against the base, plus checkpoint curves), figure 3
 (tandem pass@k), figure 4 (drift: per-token KL distribution and the most-drifted-token pull-back),
 figure 7 (KL-Reg: drift against handoff robustness). PNGs carry no timestamp or software tag, so the same
@@ -13,10 +14,8 @@ import io
 import math
 from typing import Any, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless and thread-safe enough for one figure at a time; never a GUI backend
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure as MplFigure
 
 ARM_LABELS = {"tandem": "TRL (tandem)", "grpo": "GRPO", "kl_reg": "KL-Reg", "grpo_g16": "GRPO-G16",
               "base": "base", "junior": "base (junior)"}
@@ -32,13 +31,19 @@ def arm_color(arm: str, i: int = 0) -> str:
     return _COLORS.get(arm, f"C{(i + 4) % 10}")
 
 
+def _subplots(ncols: int, figsize: tuple[float, float]):
+    """A figure on the Agg canvas, outside pyplot: no global backend switch, no global figure registry, so
+    drawing is safe from any thread and leaves a notebook's backend alone."""
+    fig = MplFigure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
 def to_png(fig) -> bytes:
-    """PNG bytes without metadata (deterministic for identical inputs); closes the figure."""
+    """PNG bytes without metadata (deterministic for identical inputs)."""
     buf = io.BytesIO()
-    try:
-        fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight", metadata={"Software": None})
-    finally:
-        plt.close(fig)
+    fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight", metadata={"Software": None})
     return buf.getvalue()
 
 
@@ -115,13 +120,12 @@ def solo_passk_figure(eval_data: dict) -> bytes | None:
     ks = eval_data.get("settings", {}).get("ks", [])
     if "solo" not in eval_data.get("settings", {}).get("modes", []) or not ks:
         return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = _subplots(2, (11, 4))
     ok1 = _passk_panel(ax1, eval_data, "solo", ks, _base_ckpt(eval_data))
     _style(ax1, "k", "pass@k (macro)", "Solo pass@k, last checkpoint vs base")
     ok2 = _checkpoint_panel(ax2, eval_data, "solo", f"pass@{ks[0]}")
     _style(ax2, "training step (0 = base)", f"pass@{ks[0]} (macro)", f"Solo pass@{ks[0]} per checkpoint")
     if not (ok1 or ok2):
-        plt.close(fig)
         return None
     for ax in (ax1, ax2):
         if ax.get_legend_handles_labels()[0]:
@@ -135,7 +139,7 @@ def tandem_passk_figure(eval_data: dict) -> bytes | None:
     ks, modes = s.get("ks", []), [m for m in ("step", "word") if m in s.get("modes", [])]
     if not modes or not ks:
         return None
-    fig, axes = plt.subplots(1, len(modes) + 1, figsize=(5.2 * (len(modes) + 1), 4))
+    fig, axes = _subplots(len(modes) + 1, (5.2 * (len(modes) + 1), 4))
     drew = False
     base = _base_ckpt(eval_data)
     for ax, mode in zip(axes, modes):
@@ -145,7 +149,6 @@ def tandem_passk_figure(eval_data: dict) -> bytes | None:
     _style(axes[-1], "training step (0 = base)", f"pass@{ks[0]} (macro)",
            f"Tandem ({modes[0]}) pass@{ks[0]} per checkpoint")
     if not drew:
-        plt.close(fig)
         return None
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
@@ -165,7 +168,7 @@ def drift_figure(analysis: dict, max_types: int = 50) -> bytes | None:
     arms = list(analysis.get("arms", {}))
     if not arms:
         return None
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = _subplots(2, (11, 4))
     drew = False
     if len(edges) >= 2:
         for i, arm in enumerate(arms):
@@ -203,7 +206,6 @@ def drift_figure(analysis: dict, max_types: int = 50) -> bytes | None:
            "arm's log-ratio on the same token types",
            f"Most-drifted token types of {arm_label(str(ref.get('arm', 'reference')))} (top {len(ref_lr)})")
     if not drew:
-        plt.close(fig)
         return None
     for ax in (ax1, ax2):
         if ax.get_legend_handles_labels()[0]:
@@ -219,7 +221,7 @@ def klreg_figure(eval_data: dict, analysis: dict, k: int = 1) -> bytes | None:
     mode = "step" if "step" in eval_data.get("settings", {}).get("modes", []) else None
     if mode is None:
         return None
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, (ax,) = _subplots(1, (6.5, 4.5))
     drew = False
     for i, arm in enumerate(_trained_arms(eval_data)):
         kl_by_step = {c.get("step", 0): _num(((c.get("drift") or {}).get("kl") or {}).get("mean"))
@@ -238,7 +240,6 @@ def klreg_figure(eval_data: dict, analysis: dict, k: int = 1) -> bytes | None:
     _style(ax, "mean per-token KL(senior || base), nats", f"step-schedule tandem pass@{k}",
            "KL-Reg comparison: drift vs handoff robustness")
     if not drew:
-        plt.close(fig)
         return None
     ax.legend(fontsize=8)
     return to_png(fig)
@@ -246,7 +247,7 @@ def klreg_figure(eval_data: dict, analysis: dict, k: int = 1) -> bytes | None:
 
 def train_curves_figure(curves: dict[str, dict[str, list[float]]], reward_key: str) -> bytes | None:
     """Training reward per step, one line per arm; `curves[arm]` maps column -> values ('step' included)."""
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, (ax,) = _subplots(1, (6.5, 4))
     drew = False
     for i, (arm, cols) in enumerate(curves.items()):
         xs, ys = cols.get("step", []), cols.get(reward_key, [])
@@ -259,7 +260,6 @@ def train_curves_figure(curves: dict[str, dict[str, list[float]]], reward_key: s
         drew = True
     _style(ax, "training step", reward_key, "Training reward")
     if not drew:
-        plt.close(fig)
         return None
     ax.legend(fontsize=8)
     return to_png(fig)

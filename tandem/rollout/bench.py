@@ -15,6 +15,7 @@ or a chunk of tokens, which is the regime (like GPU decoding) in which catch-up 
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from pathlib import Path
@@ -88,13 +89,14 @@ def _hf_generate(model: Any, tok: Any, prompts: list[list[int]], max_new: int, t
 
 def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: int = 8,
                   max_new_tokens: int = 128, temperature: float = 1.0, seed: int = 0, repeats: int = 2,
-                  num_threads: int | None = None, include_generate: bool = True,
+                  num_threads: int | None = 1, include_generate: bool = True,
                   latency_bound: bool = True) -> dict:
     """Tokens/s of solo, tandem (word), lockstep and `model.generate`, their ratios, and schedule diagnostics.
 
     `model_dir` None uses models/base when it exists, else a random tiny Qwen3 (said in `model`).
-    `num_threads` sets torch's intra-op threads for the measurement (restored after). Each timing is the best
-    of `repeats` runs after one warm-up.
+    `num_threads` sets torch's intra-op threads for the measurement (restored after; None keeps torch's
+    setting). One is the default: tiny models gain nothing from more, and on a shared machine two threads per
+    op were measured up to 10x slower. Each timing is the best of `repeats` runs after one warm-up.
     """
     t_start = time.perf_counter()
     old_threads = torch.get_num_threads()
@@ -104,7 +106,9 @@ def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: i
         model, tok, desc = _load(model_dir)
         base = _prompts(tok, n_prompts, seed)
         prompts = [p for p in base for _ in range(n_samples)]
-        engine = TandemEngine(model, model, tok)
+        # The junior is a copy: the same weights, but nothing shared that a real tandem pair would not share.
+        junior = copy.deepcopy(model)
+        engine = TandemEngine(model, junior, tok)
         sp = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
 
         def solo(ps=prompts):
@@ -115,7 +119,7 @@ def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: i
 
         def lockstep(ps=prompts):
             with torch.no_grad():
-                return lockstep_generate(model, model, engine.tables, ps, "word", sp, seed, engine.eos_ids,
+                return lockstep_generate(model, junior, engine.tables, ps, "word", sp, seed, engine.eos_ids,
                                          forward="fast")
 
         engine.generate(prompts[:4], "word", SamplingParams(temperature=temperature, max_new_tokens=8), seed=seed)
@@ -162,4 +166,4 @@ if __name__ == "__main__":  # python -m tandem.rollout.bench [model_dir]
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(json.dumps(bench_rollout(sys.argv[1] if len(sys.argv) > 1 else None,
-                                   num_threads=int(os.environ.get("BENCH_THREADS", "0")) or None)))
+                                   num_threads=int(os.environ.get("BENCH_THREADS", "1")) or None)))

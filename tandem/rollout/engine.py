@@ -130,7 +130,7 @@ class TandemEngine:
         order = sorted(range(B), key=lambda i: len(prompts[i])) if bs < B else list(range(B))
         groups = [order[i:i + bs] for i in range(0, B, bs)]
 
-        models = [m for m in (self.senior, self.junior) if m is not None]
+        models = [m for m in (self.senior, self.junior) if isinstance(m, torch.nn.Module)]
         modes = [m.training for m in models]
         t0 = time.perf_counter()
         parts: list[tuple[list[int], RolloutBatch]] = []

@@ -126,3 +126,45 @@ def naive_authors(kind: str, tokens: Sequence[int], texts: Sequence[str], seed: 
                     return out, True
                 author, turn_text = 1 - author, ""
     return out, False
+
+
+class RowSchedule:
+    """The same state machine for ONE row in plain Python (the vLLM backend walks each turn's tokens with it).
+
+    Reads the same tables and the same counter-based uniforms as `Schedule`, so both agree token for token.
+    """
+
+    def __init__(self, kind: str, tables: TokenTables, seed: int, row_id: int, p_senior: float = 0.5,
+                 max_gap_tokens: int = 32, max_rounds: int = 150):
+        check_schedule(kind, p_senior, max_gap_tokens, max_rounds)
+        self.kind, self.seed, self.row_id = kind, seed, row_id
+        self.p_senior, self.max_gap, self.max_rounds = p_senior, max_gap_tokens, max_rounds
+        self._word = tables.word_start_V.tolist()
+        self._end = tables.step_end_V.tolist()
+        self._snl = tables.starts_newline_V.tolist()
+        self._enl = tables.ends_newline_V.tolist()
+        self._empty = tables.empty_V.tolist()
+        if kind in ("word", "token"):
+            self.author = int(uniform_int(seed, STREAM_FIRST, row_id, 0) < p_senior)
+        else:
+            self.author = JUNIOR if kind == "junior" else SENIOR
+        self.gap, self.newline, self.turns = 0, False, 0
+
+    def advance(self, token: int, t: int) -> bool:
+        """Account for `token` emitted at position t; return True when it completed the last allowed turn."""
+        if self.kind == "word":
+            self.gap += 1
+            if self._word[token] or self.gap >= self.max_gap:
+                self.author = int(uniform_int(self.seed, STREAM_REDRAW, self.row_id, t) < self.p_senior)
+                self.gap = 0
+        elif self.kind == "token":
+            self.author = int(uniform_int(self.seed, STREAM_REDRAW, self.row_id, t) < self.p_senior)
+        elif self.kind == "step":
+            end = self._end[token] or (self.newline and self._snl[token])
+            if not self._empty[token]:
+                self.newline = self._enl[token]
+            if end:
+                self.author, self.newline = 1 - self.author, False
+                self.turns += 1
+                return self.turns >= self.max_rounds
+        return False

@@ -40,8 +40,8 @@ def byte_bpe_tokenizer(texts: Sequence[str] | None = None, vocab_size: int = 400
     tok = Tokenizer(models.BPE())
     pre = [pre_tokenizers.Digits(individual_digits=True),
            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
-    if isolate_newlines:
-        pre.insert(0, pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"))
+    # one newline per pre-token (blank line = two tokens), or runs of newlines kept whole (so BPE learns `ĊĊ`)
+    pre.insert(0, pre_tokenizers.Split(Regex(r"\n" if isolate_newlines else r"\n+"), behavior="isolated"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(pre)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, EOS],
@@ -80,3 +80,23 @@ def prompts(tokenizer: Any, n: int, seed: int = 0) -> list[list[int]]:
     """`n` tokenised problem statements of varied length (the first sentence of `corpus` rows)."""
     rows = corpus(n, seed=seed + 1)
     return [tokenizer(r.split("\n\n")[0] + "\n\n", add_special_tokens=False)["input_ids"] for r in rows]
+
+
+def tiny_pair(tokenizer: Any, dtype: torch.dtype = torch.float64, layers: int = 2, seeds: tuple[int, int] = (1, 2)):
+    """(senior, junior): one small architecture, different random weights (they disagree), the tokenizer's EOS."""
+    return tuple(tiny_qwen3(len(tokenizer), seed=s, layers=layers, hidden=64, heads=4, kv_heads=2, intermediate=128,
+                            eos_token_id=tokenizer.eos_token_id, dtype=dtype) for s in seeds)
+
+
+def add_logit_bias(model: Any, bias: dict[int, float]) -> Any:
+    """Give `model` an lm_head bias (weight shared, so ties are kept): steers a random model toward some tokens,
+    e.g. newlines so that the step schedule actually hands off, or EOS."""
+    old = model.lm_head
+    new = torch.nn.Linear(old.in_features, old.out_features, bias=True, dtype=old.weight.dtype)
+    new.weight = old.weight
+    with torch.no_grad():
+        new.bias.zero_()
+        for i, b in bias.items():
+            new.bias[i] = b
+    model.lm_head = new
+    return model

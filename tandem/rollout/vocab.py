@@ -11,6 +11,7 @@ tokenizer from each token's own text.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -144,7 +145,14 @@ def word_start_ids(tokenizer: Any) -> list[int]:
 
 
 def model_vocab_size(model: Any) -> int:
-    """Rows of the model's output layer (falls back to the input embedding, then the config)."""
+    """Rows of the model's output layer (falls back to the input embedding, then the config).
+
+    A path (str) is read through its config, for engines that load models themselves (vLLM).
+    """
+    if isinstance(model, (str, os.PathLike)):
+        from transformers import AutoConfig
+
+        return int(AutoConfig.from_pretrained(str(model)).vocab_size)
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if out is not None and getattr(out, "weight", None) is not None:
         return int(out.weight.shape[0])

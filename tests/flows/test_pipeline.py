@@ -28,6 +28,45 @@ def test_stage_list_matches_dvc_yaml():
     assert list(fp.STAGES) == stages
 
 
+def _declared_outputs(stage: dict) -> list[str]:
+    return [e if isinstance(e, str) else next(iter(e)) for k in ("outs", "metrics", "plots") for e in stage.get(k, [])]
+
+
+def _related(a: str, b: str) -> bool:
+    """Equal paths, or one inside the other."""
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+# Stage outputs DVC deliberately does not track: the evaluation result cache and tracker run files.
+UNTRACKED = ("results/cache/", "runs/")
+
+
+def test_dvc_yaml_declares_what_each_stage_reads_and_writes():
+    """What `dvc commit` needs for the flow/DVC agreement: every declared output is produced by the stage's
+    `default_io`, every produced output is declared, and every input is a dependency."""
+    import importlib
+
+    from tandem.config import params_from_dict
+    from tasks.common import load_params
+
+    params = load_params(REPO / "params.yaml")
+    params = params_from_dict({**params.to_dict(), "out_root": "."})
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    problems = []
+    for name, st in stages.items():
+        inputs, outputs = importlib.import_module(f"tasks.{name}").default_io(params)
+        produced = [str(Path(v)) for v in outputs.values()]
+        declared = _declared_outputs(st)
+        deps = [str(Path(d)) for d in st.get("deps", [])]
+        problems += [f"{name}: dvc.yaml declares {d} but default_io writes no such path" for d in declared
+                     if not any(_related(d, q) for q in produced)]
+        problems += [f"{name}: writes {q}, which dvc.yaml does not declare" for q in produced
+                     if not q.startswith(UNTRACKED) and not any(_related(q, d) for d in declared)]
+        problems += [f"{name}: reads {str(Path(i))}, which is not among its dvc.yaml deps" for i in inputs.values()
+                     if not any(_related(str(Path(i)), d) for d in deps)]
+    assert not problems, "\n".join(problems)
+
+
 def test_every_stage_has_its_module_contract():
     import importlib
 
@@ -104,7 +143,7 @@ def _artifact_keys(flow_run_id):
 
 
 @pytest.mark.slow
-def test_flow_wiring_and_dvc_agreement(project, monkeypatch):
+def test_flow_wiring_and_dvc_agreement(project, monkeypatch, prefect_api):
     rec = fake_stages.Recorder()
     _use_fakes(monkeypatch, rec)
     before = json.loads(_dvc(project, "status", "--json").stdout or "{}")
@@ -140,7 +179,7 @@ def test_flow_wiring_and_dvc_agreement(project, monkeypatch):
 
 
 @pytest.mark.slow
-def test_training_failure_is_not_retried_and_not_committed(project, monkeypatch):
+def test_training_failure_is_not_retried_and_not_committed(project, monkeypatch, prefect_api):
     rec = fake_stages.Recorder(fail={"train-grpo"})
     _use_fakes(monkeypatch, rec)
     state = fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True)
@@ -151,7 +190,7 @@ def test_training_failure_is_not_retried_and_not_committed(project, monkeypatch)
 
 
 @pytest.mark.slow
-def test_a_failed_unit_fails_the_flow_before_collect(project, monkeypatch):
+def test_a_failed_unit_fails_the_flow_before_collect(project, monkeypatch, prefect_api):
     rec = fake_stages.Recorder(fail={"unit-grpo-2-step"})
     _use_fakes(monkeypatch, rec)
     state = fp.tandem_pipeline(params_path="params.yaml", live=False, dvc="off", return_state=True)
@@ -161,7 +200,7 @@ def test_a_failed_unit_fails_the_flow_before_collect(project, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_rerun_with_nothing_changed_runs_nothing(project, monkeypatch):
+def test_a_rerun_with_nothing_changed_runs_nothing(project, monkeypatch, prefect_api):
     rec = fake_stages.Recorder()
     _use_fakes(monkeypatch, rec)
     assert fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True).is_completed()

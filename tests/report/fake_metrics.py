@@ -95,7 +95,8 @@ def write_fake_run(root: Path, arms=("tandem", "grpo", "kl_reg"), steps=(0, 10, 
     (root / "metrics" / "eval.json").write_text(json.dumps(ev))
     (root / "metrics" / "analysis.json").write_text(json.dumps(an))
     (root / "metrics" / "base.json").write_text(json.dumps({"seconds": 12.5}))
-    (root / "metrics" / "train.json").write_text(json.dumps({"wall_seconds": 30.0}))
+    (root / "metrics" / "train.json").write_text(json.dumps({a: {"steps": steps[-1], "step_seconds": 1.5}
+                                                             for a in arms}))
     for arm in arms:
         with open(root / "metrics" / "plots" / f"train_{arm}.csv", "w", newline="") as f:
             w = csv.writer(f)

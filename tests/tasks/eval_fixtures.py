@@ -1,15 +1,9 @@
-"""Fixtures for the evaluate/analyze tests: a tiny base, a fake checkpoint tree, benchmark files, an engine.
-
-The engine is the real `tandem.rollout.engine.TandemEngine` when it is importable; otherwise `NaiveEngine`, a
-deliberately simple sampler that follows the engine contract (one full forward per token, a seeded coin per
-token picks the author in tandem schedules) so the stage plumbing can be tested on its own.
-"""
+"""Fixtures for the evaluate/analyze tests: a tiny base, a fake checkpoint tree, benchmark files, and a hook on
+the real rollout engine that counts (or breaks) its generate calls."""
 
 from __future__ import annotations
 
 import json
-import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -63,96 +57,15 @@ def small_params(root: Path, **evaluate):
                                          "batch_size": 16}})
 
 
-@dataclass
-class Batch:
-    completion_ids: list[list[int]]
-    owner: list[list[int]]
-    senior_logprobs: list[list[float]]
-    handoffs: list[int]
-    finish_reason: list[str]
-
-    def stats(self) -> dict:
-        n = sum(len(c) for c in self.completion_ids)
-        return {"senior_fraction": sum(sum(o) for o in self.owner) / max(n, 1)}
-
-
-class NaiveEngine:
-    """The engine contract by brute force: each token from a full forward of its author (top-k, no top-p)."""
-
-    def __init__(self, senior, junior, tokenizer, backend="hf", device=None):
-        self.senior, self.junior, self.tokenizer = senior, junior, tokenizer
-
-    @torch.no_grad()
-    def generate(self, prompt_ids, schedule, sampling, seed, p_senior=0.5, max_gap_tokens=32, max_rounds=150,
-                 row_ids=None, batch_size=None, progress=False):
-        eos = self.tokenizer.eos_token_id
-        out = Batch([], [], [], [], [])
-        for r, prompt in enumerate(prompt_ids):
-            rid = row_ids[r] if row_ids is not None else r
-            rng = random.Random(f"{seed}-{rid}")
-            g = torch.Generator().manual_seed(rng.randrange(2 ** 31))
-            ids, owner, lps = [], [], []
-            author = 1 if schedule in ("solo", "step") else int(rng.random() < p_senior)
-            reason = "length"
-            for _ in range(sampling.max_new_tokens):
-                model = self.senior if author == 1 else self.junior
-                logits = model(torch.tensor([list(prompt) + ids])).logits[0, -1].float()
-                logp = (logits / sampling.temperature).log_softmax(-1)
-                probs = logp.exp()
-                if sampling.top_k:
-                    kth = probs.topk(min(sampling.top_k, probs.numel())).values[-1]
-                    probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-                tok = int(torch.multinomial(probs / probs.sum(), 1, generator=g))
-                ids.append(tok)
-                owner.append(author)
-                lps.append(float(logp[tok]) if author == 1 else 0.0)
-                if tok == eos:
-                    reason = "eos"
-                    break
-                if schedule not in ("solo", "junior"):
-                    author = int(rng.random() < p_senior)
-            out.completion_ids.append(ids)
-            out.owner.append(owner)
-            out.senior_logprobs.append(lps)
-            out.handoffs.append(sum(1 for a, b in zip(owner, owner[1:]) if a != b))
-            out.finish_reason.append(reason)
-        return out
-
-
-def engine_class():
-    """The real engine when it exists, else the naive one."""
-    try:
-        from tandem.rollout.engine import TandemEngine
-        return TandemEngine
-    except ImportError:
-        return NaiveEngine
-
-
-@dataclass(frozen=True)
-class NaiveSampling:
-    """The engine's `SamplingParams` fields, for use with `NaiveEngine`."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 128
-
-
-def use_engine(monkeypatch, counter: list | None = None, fail_after: int | None = None):
-    """Point tasks.evaluate at the real engine (or the naive one); count generate calls, optionally crash.
-
-    `counter` collects (schedule, n_rows) per call; after `fail_after` calls the next raises RuntimeError.
-    """
+def use_engine(monkeypatch, counter: list | None = None, fail_after: int | None = None) -> None:
+    """Wrap the engine tasks.evaluate builds: `counter` collects (schedule, n_rows) per generate call, and
+    after `fail_after` calls the next one raises RuntimeError (a crash in the middle of the stage)."""
     import tasks.evaluate as ev
 
-    cls = engine_class()
-    if cls is NaiveEngine:
-        monkeypatch.setattr(ev, "make_sampling", lambda s: NaiveSampling(
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens))
     real_make = getattr(ev.make_engine, "original", ev.make_engine)  # never wrap a wrapper
 
     def make(senior, junior, tokenizer, params):
-        eng = cls(senior, junior, tokenizer) if cls is NaiveEngine else real_make(senior, junior, tokenizer, params)
+        eng = real_make(senior, junior, tokenizer, params)
         inner = eng.generate
 
         def generate(prompt_ids, schedule, *a, **k):
@@ -167,4 +80,3 @@ def use_engine(monkeypatch, counter: list | None = None, fail_after: int | None 
 
     make.original = real_make
     monkeypatch.setattr(ev, "make_engine", make)
-    return cls

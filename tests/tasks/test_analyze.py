@@ -64,11 +64,8 @@ def test_teacher_forcing_a_model_against_itself_shows_no_drift():
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory):
     root = F.build_tree(tmp_path_factory.mktemp("antree"), steps=(2, 4), n_problems=2)
-    mp = pytest.MonkeyPatch()
-    F.use_engine(mp)
     p = F.small_params(root, modes=["solo"])
     ev.run(p, *ev.default_io(p))
-    mp.undo()
     return root
 
 

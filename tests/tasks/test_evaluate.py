@@ -69,6 +69,24 @@ def test_result_key_changes_with_everything_that_shapes_the_distribution():
         result_key("h", "greedy", "b", "r", s)
 
 
+def test_plan_lists_each_distinct_weights_and_mode_once(tmp_path):
+    (tmp_path / "models" / "base").mkdir(parents=True)
+    (tmp_path / "models" / "base" / "model.safetensors").write_bytes(b"base")
+    for arm, body in (("tandem", b"t"), ("grpo", b"base")):  # grpo's step-5 happens to equal the base
+        d = tmp_path / "models" / "checkpoints" / arm / "step-5"
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(body)
+    p = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem", "grpo", "kl_reg"]},
+                          "evaluate": {"modes": ["solo", "step"]}})
+    units = ev.plan(p)
+    assert [(u["arm"], u["step"], u["mode"]) for u in units] == [
+        ("tandem", 0, "solo"), ("tandem", 0, "step"), ("tandem", 5, "solo"), ("tandem", 5, "step")]
+    # without solo mode the junior floor (the base alone, solo) is its own unit
+    p2 = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem"]}, "evaluate": {"modes": ["word"]}})
+    assert [(u["arm"], u["step"], u["mode"]) for u in ev.plan(p2)] == [
+        ("tandem", 0, "word"), ("tandem", 5, "word"), ("junior", 0, "solo")]
+
+
 def _brute_passk(scores: list[float], k: int) -> float:
     subsets = list(itertools.combinations(scores, k))
     return sum(any(x > 0.5 for x in sub) for sub in subsets) / len(subsets)
@@ -193,7 +211,7 @@ def test_crash_mid_evaluate_then_rerun_skips_completed_results(tree, tmp_path, m
 
 
 @pytest.mark.slow
-def test_raw_benchmark_file_and_model_directory_through_params_alone(tree, tmp_path, monkeypatch):
+def test_raw_benchmark_file_and_model_directory_through_params_alone(tree, tmp_path):
     model_dir = tmp_path / "some-hf-model"
     shutil.copytree(tree / "models" / "base", model_dir)
     raw = tmp_path / "math500.jsonl"
@@ -205,7 +223,6 @@ def test_raw_benchmark_file_and_model_directory_through_params_alone(tree, tmp_p
         "out_root": str(out), "model": {"source": "path", "path": str(model_dir)}, "train": {"arms": ["grpo"]},
         "evaluate": {"benchmark_files": {"math500": str(raw)}, "modes": ["solo"], "n_samples": 2, "ks": [1, 2],
                      "max_new_tokens": 8, "progress": False, "score_workers": 1}})
-    F.use_engine(monkeypatch)
     flat = ev.run(p, *ev.default_io(p))
     doc = json.loads((out / "metrics" / "eval.json").read_text())
     assert doc["junior"]["path"] == str(model_dir)
@@ -216,10 +233,6 @@ def test_raw_benchmark_file_and_model_directory_through_params_alone(tree, tmp_p
 @pytest.mark.slow
 def test_parallel_workers_reproduce_the_sequential_results(tree, tmp_path):
     """Seeds depend on (seed, mode, benchmark, row), never on the process: two workers give the same numbers."""
-    from tests.tasks.eval_fixtures import NaiveEngine, engine_class
-
-    if engine_class() is NaiveEngine:
-        pytest.skip("spawned workers use the real engine, which is not importable yet")
     p = F.small_params(tree)
     inputs, _ = ev.default_io(p)
     seq, par = _outputs(tmp_path / "seq"), _outputs(tmp_path / "par")

@@ -59,7 +59,7 @@ def test_metadata_rows(rendered):
     html = Path(out["html"]).read_text()
     for key in ("git commit", "dvc.lock sha256", "packages", "hardware", "wall times", "seeds", "params (resolved)"):
         assert key in html, key
-    assert "torch " in html and "base 12.5 s" in html
+    assert "torch " in html and "base 12.5 s" in html and "train tandem ~30.0 s (20 steps x 1.50 s)" in html
 
 
 def test_rerun_is_byte_identical_apart_from_the_timestamp(rendered):
