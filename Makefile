@@ -41,6 +41,7 @@ repro: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/tandem bench rollout
 	$(BIN)/tandem bench train
+	$(BIN)/tandem bench orchestration
 
 clean:
 	rm -rf data/prepared models results reports metrics runs

@@ -53,25 +53,32 @@ def _load(params: str, all_presets: bool = False):
         raise typer.Exit(code=2)
 
 
-def run_stage(name: str, params_obj) -> dict:
-    """Import `tasks.<name>` and run it on its declared inputs and outputs."""
+def run_stage(name: str, params_obj, arm: str | None = None) -> dict:
+    """Import `tasks.<name>` and run it on its declared inputs and outputs (one arm of `train` if given)."""
     mod = importlib.import_module(f"tasks.{name}")
     inputs, outputs = mod.default_io(params_obj)
+    if arm is not None:
+        return mod.run_arm(params_obj, arm, inputs, outputs)
     return mod.run(params_obj, inputs, outputs)
 
 
 @app.command()
 def stage(name: str = typer.Argument(..., help=f"stage to run, one of: {', '.join(STAGES)}"),
-          params: str = PARAMS_OPT) -> None:
+          params: str = PARAMS_OPT,
+          arm: Optional[str] = typer.Option(None, help="train stage only: train this one arm (dvc.yaml's train@<arm>)")) -> None:
     """Run one pipeline stage (this is the command dvc.yaml calls)."""
     _offline_defaults()
     if name not in STAGES:
         typer.secho(f"unknown stage {name!r}; choose one of: {', '.join(STAGES)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2)
     p = _load(params)
+    if arm is not None and (name != "train" or arm not in p.train.arms):
+        typer.secho(f"--arm {arm!r}: only for the train stage, and one of train.arms {p.train.arms}",
+                    fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2)
     t0 = time.perf_counter()
     try:
-        summary = run_stage(name, p)
+        summary = run_stage(name, p, arm)
     except Exception as e:  # a stage's own readable failure (validation, missing input) ends here with exit 1
         if type(e).__name__ == "DataValidationError":  # the stage already printed the row-by-row report
             typer.secho(f"stage {name} failed: data validation found problems (report above); "
@@ -146,6 +153,20 @@ def bench_train(as_json: bool = typer.Option(False, "--json", help="print one JS
 
     res = _bench(_load(params))
     _print_bench(res, as_json)
+
+
+@bench_app.command("orchestration")
+def bench_orchestration(as_json: bool = typer.Option(False, "--json", help="print one JSON line"),
+                        repeats: int = typer.Option(1, help="pairs of runs to average")) -> None:
+    """Orchestration overhead: the Prefect flow against calling the stages directly, on a tiny config."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "orchestration.py"
+    if not script.exists():
+        typer.secho(f"{script} not found (run from a source checkout)", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2)
+    cmd = [sys.executable, str(script), "--repeats", str(repeats)] + (["--json"] if as_json else [])
+    raise typer.Exit(code=subprocess.call(cmd))
 
 
 def _print_bench(res: dict, as_json: bool) -> None:

@@ -439,6 +439,9 @@ def params_from_dict(raw: dict | None) -> Params:
         if bad:
             problems.append(f"presets.{name}: {bad} -> a preset may only override {list(PRESET_SECTIONS)} "
                             "(data and model feed the prepare and base stages, which do not depend on the preset)")
+        if isinstance(over, dict) and isinstance(over.get("train"), dict) and "arms" in over["train"]:
+            problems.append(f"presets.{name}.train.arms: {over['train']['arms']!r} -> set arms in the train section "
+                            "itself: dvc.yaml makes one stage per arm from it")
     if preset:
         if preset not in presets:
             problems.append(f"preset: {preset!r} -> unknown preset (defined: {', '.join(sorted(presets)) or 'none'})")

@@ -216,57 +216,49 @@ class FastDecoder:
             h = self._layer_rest(layer, h, o.transpose(1, 2).reshape(U * Pm, H * D))
 
     # ---------------------------------------------------------------------------------------------
-    def _decode_attn(self, q_RHD: torch.Tensor, phys_R: torch.Tensor | None, u_R: torch.Tensor,
-                     grp: tuple[torch.Tensor, int] | None, li: int, tq: int) -> torch.Tensor:
-        """Attention of one query per row (the row's newest slot) over its prompt and its tq completion slots.
+    def _attn(self, q_RCHD: torch.Tensor, phys_R: torch.Tensor | None, u_R: torch.Tensor,
+              grp: tuple[torch.Tensor, int] | None, li: int, tq: int) -> torch.Tensor:
+        """Attention of C queries per row at completion indices tq-C .. tq-1 over the row's prompt and its
+        completion keys [0, tq) (causal within the completion). Returns [R, C, H*D].
 
-        Completion part: rows `phys_R` of the completion cache (None = all physical rows, in order: views, no
-        copy). Prompt part: the queries are grouped by prompt ([U, group, ...]) so that each distinct prompt's
-        keys are read once and never copied per row. One softmax over both parts.
+        Completion part: rows `phys_R` of the completion cache (None = every physical row, in order: cache
+        views, no copy). Prompt part: the queries are grouped by prompt ([U, group, ...]) so that each distinct
+        prompt's keys are read once and never copied per row. One softmax over both parts, in batched matmuls
+        over kv-head groups (no head expansion; q heads [i*Hg, (i+1)*Hg) share kv head i, as HF's repeat_kv).
         """
-        R, H, D = q_RHD.shape
+        R, C, H, D = q_RCHD.shape
         G, Hg = self.n_kv, self.n_heads // self.n_kv
         ck, cv = self.ck[li][:, :, :tq], self.cv[li][:, :, :tq]
         if phys_R is not None:
             ck, cv = ck[phys_R], cv[phys_R]
-        sc = torch.bmm(q_RHD.reshape(R * G, Hg, D), ck.reshape(R * G, tq, D).transpose(1, 2)).view(R, G, Hg, tq)
+        q_RGCHD = q_RCHD.view(R, C, G, Hg, D).permute(0, 2, 1, 3, 4)
+        sc = torch.bmm(q_RGCHD.reshape(R * G, C * Hg, D), ck.reshape(R * G, tq, D).transpose(1, 2))
+        sc = sc.view(R, G, C, Hg, tq) * self.scale
+        if C > 1:
+            q_idx = torch.arange(tq - C, tq, device=self.device)
+            future_CT = torch.arange(tq, device=self.device)[None, :] > q_idx[:, None]
+            sc = sc.masked_fill(future_CT[None, None, :, None, :], float("-inf"))
         if self.U:
             j_R, mx = grp
             U, Pm = self.U, self.Pm
-            q5 = q_RHD.new_zeros((U, mx, G, Hg, D))
-            q5[u_R, j_R] = q_RHD.view(R, G, Hg, D)
-            sp = torch.bmm(q5.permute(0, 2, 1, 3, 4).reshape(U * G, mx * Hg, D),
+            q6 = q_RCHD.new_zeros((U, mx, G, C, Hg, D))
+            q6[u_R, j_R] = q_RGCHD
+            sp = torch.bmm(q6.permute(0, 2, 1, 3, 4, 5).reshape(U * G, mx * C * Hg, D),
                            self.pk[li].view(U * G, Pm, D).transpose(1, 2))
-            sp = sp.view(U, G, mx, Hg, Pm).permute(0, 2, 1, 3, 4)[u_R, j_R]          # [R, G, Hg, Pm]
-            scores = torch.cat((sp * self.scale + self.pbias_US[u_R][:, None, None, :], sc * self.scale), -1)
+            sp = sp.view(U, G, mx, C, Hg, Pm).permute(0, 2, 1, 3, 4, 5)[u_R, j_R]      # [R, G, C, Hg, Pm]
+            sp = sp * self.scale + self.pbias_US[u_R][:, None, None, None, :]
+            probs = torch.softmax(torch.cat((sp, sc), dim=-1), dim=-1)
+            pc = probs[..., Pm:]
         else:
-            scores = sc * self.scale
-        probs = torch.softmax(scores, dim=-1)
-        pc = probs[..., -tq:]
-        out = torch.bmm(pc.reshape(R * G, Hg, tq), cv.reshape(R * G, tq, D)).view(R, G, Hg, D)
+            probs = pc = torch.softmax(sc, dim=-1)
+        out = torch.bmm(pc.reshape(R * G, C * Hg, tq), cv.reshape(R * G, tq, D)).view(R, G, C, Hg, D)
         if self.U:
-            pp5 = probs.new_zeros((U, mx, G, Hg, Pm))
-            pp5[u_R, j_R] = probs[..., :Pm]
-            op = torch.bmm(pp5.permute(0, 2, 1, 3, 4).reshape(U * G, mx * Hg, Pm), self.pv[li].view(U * G, Pm, D))
-            out = out + op.view(U, G, mx, Hg, D).permute(0, 2, 1, 3, 4)[u_R, j_R]
-        return out.reshape(R, H * D)
-
-    def _chunk_attn(self, q_RHCD: torch.Tensor, phys_R: torch.Tensor, u_R: torch.Tensor, li: int, slot: int
-                    ) -> torch.Tensor:
-        """Attention of C queries per row (slots slot-C .. slot-1) for a few rows: gathered keys, one sdpa call."""
-        C = q_RHCD.shape[2]
-        tq = slot - self.Pm
-        k = self.ck[li][phys_R, :, :tq]
-        v = self.cv[li][phys_R, :, :tq]
-        q_idx = torch.arange(tq - C, tq, device=self.device)
-        mask = (torch.arange(tq, device=self.device)[None, :] <= q_idx[:, None])[None, None]
-        if self.U:
-            k = torch.cat((self.pk[li][u_R], k), dim=2)
-            v = torch.cat((self.pv[li][u_R], v), dim=2)
-            pmask = (self.pbias_US[u_R] == 0)[:, None, None, :].expand(-1, 1, C, -1)
-            mask = torch.cat((pmask, mask.expand(q_RHCD.shape[0], 1, C, tq)), dim=-1)
-        return F.scaled_dot_product_attention(q_RHCD, k, v, attn_mask=mask, scale=self.scale,
-                                              enable_gqa=self.n_heads != self.n_kv)
+            pp6 = probs.new_zeros((U, mx, G, C, Hg, Pm))
+            pp6[u_R, j_R] = probs[..., :Pm]
+            op = torch.bmm(pp6.permute(0, 2, 1, 3, 4, 5).reshape(U * G, mx * C * Hg, Pm),
+                           self.pv[li].view(U * G, Pm, D))
+            out = out + op.view(U, G, mx, C, Hg, D).permute(0, 2, 1, 3, 4, 5)[u_R, j_R]
+        return out.permute(0, 2, 1, 3, 4).reshape(R, C, H * D)
 
     def catch_up(self, hist_BS: torch.Tensor, rows_R: torch.Tensor, slot: int) -> torch.Tensor:
         """Encode slots [cached_r, slot) of each row r of `rows_R` (sorted ascending) in one forward pass and
@@ -300,6 +292,7 @@ class FastDecoder:
             ch_grid = grid_RC[ch_loc]
             ch_real = ch_grid >= 0
             ch_src, ch_dst = ch_grid.clamp(min=0), ch_grid[ch_real]
+            ch_grp = _group_rows(u_R[ch_loc]) if self.U else None
         ids_N = hist_BS[rows_N.to(hist_BS.device), slots_N.to(hist_BS.device)].to(dev)
         pos_N = slots_N - self.off_P[phys_N]
         cos_N1D, sin_N1D = self.cos_SD[pos_N][:, None, :], self.sin_SD[pos_N][:, None, :]
@@ -320,13 +313,13 @@ class FastDecoder:
                 # are written above), so it attends and runs its MLP for those R queries alone.
                 if C > 1:
                     q, h_N = q[last_R], h_N[last_R]
-                attn = self._decode_attn(q, all_phys, u_R, grp, li, tq)
+                attn = self._attn(q[:, None], all_phys, u_R, grp, li, tq)[:, 0]
             else:
                 attn = torch.empty(N, H * D, dtype=q.dtype, device=dev)
                 if dec_loc.numel():
-                    attn[dec_q] = self._decode_attn(q[dec_q], phys_R[dec_loc], u_R[dec_loc], dec_grp, li, tq)
-                o = self._chunk_attn(q[ch_src].transpose(1, 2), phys_R[ch_loc], u_R[ch_loc], li, slot)
-                attn[ch_dst] = o.transpose(1, 2)[ch_real].reshape(-1, H * D)
+                    attn[dec_q] = self._attn(q[dec_q][:, None], phys_R[dec_loc], u_R[dec_loc], dec_grp, li, tq)[:, 0]
+                o = self._attn(q[ch_src], phys_R[ch_loc], u_R[ch_loc], ch_grp, li, tq)  # [Rc, C, H*D]
+                attn[ch_dst] = o[ch_real]
             h_N = self._layer_rest(layer, h_N, attn)
         self.cached_B[rows_R] = slot
         h_R = _rms(h_N, m.norm.weight, m.norm.variance_epsilon)
