@@ -10,6 +10,7 @@ catch-up engine targets <= 1.25).
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 import time
 from dataclasses import replace
@@ -59,12 +60,16 @@ def bench_train(params: Params, steps: int = 6, base_dir: str | None = None, arm
             timed = step_rows(res.log_history)[1:]
             mean = lambda key: sum(r[key] or 0.0 for r in timed) / len(timed)  # noqa: E731
             out[f"{arm}_step_s"] = mean("time_step")
+            out[f"{arm}_step_s_median"] = statistics.median(r["time_step"] for r in timed)
+            out[f"{arm}_step_s_each"] = [round(r["time_step"], 3) for r in timed]
             for ph in PHASES:
                 out[f"{arm}_{ph}_s"] = mean(f"time_{ph}")
             out[f"{arm}_joint_length"] = mean("joint_length")
             out[f"{arm}_senior_fraction"] = mean("senior_fraction")
     if "tandem" in arms and "grpo" in arms:
         out["tandem_over_grpo"] = out["tandem_step_s"] / out["grpo_step_s"]
+        # The median ratio resists the step-time spikes of a shared machine.
+        out["tandem_over_grpo_median"] = out["tandem_step_s_median"] / out["grpo_step_s_median"]
         # Rollout lengths differ between arms (the junior writes half of a tandem rollout), so the cost per
         # generated token is the fairer engine comparison.
         out["tandem_over_grpo_rollout_per_token"] = (

@@ -163,10 +163,17 @@ class RolloutConfig(_Section):
     top_p: float = _f(1.0, "nucleus sampling mass (1 = off; keep 1 in training)")
     top_k: int = _f(0, "top-k sampling (0 = off; keep 0 in training)")
     batch_size: int = _f(64, "rows generated together in one engine call")
+    cpu_threads: int = _f(0, "torch intra-op threads while generating on CPU (0 = leave torch's setting; 1 suits tiny models)")
+    vllm_lookahead: int = _f(16, "vllm backend, word/token schedules: tokens requested per turn before the cut at the handoff")
+    vllm_gpu_memory: float = _f(0.35, "vllm backend: fraction of GPU memory for each of the two engines")
 
     def problems(self) -> list[str]:
         p: list[str] = []
         _rule(p, 0.0 <= self.p_senior <= 1.0, "rollout.p_senior", self.p_senior, "is a probability: must lie in [0, 1]")
+        _rule(p, self.cpu_threads >= 0, "rollout.cpu_threads", self.cpu_threads, "must be >= 0 (0 = torch's setting)")
+        _rule(p, self.vllm_lookahead >= 1, "rollout.vllm_lookahead", self.vllm_lookahead, "must be >= 1")
+        _rule(p, 0.0 < self.vllm_gpu_memory < 0.5, "rollout.vllm_gpu_memory", self.vllm_gpu_memory,
+              "must lie in (0, 0.5): two engines share the GPU")
         _rule(p, self.max_gap_tokens >= 1, "rollout.max_gap_tokens", self.max_gap_tokens, "must be >= 1")
         _rule(p, self.max_rounds >= 1, "rollout.max_rounds", self.max_rounds, "must be >= 1")
         _rule(p, self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "must be >= 1")

@@ -3,11 +3,15 @@
 Measures completion tokens per second of
 - `solo`     : the engine, senior alone (`schedule="solo"`);
 - `tandem`   : the engine, `word` schedule, catch-up prefill;
-- `lockstep` : the paper's algorithm (both models decode every token) on the same hand-written kernel;
+- `lockstep` : the paper's algorithm (both models decode every token) on the same hand-written kernel, so the
+               ratio `tandem_over_lockstep` compares algorithms only;
+- `lockstep_hf`: the same algorithm through transformers' own forward (the test oracle; what a straightforward
+               implementation of the paper costs here), measured once;
 - `generate` : plain `model.generate` (sampling, left padding), senior alone;
-on P prompts x S samples (default 8 x 8) with `max_new_tokens` (default 128). The same model serves as senior
-and junior, as the issue asks; then every tandem rollout must equal the solo rollout token for token (same
-logits, same noise), which the result reports as `tandem_equals_solo`, a free end-to-end check.
+on P prompts x S samples (default 8 x 8) with `max_new_tokens` (default 128). The same weights serve as senior
+and junior (the junior is a deep copy, so nothing is shared that a real pair would not share); then every
+tandem rollout must equal the solo rollout token for token (same logits, same noise), which the result reports
+as `tandem_equals_solo`, a free end-to-end check, next to `tandem_equals_lockstep`.
 
 A second, latency-bound measurement (`*_b1`) runs one row: there a forward costs about the same for one token
 or a chunk of tokens, which is the regime (like GPU decoding) in which catch-up beats lockstep.
@@ -90,7 +94,7 @@ def _hf_generate(model: Any, tok: Any, prompts: list[list[int]], max_new: int, t
 def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: int = 8,
                   max_new_tokens: int = 128, temperature: float = 1.0, seed: int = 0, repeats: int = 2,
                   num_threads: int | None = 1, include_generate: bool = True,
-                  latency_bound: bool = True) -> dict:
+                  include_lockstep_hf: bool = True, latency_bound: bool = True) -> dict:
     """Tokens/s of solo, tandem (word), lockstep and `model.generate`, their ratios, and schedule diagnostics.
 
     `model_dir` None uses models/base when it exists, else a random tiny Qwen3 (said in `model`).
@@ -117,26 +121,32 @@ def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: i
         def tandem(ps=prompts):
             return engine.generate(ps, "word", sp, seed=seed)
 
-        def lockstep(ps=prompts):
+        def lockstep(ps=prompts, forward="fast"):
             with torch.no_grad():
                 return lockstep_generate(model, junior, engine.tables, ps, "word", sp, seed, engine.eos_ids,
-                                         forward="fast")
+                                         forward=forward)
 
         engine.generate(prompts[:4], "word", SamplingParams(temperature=temperature, max_new_tokens=8), seed=seed)
         res: dict[str, Any] = {"model": desc, "rows": len(prompts), "max_new_tokens": max_new_tokens,
-                               "threads": torch.get_num_threads(), "kernel": "catch-up" if engine.fast else "lockstep-fallback"}
+                               "threads": torch.get_num_threads(),
+                               "kernel": "catch-up" if engine.fast else "lockstep-fallback"}
         t_solo, b_solo = _timed(solo, repeats)
         t_tan, b_tan = _timed(tandem, repeats)
         t_lock, b_lock = _timed(lockstep, repeats)
         res["solo_tok_s"] = b_solo.stats()["tokens"] / t_solo
         res["tandem_tok_s"] = b_tan.stats()["tokens"] / t_tan
         res["lockstep_tok_s"] = b_lock.stats()["tokens"] / t_lock
+        if include_lockstep_hf:
+            t_lhf, b_lhf = _timed(lambda: lockstep(forward="hf"), 1)
+            res["lockstep_hf_tok_s"] = b_lhf.stats()["tokens"] / t_lhf
         if include_generate:
             t_gen, n_gen = _timed(lambda: _hf_generate(model, tok, prompts, max_new_tokens, temperature, seed),
                                   repeats)
             res["generate_tok_s"] = n_gen / t_gen
         res["tandem_over_solo"] = res["tandem_tok_s"] / res["solo_tok_s"]
         res["tandem_over_lockstep"] = res["tandem_tok_s"] / res["lockstep_tok_s"]
+        if include_lockstep_hf:
+            res["tandem_over_lockstep_hf"] = res["tandem_tok_s"] / res["lockstep_hf_tok_s"]
         if include_generate:
             res["solo_over_generate"] = res["solo_tok_s"] / res["generate_tok_s"]
         st = b_tan.stats()

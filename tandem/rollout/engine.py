@@ -55,11 +55,14 @@ class TandemEngine:
     `fast` (hf backend): None picks the catch-up kernel when the architecture supports it and otherwise falls
     back, with a warning, to the lockstep algorithm through the models' own forward (same distribution,
     about twice the cost); True requires the kernel; False forces the fallback.
+    `cpu_threads` sets torch's intra-op threads during `generate` (restored after); tiny models on a shared
+    CPU run several times faster with 1 (RolloutConfig.cpu_threads). `vllm_options` go to `VLLMBackend`
+    (e.g. lookahead, gpu_memory_utilization, senior_path, junior_path).
     """
 
     def __init__(self, senior: Any, junior: Any | None, tokenizer: Any, backend: str = "hf", device: Any = None,
                  *, junior_tokenizer: Any | None = None, eos_token_ids: Sequence[int] | None = None,
-                 fast: bool | None = None, vllm_options: dict | None = None):
+                 fast: bool | None = None, vllm_options: dict | None = None, cpu_threads: int | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if isinstance(tokenizer, (tuple, list)):
@@ -70,6 +73,7 @@ class TandemEngine:
         self.eos_ids = list(eos_token_ids) if eos_token_ids is not None else collect_eos_ids(tokenizer, senior,
                                                                                               junior)
         self.device = torch.device(device) if device is not None else None
+        self.cpu_threads = cpu_threads or None
         self.fast = False
         self._vllm = None
         if backend == "hf":
@@ -134,7 +138,10 @@ class TandemEngine:
         modes = [m.training for m in models]
         t0 = time.perf_counter()
         parts: list[tuple[list[int], RolloutBatch]] = []
+        threads = torch.get_num_threads()
         try:
+            if self.cpu_threads:
+                torch.set_num_threads(self.cpu_threads)
             for m in models:
                 m.eval()
             with torch.no_grad():
@@ -143,6 +150,7 @@ class TandemEngine:
                     parts.append((g, self._run(gp, gr, schedule, sampling, seed, eos, p_senior, max_gap_tokens,
                                                max_rounds, progress)))
         finally:
+            torch.set_num_threads(threads)
             for m, mode in zip(models, modes):
                 m.train(mode)
         out = RolloutBatch([None] * B, [None] * B, [None] * B, [0] * B, [""] * B)  # type: ignore[list-item]

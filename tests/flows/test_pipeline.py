@@ -28,6 +28,26 @@ def test_stage_list_matches_dvc_yaml():
     assert list(fp.STAGES) == stages
 
 
+def _expand(stage: dict, raw_params: dict) -> list[dict]:
+    """A `foreach` stage as its instances (`${item}` substituted); a plain stage as itself."""
+    if "foreach" not in stage:
+        return [stage]
+    ref = stage["foreach"].strip("${} ")
+    items = raw_params
+    for part in ref.split("."):
+        items = items[part]
+    text = yaml.safe_dump(stage["do"])
+    return [yaml.safe_load(text.replace("${item}", str(item))) for item in items]
+
+
+def test_train_stage_is_one_dvc_stage_per_arm():
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    train = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["train"]
+    assert train["foreach"] == "${train.arms}"
+    cmds = [s["cmd"] for s in _expand(train, raw)]
+    assert cmds == [f"tandem stage train --arm {a}" for a in raw["train"]["arms"]]
+
+
 def _declared_outputs(stage: dict) -> list[str]:
     return [e if isinstance(e, str) else next(iter(e)) for k in ("outs", "metrics", "plots") for e in stage.get(k, [])]
 
@@ -52,12 +72,14 @@ def test_dvc_yaml_declares_what_each_stage_reads_and_writes():
     params = load_params(REPO / "params.yaml")
     params = params_from_dict({**params.to_dict(), "out_root": "."})
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
     problems = []
     for name, st in stages.items():
         inputs, outputs = importlib.import_module(f"tasks.{name}").default_io(params)
         produced = [str(Path(v)) for v in outputs.values()]
-        declared = _declared_outputs(st)
-        deps = [str(Path(d)) for d in st.get("deps", [])]
+        instances = _expand(st, raw)
+        declared = [d for inst in instances for d in _declared_outputs(inst)]
+        deps = [str(Path(d)) for inst in instances for d in inst.get("deps", [])]
         problems += [f"{name}: dvc.yaml declares {d} but default_io writes no such path" for d in declared
                      if not any(_related(d, q) for q in produced)]
         problems += [f"{name}: writes {q}, which dvc.yaml does not declare" for q in produced

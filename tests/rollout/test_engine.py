@@ -196,6 +196,19 @@ def test_modes_restored_and_solo_without_junior(tok, pair64, prompts):
     assert t.completion_ids == a.completion_ids
 
 
+def test_cpu_threads_apply_during_generation_only(tok, pair64, prompts, monkeypatch):
+    from tandem.rollout import core
+
+    s, j = pair64
+    seen = []
+    real = core.sample_rows
+    monkeypatch.setattr(core, "sample_rows", lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
+    torch.set_num_threads(2)
+    eng = TandemEngine(s, j, tok, cpu_threads=1)
+    eng.generate(prompts[:2], "word", SamplingParams(max_new_tokens=3), seed=0)
+    assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+
+
 def test_input_validation(tok, pair64):
     s, j = pair64
     eng = TandemEngine(s, j, tok)

@@ -2,20 +2,21 @@
 
 `FastDecoder` runs a Llama-family decoder (Qwen3, Qwen2, Llama, Mistral without sliding windows) directly
 from the HF module's own parameters, read at every call (the senior is trained in place between calls, so
-nothing is copied or cached across calls). Why not `model(..., past_key_values=cache)`? HF caches advance
+no weight is copied or cached across calls). Why not `model(..., past_key_values=cache)`? HF caches advance
 every row of a batch together, while a tandem round needs, per model, a *different subset of rows*, each with
-its *own catch-up length*. Here each model keeps a position-indexed cache per row:
+its *own catch-up length*. Each model keeps its own caches for the batch (see `FastDecoder`):
+- a prompt cache with one row per distinct prompt (GRPO repeats every prompt G times), filled once;
+- a completion cache with one row per batch row, indexed by completion position (same for all rows).
 
-    cache_k[layer]: [B, Hkv, S_max, D]; slot s of row b holds history position s - offset_b (left padding),
-    cached_B: how many slots of each row this model has already encoded.
+Round at frontier slot S: a model authoring rows R encodes, for each row r in R, slots [cached_r, S) -- its
+own last token plus every token the partner wrote since -- in ONE forward pass: the chunks of all rows are
+packed into one [N, hidden] matrix for the projections and MLP (no padding FLOPs); attention reads the row's
+prompt (grouped by prompt, never copied per row) and its completion cache; the last layer runs only at each
+row's newest position, and logits are computed there alone. The idle model does nothing until its next turn.
 
-When a model authors rows R at frontier slot S, it encodes, for each row r in R, slots [cached_r, S) -- its own
-last token plus every token the partner wrote since -- in ONE forward pass: the catch-up chunks of all rows
-are packed into one [N, hidden] matrix for the projections and MLP (no padding FLOPs), attention reads each
-row's cache, and logits are computed only at each row's last position. The idle model does nothing.
-
-The forward reproduces the HF modules op for op (RMSNorm in float32 like HF, the model's own rotary module
-for cos/sin), and `self_check` compares it with the HF forward before first use.
+The forward reproduces the HF modules op for op (RMSNorm in float32 like HF, the model's own rotary module for
+cos/sin); `self_check` compares it with the model's own forward on every code path before first use, and the
+tests check token identity with a lockstep reference that runs the models' own forward.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 
 SUPPORTED_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+MERGE_C = 8  # catch-up chunks up to this long share one attention call with the one-token rows
 COMPACT_AT = 0.75  # drop finished rows from a cache once a quarter of its rows are finished
 
 
@@ -67,7 +69,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def _group_rows(u_R: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Rank of each row among the rows sharing its prompt (u_R), and the largest group size."""
+    """Slot of each row in a [prompt, rank-within-prompt] grid (flattened: u * mx + rank), and mx, the largest
+    number of rows sharing one prompt."""
     R = u_R.numel()
     u_sorted, order = torch.sort(u_R, stable=True)
     _, counts = torch.unique_consecutive(u_sorted, return_counts=True)
@@ -75,14 +78,15 @@ def _group_rows(u_R: torch.Tensor) -> tuple[torch.Tensor, int]:
     j_sorted = torch.arange(R, device=u_R.device) - torch.repeat_interleave(starts, counts)
     j_R = torch.empty_like(j_sorted)
     j_R[order] = j_sorted
-    return j_R, int(counts.max())
+    mx = int(counts.max())
+    return u_R * mx + j_R, mx
 
 
 class FastDecoder:
     """One model's KV caches for a batch and the catch-up forward (see the module docstring).
 
     Two caches per layer, so that the rows of a GRPO group share their prompt's keys and values:
-    - prompt cache  `pk/pv[l]`: [U, Hkv, Pm, D], one row per distinct prompt, slots [0, Pm) with Pm = p_max - 1
+    - prompt cache  `pk/pv[l]`: [Hkv, U, Pm, D], one row per distinct prompt, slots [0, Pm) with Pm = p_max - 1
       (every prompt token but the last, left-padded; `pbias_US` is -inf on pad slots);
     - completion cache `ck/cv[l]`: [P, Hkv, T, D], one row per live batch row, slot s at index s - Pm (the last
       prompt token, then the completion).
@@ -145,8 +149,9 @@ class FastDecoder:
         # zeros, not empty: masked slots get probability 0, but 0 * uninitialised memory can be NaN
         self.ck = [torch.zeros(B, G, self.T, D, dtype=self.dtype, device=dev) for _ in range(n_layers)]
         self.cv = [torch.zeros(B, G, self.T, D, dtype=self.dtype, device=dev) for _ in range(n_layers)]
-        self.pk = [torch.zeros(U, G, Pm, D, dtype=self.dtype, device=dev) for _ in range(n_layers)]
-        self.pv = [torch.zeros(U, G, Pm, D, dtype=self.dtype, device=dev) for _ in range(n_layers)]
+        # kv-head-major, so that [G * U, Pm, D] is a view for the grouped matmuls of `_attn`
+        self.pk = [torch.zeros(G, U, Pm, D, dtype=self.dtype, device=dev) for _ in range(n_layers)]
+        self.pv = [torch.zeros(G, U, Pm, D, dtype=self.dtype, device=dev) for _ in range(n_layers)]
         if U:
             off_U = off_B[first_U]
             self.pbias_US = torch.zeros(U, Pm, dtype=self.dtype, device=dev).masked_fill(
@@ -207,12 +212,13 @@ class FastDecoder:
         h = m.embed_tokens(ids).view(U * Pm, -1)
         for li, layer in enumerate(m.layers):
             q, k, v = self._layer_qkv(layer, h, cos, sin)
-            self.pk[li].copy_(k.view(U, Pm, self.n_kv, D).transpose(1, 2))
-            self.pv[li].copy_(v.view(U, Pm, self.n_kv, D).transpose(1, 2))
+            self.pk[li].copy_(k.view(U, Pm, self.n_kv, D).permute(2, 0, 1, 3))
+            self.pv[li].copy_(v.view(U, Pm, self.n_kv, D).permute(2, 0, 1, 3))
             if li == len(m.layers) - 1:
                 break  # the last layer's output feeds no cache
-            o = F.scaled_dot_product_attention(q.view(U, Pm, H, D).transpose(1, 2), self.pk[li], self.pv[li],
-                                               attn_mask=mask, scale=self.scale, enable_gqa=H != self.n_kv)
+            o = F.scaled_dot_product_attention(q.view(U, Pm, H, D).transpose(1, 2), self.pk[li].transpose(0, 1),
+                                               self.pv[li].transpose(0, 1), attn_mask=mask, scale=self.scale,
+                                               enable_gqa=H != self.n_kv)
             h = self._layer_rest(layer, h, o.transpose(1, 2).reshape(U * Pm, H * D))
 
     # ---------------------------------------------------------------------------------------------
@@ -230,7 +236,7 @@ class FastDecoder:
         G, Hg = self.n_kv, self.n_heads // self.n_kv
         ck, cv = self.ck[li][:, :, :tq], self.cv[li][:, :, :tq]
         if phys_R is not None:
-            ck, cv = ck[phys_R], cv[phys_R]
+            ck, cv = ck.index_select(0, phys_R), cv.index_select(0, phys_R)
         q_RGCHD = q_RCHD.view(R, C, G, Hg, D).permute(0, 2, 1, 3, 4)
         sc = torch.bmm(q_RGCHD.reshape(R * G, C * Hg, D), ck.reshape(R * G, tq, D).transpose(1, 2))
         sc = sc.view(R, G, C, Hg, tq) * self.scale
@@ -239,25 +245,23 @@ class FastDecoder:
             future_CT = torch.arange(tq, device=self.device)[None, :] > q_idx[:, None]
             sc = sc.masked_fill(future_CT[None, None, :, None, :], float("-inf"))
         if self.U:
-            j_R, mx = grp
-            U, Pm = self.U, self.Pm
-            q6 = q_RCHD.new_zeros((U, mx, G, C, Hg, D))
-            q6[u_R, j_R] = q_RGCHD
-            sp = torch.bmm(q6.permute(0, 2, 1, 3, 4, 5).reshape(U * G, mx * C * Hg, D),
-                           self.pk[li].view(U * G, Pm, D).transpose(1, 2))
-            sp = sp.view(U, G, mx, C, Hg, Pm).permute(0, 2, 1, 3, 4, 5)[u_R, j_R]      # [R, G, C, Hg, Pm]
-            sp = sp * self.scale + self.pbias_US[u_R][:, None, None, None, :]
+            idx_R, mx = grp
+            U, Pm, X = self.U, self.Pm, C * Hg
+            q_GRX = q_RGCHD.permute(1, 0, 2, 3, 4).reshape(G, R, X * D)
+            q_GUX = q_GRX.new_zeros((G, U * mx, X * D)).index_copy_(1, idx_R, q_GRX)
+            sp = torch.bmm(q_GUX.view(G * U, mx * X, D), self.pk[li].view(G * U, Pm, D).transpose(1, 2))
+            sp = sp.view(G, U * mx, X * Pm).index_select(1, idx_R).view(G, R, C, Hg, Pm).permute(1, 0, 2, 3, 4)
+            sp = sp * self.scale + self.pbias_US.index_select(0, u_R)[:, None, None, None, :]
             probs = torch.softmax(torch.cat((sp, sc), dim=-1), dim=-1)
             pc = probs[..., Pm:]
         else:
             probs = pc = torch.softmax(sc, dim=-1)
         out = torch.bmm(pc.reshape(R * G, C * Hg, tq), cv.reshape(R * G, tq, D)).view(R, G, C, Hg, D)
         if self.U:
-            pp6 = probs.new_zeros((U, mx, G, C, Hg, Pm))
-            pp6[u_R, j_R] = probs[..., :Pm]
-            op = torch.bmm(pp6.permute(0, 2, 1, 3, 4, 5).reshape(U * G, mx * C * Hg, Pm),
-                           self.pv[li].view(U * G, Pm, D))
-            out = out + op.view(U, G, mx, C, Hg, D).permute(0, 2, 1, 3, 4, 5)[u_R, j_R]
+            p_GRX = probs[..., :Pm].permute(1, 0, 2, 3, 4).reshape(G, R, X * Pm)
+            p_GUX = p_GRX.new_zeros((G, U * mx, X * Pm)).index_copy_(1, idx_R, p_GRX)
+            op = torch.bmm(p_GUX.view(G * U, mx * X, Pm), self.pv[li].view(G * U, Pm, D))
+            out = out + op.view(G, U * mx, X * D).index_select(1, idx_R).view(G, R, C, Hg, D).permute(1, 0, 2, 3, 4)
         return out.permute(0, 2, 1, 3, 4).reshape(R, C, H * D)
 
     def catch_up(self, hist_BS: torch.Tensor, rows_R: torch.Tensor, slot: int) -> torch.Tensor:
@@ -293,6 +297,8 @@ class FastDecoder:
             ch_real = ch_grid >= 0
             ch_src, ch_dst = ch_grid.clamp(min=0), ch_grid[ch_real]
             ch_grp = _group_rows(u_R[ch_loc]) if self.U else None
+            all_real = grid_RC >= 0
+            all_src = grid_RC.clamp(min=0)
         ids_N = hist_BS[rows_N.to(hist_BS.device), slots_N.to(hist_BS.device)].to(dev)
         pos_N = slots_N - self.off_P[phys_N]
         cos_N1D, sin_N1D = self.cos_SD[pos_N][:, None, :], self.sin_SD[pos_N][:, None, :]
@@ -314,10 +320,14 @@ class FastDecoder:
                 if C > 1:
                     q, h_N = q[last_R], h_N[last_R]
                 attn = self._attn(q[:, None], all_phys, u_R, grp, li, tq)[:, 0]
+            elif C <= MERGE_C:
+                # short chunks: every row in one call, one-token rows padded to C queries (fewer small ops)
+                attn = self._attn(q[all_src], all_phys, u_R, grp, li, tq)[all_real]
             else:
                 attn = torch.empty(N, H * D, dtype=q.dtype, device=dev)
                 if dec_loc.numel():
-                    attn[dec_q] = self._attn(q[dec_q][:, None], phys_R[dec_loc], u_R[dec_loc], dec_grp, li, tq)[:, 0]
+                    attn[dec_q] = self._attn(q[dec_q][:, None], phys_R[dec_loc], u_R[dec_loc], dec_grp, li,
+                                             tq)[:, 0]
                 o = self._attn(q[ch_src], phys_R[ch_loc], u_R[ch_loc], ch_grp, li, tq)  # [Rc, C, H*D]
                 attn[ch_dst] = o[ch_real]
             h_N = self._layer_rest(layer, h_N, attn)
