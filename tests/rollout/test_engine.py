@@ -59,6 +59,25 @@ def test_catch_up_is_token_identical_to_lockstep(tok, steered, schedule, sp):
         assert fast.owner[b] == want[:len(ids)]
 
 
+def test_long_catch_ups_are_token_identical(tok, pair64):
+    """Random models rarely start words: runs are long, so catch-up chunks exceed MERGE_C (the split path)."""
+    s, j = pair64
+    eng = TandemEngine(s, j, tok)
+    prompts = toy.prompts(tok, 8, seed=9)
+    sp = SamplingParams(max_new_tokens=80)
+    fast = eng.generate(prompts, "word", sp, seed=4, max_gap_tokens=12)
+    ref = _lockstep(eng, prompts, "word", sp, 4, max_gap_tokens=12)
+    assert fast.completion_ids == ref.completion_ids and fast.owner == ref.owner
+
+    def runs(o):
+        out, n = [], 1
+        for a, b in zip(o, o[1:]):
+            n = n + 1 if a == b else (out.append(n) or 1)
+        return out  # completed runs only (each followed by a handoff)
+
+    assert max(r for o in fast.owner for r in runs(o)) > hf_backend.MERGE_C
+
+
 def test_fast_lockstep_kernel_and_fallback_agree(tok, steered):
     s, j = steered
     prompts = toy.prompts(tok, 5, seed=4)

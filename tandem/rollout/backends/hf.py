@@ -46,6 +46,8 @@ def unsupported_reason(model: Any) -> str | None:
         return f"layer types {sorted(set(layer_types))} include sliding-window attention"
     if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
         return "sliding-window attention is enabled"
+    if mtype == "mistral" and getattr(cfg, "sliding_window", None):
+        return "Mistral with a sliding window"
     rope_type = getattr(getattr(inner, "rotary_emb", None), "rope_type", None)
     if rope_type not in STATIC_ROPE:
         return f"rope type {rope_type!r} depends on the sequence length"
@@ -104,7 +106,7 @@ class FastDecoder:
         attn0 = model.model.layers[0].self_attn
         self.head_dim = attn0.head_dim
         self.n_heads = cfg.num_attention_heads
-        self.n_kv = cfg.num_key_value_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.scale = float(attn0.scaling)
         self.pk: list[torch.Tensor] = []
         self.pv: list[torch.Tensor] = []
@@ -136,8 +138,7 @@ class FastDecoder:
         else:
             inv_B, U, first_U = torch.zeros(B, dtype=torch.int64, device=dev), 0, None
         self.U = U
-        self.u_B = inv_B               # prompt of each logical row
-        self.u_P = inv_B.clone()       # prompt of each physical completion row
+        self.u_B = inv_B  # distinct prompt of each row
         self.phys_B = torch.arange(B, device=dev)
         self.n_phys = B
         self.off_P = off_B.clone()
@@ -169,7 +170,7 @@ class FastDecoder:
             return
         self.ck = [c[src_P] for c in self.ck]
         self.cv = [c[src_P] for c in self.cv]
-        self.off_P, self.u_P = self.off_P[src_P], self.u_P[src_P]
+        self.off_P = self.off_P[src_P]
         self.n_phys = int(src_P.numel())
         self.phys_B = torch.full_like(self.phys_B, -1)
         self.phys_B[keep_B] = torch.arange(self.n_phys, device=self.device)
@@ -341,13 +342,13 @@ def self_check(model: Any, atol: float | None = None) -> None:
     """Compare `FastDecoder` with the model's own forward on a short ragged batch; raise if they differ.
 
     Covers every code path: deduplicated prompt prefill (rows 0 and 2 share a prompt), left padding (row 1),
-    a whole-batch decode, a decode on a subset, a round mixing a multi-token catch-up with a one-token row,
-    and a decode after compaction. Cheap: a few forwards over a dozen tokens.
+    a whole-batch decode, a decode on a subset, rounds mixing short and long (> MERGE_C) catch-ups with
+    one-token rows, and decodes after compaction. Cheap: a few dozen forwards over at most 20 tokens.
     """
     p = next(model.parameters())
     V = int(model.config.vocab_size)
     gen = torch.Generator().manual_seed(1234)
-    lens, n_new = [5, 3, 5], 7
+    lens, n_new = [5, 3, 5], 15
     p_max, total = max(lens), max(lens) + n_new
     hist = torch.zeros(3, total, dtype=torch.int64)
     off = torch.tensor([p_max - n for n in lens])
@@ -364,6 +365,7 @@ def self_check(model: Any, atol: float | None = None) -> None:
             dec.start(hist, off, p_max)
             plan = [([0, 1, 2], p_max), ([1], p_max + 1), ([1], p_max + 2), ([0, 1], p_max + 3),
                     ([0, 1, 2], p_max + 4), (None, None), ([0, 1], p_max + 5)]
+            plan += [([1], p_max + i) for i in range(6, 15)] + [([0, 1], p_max + 15)]  # a chunk > MERGE_C
             for rows, slot in plan:
                 if rows is None:
                     dec.compact(torch.tensor([True, True, False]))
