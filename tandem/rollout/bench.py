@@ -63,13 +63,17 @@ def _prompts(tok: Any, n: int, seed: int) -> list[list[int]]:
     return [tok(render_prompt(user_message(p.problem), tok), add_special_tokens=False)["input_ids"] for p in probs]
 
 
-def _timed(fn, repeats: int) -> tuple[float, Any]:
-    best, out = float("inf"), None
+def _timed(fns: dict[str, Any], repeats: int) -> dict[str, tuple[float, Any]]:
+    """Best wall time and last result of each function; the functions take turns within every repeat, so a
+    change of load on a shared machine hits them alike."""
+    best: dict[str, tuple[float, Any]] = {k: (float("inf"), None) for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            out = fn()
+            dt = time.perf_counter() - t0
+            best[k] = (min(best[k][0], dt), out)
+    return best
 
 
 def _hf_generate(model: Any, tok: Any, prompts: list[list[int]], max_new: int, temperature: float, seed: int):
@@ -92,7 +96,7 @@ def _hf_generate(model: Any, tok: Any, prompts: list[list[int]], max_new: int, t
 
 
 def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: int = 8,
-                  max_new_tokens: int = 128, temperature: float = 1.0, seed: int = 0, repeats: int = 2,
+                  max_new_tokens: int = 128, temperature: float = 1.0, seed: int = 0, repeats: int = 3,
                   num_threads: int | None = 1, include_generate: bool = True,
                   include_lockstep_hf: bool = True, latency_bound: bool = True) -> dict:
     """Tokens/s of solo, tandem (word), lockstep and `model.generate`, their ratios, and schedule diagnostics.
@@ -100,7 +104,8 @@ def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: i
     `model_dir` None uses models/base when it exists, else a random tiny Qwen3 (said in `model`).
     `num_threads` sets torch's intra-op threads for the measurement (restored after; None keeps torch's
     setting). One is the default: tiny models gain nothing from more, and on a shared machine two threads per
-    op were measured up to 10x slower. Each timing is the best of `repeats` runs after one warm-up.
+    op were measured up to 40x slower. Each timing is the best of `repeats` runs after one warm-up, the
+    measured functions taking turns within each repeat.
     """
     t_start = time.perf_counter()
     old_threads = torch.get_num_threads()
@@ -130,18 +135,19 @@ def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: i
         res: dict[str, Any] = {"model": desc, "rows": len(prompts), "max_new_tokens": max_new_tokens,
                                "threads": torch.get_num_threads(),
                                "kernel": "catch-up" if engine.fast else "lockstep-fallback"}
-        t_solo, b_solo = _timed(solo, repeats)
-        t_tan, b_tan = _timed(tandem, repeats)
-        t_lock, b_lock = _timed(lockstep, repeats)
+        fns: dict[str, Any] = {"solo": solo, "tandem": tandem, "lockstep": lockstep}
+        if include_generate:
+            fns["generate"] = lambda: _hf_generate(model, tok, prompts, max_new_tokens, temperature, seed)
+        runs = _timed(fns, repeats)
+        (t_solo, b_solo), (t_tan, b_tan), (t_lock, b_lock) = runs["solo"], runs["tandem"], runs["lockstep"]
         res["solo_tok_s"] = b_solo.stats()["tokens"] / t_solo
         res["tandem_tok_s"] = b_tan.stats()["tokens"] / t_tan
         res["lockstep_tok_s"] = b_lock.stats()["tokens"] / t_lock
         if include_lockstep_hf:
-            t_lhf, b_lhf = _timed(lambda: lockstep(forward="hf"), 1)
+            t_lhf, b_lhf = _timed({"hf": lambda: lockstep(forward="hf")}, 1)["hf"]
             res["lockstep_hf_tok_s"] = b_lhf.stats()["tokens"] / t_lhf
         if include_generate:
-            t_gen, n_gen = _timed(lambda: _hf_generate(model, tok, prompts, max_new_tokens, temperature, seed),
-                                  repeats)
+            t_gen, n_gen = runs["generate"]
             res["generate_tok_s"] = n_gen / t_gen
         res["tandem_over_solo"] = res["tandem_tok_s"] / res["solo_tok_s"]
         res["tandem_over_lockstep"] = res["tandem_tok_s"] / res["lockstep_tok_s"]
@@ -156,9 +162,9 @@ def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: i
                     "tandem_equals_lockstep": b_tan.completion_ids == b_lock.completion_ids})
         if latency_bound:
             one = prompts[:1]
-            t1s, o1s = _timed(lambda: solo(one), repeats)
-            t1t, o1t = _timed(lambda: tandem(one), repeats)
-            t1l, o1l = _timed(lambda: lockstep(one), repeats)
+            b1 = _timed({"solo": lambda: solo(one), "tandem": lambda: tandem(one),
+                         "lockstep": lambda: lockstep(one)}, repeats)
+            (t1s, o1s), (t1t, o1t), (t1l, o1l) = b1["solo"], b1["tandem"], b1["lockstep"]
             res["solo_tok_s_b1"] = o1s.stats()["tokens"] / t1s
             res["tandem_tok_s_b1"] = o1t.stats()["tokens"] / t1t
             res["lockstep_tok_s_b1"] = o1l.stats()["tokens"] / t1l

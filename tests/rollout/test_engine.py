@@ -222,8 +222,8 @@ def test_cpu_threads_apply_during_generation_only(tok, pair64, prompts, monkeypa
     seen = []
     real = core.sample_rows
     monkeypatch.setattr(core, "sample_rows", lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
-    torch.set_num_threads(2)
     eng = TandemEngine(s, j, tok, cpu_threads=1)
+    torch.set_num_threads(2)  # the autouse fixture restores its own setting afterwards
     eng.generate(prompts[:2], "word", SamplingParams(max_new_tokens=3), seed=0)
     assert seen and set(seen) == {1} and torch.get_num_threads() == 2
 
