@@ -126,6 +126,7 @@ class ModelConfig(_Section):
     eval_samples: int = _f(1, "samples per problem for the sampled (temperature 1) accuracy in metrics/base.json")
     eval_max_new_tokens: int = _f(160, "token budget of base-model evaluation generations")
     eval_batch_size: int = _f(100, "prompts generated together when evaluating the base")
+    cpu_threads: int = _f(1, "torch CPU threads while building and evaluating the base (0 = torch default); one thread is steadiest on a shared 2-core machine")
     pretrain_warmup: float = _f(0.05, "tiny: fraction of pretraining spent on linear warmup before cosine decay")
     curve_points: int = _f(6, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)")
     curve_problems: int = _f(20, "tiny: problems per benchmark in each learning-curve evaluation")
@@ -138,6 +139,7 @@ class ModelConfig(_Section):
             _rule(p, getattr(self, k) > 0, f"model.{k}", getattr(self, k), "must be > 0")
         _rule(p, self.pretrain_lr > 0, "model.pretrain_lr", self.pretrain_lr, "must be > 0")
         _rule(p, 0 <= self.pretrain_warmup < 1, "model.pretrain_warmup", self.pretrain_warmup, "must lie in [0, 1)")
+        _rule(p, self.cpu_threads >= 0, "model.cpu_threads", self.cpu_threads, "must be >= 0 (0 = torch default)")
         _rule(p, self.curve_points >= 0, "model.curve_points", self.curve_points, "must be >= 0 (0 = off)")
         _rule(p, self.pretrain_max_seconds >= 0, "model.pretrain_max_seconds", self.pretrain_max_seconds, "must be >= 0")
         _rule(p, self.num_heads > 0 and self.hidden_size % max(self.num_heads, 1) == 0, "model.hidden_size",
@@ -214,6 +216,7 @@ class TrainConfig(_Section):
     val_problems: int = _f(64, "validation rows used by the in-training accuracy (0 = all)")
     score_timeout: float = _f(5.0, "seconds allowed to score one completion before it counts as wrong")
     score_workers: int = _f(1, "processes that score completions with math-verify (plain integers skip them)")
+    cpu_threads: int = _f(0, "torch CPU threads while training (0 = torch's default; 1 is steadiest on a busy CPU)")
 
     def problems(self) -> list[str]:
         p: list[str] = []
@@ -223,6 +226,7 @@ class TrainConfig(_Section):
         _rule(p, self.val_problems >= 0, "train.val_problems", self.val_problems, "must be >= 0 (0 = all)")
         _rule(p, self.score_timeout > 0, "train.score_timeout", self.score_timeout, "must be > 0")
         _rule(p, self.score_workers >= 1, "train.score_workers", self.score_workers, "must be >= 1")
+        _rule(p, self.cpu_threads >= 0, "train.cpu_threads", self.cpu_threads, "must be >= 0 (0 = torch default)")
         _rule(p, "kl_reg" not in self.arms or self.kl_beta > 0, "train.kl_beta", self.kl_beta,
               "must be > 0 when train.arms includes kl_reg (it is GRPO plus the KL penalty)")
         bad = [a for a in self.arms if a not in ARMS]

@@ -81,7 +81,7 @@ def arm_spec(arm: str, train: TrainConfig, rollout: RolloutConfig) -> ArmSpec:
 def run_fingerprint(spec: ArmSpec, train: TrainConfig, rollout: RolloutConfig, seed: int, base_hash: str) -> str:
     """Hash of every setting that changes the trajectory: a checkpoint resumes only a run with the same one."""
     skip = {"arms", "save_every", "resume", "report_to", "wandb_mode", "wandb_project", "val_every",
-            "val_problems", "score_workers"}
+            "val_problems", "score_workers", "score_timeout", "cpu_threads"}
     t = {k: v for k, v in asdict(train).items() if k not in skip}
     r = {k: getattr(rollout, k) for k in ("p_senior", "max_gap_tokens", "max_rounds")}
     blob = json.dumps({"arm": asdict(spec), "train": t, "rollout": r, "seed": seed, "base": base_hash},
@@ -389,16 +389,21 @@ class ProgressBar(TrainerCallback):
             self.bar = None
 
 
-def _fsync_tree(path: Path) -> None:
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
+def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    # Data on disk before the rename publishes it: a power cut must not leave a named but empty checkpoint.
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(path)
 
 
 def commit_dir(staging: Path, final: Path) -> None:
@@ -409,6 +414,7 @@ def commit_dir(staging: Path, final: Path) -> None:
         old = final.with_name(f".old-{final.name}-{os.getpid()}")
         os.replace(final, old)
     os.replace(staging, final)
+    _fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -506,7 +512,7 @@ class ArmResult:
 
 
 def grpo_config(spec: ArmSpec, train: TrainConfig, out_dir: Path, seed: int, report_to: str,
-                run_name: str, use_vllm: bool = False, bf16: bool = False):
+                run_name: str, bf16: bool = False):
     """trl's GRPOConfig for one arm: one optimizer step per rollout batch of prompts_per_step x group_size."""
     from trl import GRPOConfig
 
@@ -521,7 +527,7 @@ def grpo_config(spec: ArmSpec, train: TrainConfig, out_dir: Path, seed: int, rep
         epsilon=train.clip_epsilon, beta=spec.beta, loss_type=train.loss_type, scale_rewards="group",
         temperature=train.temperature, top_p=1.0, top_k=0, max_completion_length=train.max_new_tokens,
         num_iterations=1, disable_dropout=True, entropy_coef=0.0, mask_truncated_completions=False,
-        use_vllm=use_vllm, vllm_mode="colocate",
+        use_vllm=False,  # the engine generates (its vllm backend holds its own synced copy of the senior)
         logging_steps=1, save_strategy="steps", save_steps=train.save_every, save_total_limit=None,
         report_to=[] if report_to == "none" else [report_to], disable_tqdm=True,
         dataloader_num_workers=0, remove_unused_columns=False, shuffle_dataset=True,
@@ -539,7 +545,7 @@ def train_arm(arm: str, senior, junior, tokenizer, train_rows: Sequence[dict], t
     `train_rows` are prepared rows (id, answer, prompt = the user message). Checkpoints land in
     `arm_dir/step-<N>/`; with `train.resume == "auto"` the run continues from the last complete checkpoint of
     the same run (same fingerprint), and checkpoints of a different run are removed first. `engine`
-    defaults to `TandemEngine(senior, junior, tokenizer, backend=rollout.backend)`. `stop_after` ends the
+    defaults to `make_engine(senior, junior, tokenizer, rollout)`. `stop_after` ends the
     run after that many steps of this call (benchmarks).
     """
     if not train_rows:
@@ -548,7 +554,19 @@ def train_arm(arm: str, senior, junior, tokenizer, train_rows: Sequence[dict], t
     if missing:
         raise ValueError(f"training rows lack {missing}: expected prepared rows (id, problem, answer, prompt)")
     spec = arm_spec(arm, train, rollout)
-    arm_dir = Path(arm_dir)
+    threads = torch.get_num_threads()
+    if train.cpu_threads > 0:
+        # Tiny models gain nothing from a second thread, and OpenMP threads spin badly on an oversubscribed CPU
+        torch.set_num_threads(train.cpu_threads)
+    try:
+        return _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout, Path(arm_dir), seed,
+                          val_rows, report_to, engine, score_fn, progress, stop_after)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout, arm_dir, seed, val_rows,
+               report_to, engine, score_fn, progress, stop_after) -> ArmResult:
     arm_dir.mkdir(parents=True, exist_ok=True)
     shared = {p.data_ptr() for p in senior.parameters()} & {p.data_ptr() for p in junior.parameters()}
     if shared:
@@ -597,10 +615,6 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
 
     from tandem.data.prompts import render_prompt
 
-    if engine is None:
-        from tandem.rollout.engine import TandemEngine
-
-        engine = TandemEngine(senior, junior, tokenizer, backend=rollout.backend)
     stats = StepStats()
     ds = Dataset.from_list([{"prompt": render_prompt(r["prompt"], tokenizer), "answer": str(r["answer"]),
                              "id": str(r.get("id", i))} for i, r in enumerate(train_rows)])
@@ -619,7 +633,6 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
     if stop_after is not None:
         callbacks.append(_StopAfter(stop_after))
     args = grpo_config(spec, train, arm_dir, seed, report_to, run_name=spec.name,
-                       use_vllm=rollout.backend == "vllm",
                        bf16=torch.cuda.is_available() and senior.dtype == torch.bfloat16)
     state0 = {"arm": spec.name, "fingerprint": fingerprint, "junior_hash": guard.before, "seed": seed,
               "prompts_per_step": train.prompts_per_step, "group_size": spec.group_size,
@@ -630,6 +643,8 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
     for cb in (ProgressCallback, PrinterCallback):  # one compact bar (ProgressBar) instead of a dict per step
         trainer.remove_callback(cb)
     junior.to(trainer.args.device)  # trl placed the senior; the junior decodes next to it
+    if engine is None:  # built after trl moved the senior, so the engine sees both models on their device
+        rollout_fn.engine = make_engine(senior, junior, tokenizer, rollout)
     if trainer.ref_model is not None and weights_hash(trainer.ref_model) != guard.before:
         # trl loads the KL reference from the senior's own path: it must be the base the junior copies
         raise RuntimeError("the kl_reg reference model differs from the frozen base: load the senior from the "
@@ -652,6 +667,22 @@ def _wipe(arm_dir: Path) -> list[str]:
     for p in arm_dir.iterdir() if arm_dir.is_dir() else []:
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     return removed
+
+
+def make_engine(senior, junior, tokenizer, rollout: RolloutConfig):
+    """The rollout engine of training, configured from the `rollout` section.
+
+    With the `vllm` backend the engine keeps its own vLLM copies of both models and copies the live senior's
+    weights into its engine before each call, so trl's own vLLM (`use_vllm`) stays off.
+    """
+    from tandem.rollout.engine import TandemEngine
+
+    vllm_options = None
+    if rollout.backend == "vllm":
+        vllm_options = {"lookahead": rollout.vllm_lookahead, "gpu_memory_utilization": rollout.vllm_gpu_memory}
+    return TandemEngine(senior, junior, tokenizer, backend=rollout.backend,
+                        device=next(senior.parameters()).device, cpu_threads=rollout.cpu_threads or None,
+                        vllm_options=vllm_options)
 
 
 def sampling_params(train: TrainConfig):

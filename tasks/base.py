@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from tandem.config import Params
@@ -184,6 +185,21 @@ def _evaluate(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]])
     return out
 
 
+@contextmanager
+def _torch_threads(n: int):
+    """Run the block with `n` torch CPU threads (0: leave as is). Two threads on two busy cores are several
+    times slower than one: the OpenMP workers wait on each other."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """Build or fetch the base into models/base, evaluate it, write metrics/base.json; returns the metrics."""
     t0 = time.perf_counter()
@@ -192,17 +208,18 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     mc = params.model
     eval_sets = _eval_sets(Path(inputs["eval"]), mc.eval_problems)
     metrics: dict = {"source": mc.source, "seed": params.seed}
-    with atomic_path(outputs["model"]) as tmp:
-        if mc.source == "tiny":
-            metrics["pretrain"] = _build_tiny(params, Path(inputs["prepared"]), tmp, eval_sets)
-        elif mc.source == "hub":
-            from tandem.models import snapshot_hub
+    with _torch_threads(mc.cpu_threads):
+        with atomic_path(outputs["model"]) as tmp:
+            if mc.source == "tiny":
+                metrics["pretrain"] = _build_tiny(params, Path(inputs["prepared"]), tmp, eval_sets)
+            elif mc.source == "hub":
+                from tandem.models import snapshot_hub
 
-            metrics["snapshot"] = snapshot_hub(mc.hub_id, mc.revision, tmp, mc.trust_remote_code)
-        else:
-            metrics["copied"] = _copy_local(Path(inputs["model_path"]), tmp, mc.trust_remote_code)
-    build_s = time.perf_counter() - t0
-    metrics["accuracy"] = _evaluate(params, Path(outputs["model"]), eval_sets)
+                metrics["snapshot"] = snapshot_hub(mc.hub_id, mc.revision, tmp, mc.trust_remote_code)
+            else:
+                metrics["copied"] = _copy_local(Path(inputs["model_path"]), tmp, mc.trust_remote_code)
+        build_s = time.perf_counter() - t0
+        metrics["accuracy"] = _evaluate(params, Path(outputs["model"]), eval_sets)
     metrics["seconds"] = {"build": round(build_s, 1), "total": round(time.perf_counter() - t0, 1)}
     write_json(outputs["metrics"], metrics)
     acc = metrics["accuracy"]

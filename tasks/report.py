@@ -37,7 +37,7 @@ REWARD_COLUMNS = ("reward", "reward_mean", "rewards/mean", "train/reward", "mean
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     L = Layout.of(params)
     inputs = {"eval": L.metrics / "eval.json", "analysis": L.metrics / "analysis.json",
-              "base": L.metrics / "base.json", "train": L.metrics / "train.json", "data": L.metrics / "data.json",
+              "base": L.metrics / "base.json", "data": L.metrics / "data.json",
               "plots": L.plots, "generations": L.generations}
     outputs = {"html": L.reports / "report.html", "markdown": L.reports / "report.md",
                "figures": L.reports / "figures"}
@@ -257,9 +257,10 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
             raise FileNotFoundError(f"report: {inputs[key]} is missing; run the "
                                     f"{'evaluate' if key == 'eval' else 'analyze'} stage first")
     eval_data, analysis = read_json(inputs["eval"]), read_json(inputs["analysis"])
+    # metrics/train_<arm>.json (one per arm, next to the other metrics): arm -> headline numbers
+    train_docs = {arm: _read_optional(Path(inputs["base"]).parent / f"train_{arm}.json") for arm in params.train.arms}
     docs = {"prepare": _read_optional(inputs["data"]), "base": _read_optional(inputs["base"]),
-            "train": _read_optional(inputs["train"]), "evaluate": eval_data, "analyze": analysis}
-    # metrics/train.json: arm -> headline numbers (steps, mean step seconds, ...)
+            "train": {a: d for a, d in train_docs.items() if d}, "evaluate": eval_data, "analyze": analysis}
     train_arms = {arm: v for arm, v in docs["train"].items() if isinstance(v, dict)}
     curves = train_tables(inputs["plots"], list(eval_data.get("arms", {})))
     decision = promotion.decision_for(params, eval_data)

@@ -25,11 +25,10 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     L = Layout.of(params)
     inputs = {"train_data": L.prepared / "train.jsonl", "val_data": L.prepared / "val.jsonl",
               "base_model": L.base_model}
-    outputs: dict[str, Path] = {"checkpoints": L.checkpoints, "runs": L.runs / "wandb",
-                                "metrics": L.metrics / "train.json"}
-    for arm in params.train.arms:
+    outputs: dict[str, Path] = {"checkpoints": L.checkpoints, "runs": L.runs / "wandb"}
+    for arm in params.train.arms:  # dvc.yaml: one stage per arm (train@<arm>) declaring these three
         outputs[f"metrics_{arm}"] = L.metrics / f"train_{arm}.json"
-        outputs[f"plot_{arm}"] = L.plots / f"train_{arm}.csv"
+        outputs[f"plot_{arm}"] = L.plots / "train" / f"{arm}.csv"
     return inputs, outputs
 
 
@@ -94,7 +93,8 @@ KEEP = ("steps", "reward_first", "reward_last", "senior_fraction", "handoffs_per
 
 
 def collect(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
-    """`metrics/train.json`: the headline numbers of every arm, from the per-arm summaries."""
+    """The headline numbers of every arm, from the per-arm summaries (nothing is written: each arm's own
+    `metrics/train_<arm>.json` is its DVC stage's metric)."""
     from tasks.common import read_json
 
     do = {**default_io(params)[1], **(outputs or {})}
@@ -105,7 +105,6 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
             raise FileNotFoundError(f"train: {path} is missing (arm {arm!r} has not been trained)")
         summary = read_json(path)
         out[arm] = {k: summary.get(k) for k in KEEP}
-    write_json(do["metrics"], out)
     return out
 
 

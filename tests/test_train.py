@@ -30,8 +30,12 @@ from train_fixtures import FakeBatch, build_base, engine_module, write_prepared
 # --------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module", autouse=True)
-def _engine_module():
+def _engine_module_and_one_thread():
     engine_module()  # the real engine, or the fake until it lands
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # steady on a shared 2-core machine; these models are too small to gain from more
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -95,10 +95,10 @@ def write_fake_run(root: Path, arms=("tandem", "grpo", "kl_reg"), steps=(0, 10, 
     (root / "metrics" / "eval.json").write_text(json.dumps(ev))
     (root / "metrics" / "analysis.json").write_text(json.dumps(an))
     (root / "metrics" / "base.json").write_text(json.dumps({"seconds": 12.5}))
-    (root / "metrics" / "train.json").write_text(json.dumps({a: {"steps": steps[-1], "step_seconds": 1.5}
-                                                             for a in arms}))
+    (root / "metrics" / "plots" / "train").mkdir(parents=True, exist_ok=True)
     for arm in arms:
-        with open(root / "metrics" / "plots" / f"train_{arm}.csv", "w", newline="") as f:
+        (root / "metrics" / f"train_{arm}.json").write_text(json.dumps({"steps": steps[-1], "step_seconds": 1.5}))
+        with open(root / "metrics" / "plots" / "train" / f"{arm}.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["step", "reward", "reward_std", "loss"])
             for s in range(1, steps[-1] + 1):

@@ -32,10 +32,10 @@ STEPS, SAVE_EVERY = 6, 2
 def _params(out_root: Path) -> Path:
     raw = {
         "seed": 0, "out_root": str(out_root),
-        "rollout": {"max_new_tokens": 12, "batch_size": 8},
+        "rollout": {"max_new_tokens": 12, "batch_size": 8, "cpu_threads": 1},
         "train": {"arms": ["tandem"], "steps": STEPS, "prompts_per_step": 2, "group_size": 4,
                   "max_new_tokens": 12, "save_every": SAVE_EVERY, "learning_rate": 0.01, "warmup_steps": 1,
-                  "kl_rows": 4, "report_to": "wandb", "val_every": 3, "val_problems": 4},
+                  "kl_rows": 4, "report_to": "wandb", "val_every": 3, "val_problems": 4, "cpu_threads": 1},
     }
     path = out_root / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -107,7 +107,7 @@ def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(base_src, tmp_pat
         summaries[root.name] = s
         assert json.loads((root / "metrics" / "train.json").read_text())["tandem"]["checkpoints"] == want
         assert s["steps"] == STEPS and s["junior_unchanged"] and s["loss_finite"] and s["checkpoints"] == want
-        with open(root / "metrics" / "plots" / "train_tandem.csv") as f:
+        with open(root / "metrics" / "plots" / "train" / "tandem.csv") as f:
             table = list(csv.DictReader(f))
         assert [int(r["step"]) for r in table] == list(range(1, STEPS + 1))
         assert all(r["senior_fraction"] and r["time_step"] for r in table)
@@ -129,7 +129,7 @@ def test_default_io_declares_every_arm(tmp_path):
     inputs, outputs = default_io(params)
     assert inputs["base_model"] == tmp_path / "models" / "base"
     assert outputs["metrics_grpo_g16"] == tmp_path / "metrics" / "train_grpo_g16.json"
-    assert outputs["plot_tandem"] == tmp_path / "metrics" / "plots" / "train_tandem.csv"
+    assert outputs["plot_tandem"] == tmp_path / "metrics" / "plots" / "train" / "tandem.csv"
     assert outputs["checkpoints"] == tmp_path / "models" / "checkpoints"
 
 
