@@ -12,7 +12,6 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
 export TRL_EXPERIMENTAL_SILENCE := 1
 export TOKENIZERS_PARALLELISM := false
-export WANDB_MODE ?= offline
 
 .PHONY: run test test-fast setup repro bench lint clean
 

@@ -30,12 +30,12 @@ PARAMS_OPT = typer.Option("params.yaml", "--params", "-p", help="params file (YA
 
 
 def _offline_defaults() -> None:
-    """Tools that phone home stay quiet unless the user asked otherwise."""
+    """Tools that phone home stay quiet unless the user asked otherwise (W&B's mode comes from
+    `train.wandb_mode`, offline by default, unless WANDB_MODE is set)."""
     for key, value in {
         "DVC_NO_ANALYTICS": "1",
         "GX_ANALYTICS_ENABLED": "false",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "WANDB_MODE": "offline",
         "TRL_EXPERIMENTAL_SILENCE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",

@@ -103,12 +103,6 @@ def k3_kl_BT(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor) -> torch.Tensor:
     return torch.exp(d_BT) - d_BT - 1.0
 
 
-def masked_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
-    """Mean of `x` over positions where `mask` is 1 (nan when the mask is empty)."""
-    n = float(mask_BT.sum())
-    return float((x_BT * mask_BT).sum()) / n if n > 0 else float("nan")
-
-
 def zero_variance_fraction(rewards_B: Sequence[float], group_size: int) -> float:
     """Share of prompt groups (consecutive runs of `group_size` rewards) whose rewards are all equal.
 
@@ -699,7 +693,7 @@ def sampling_params(train: TrainConfig):
 # --------------------------------------------------------------------------------------------------
 
 TABLE_COLUMNS = {
-    "step": "step", "reward": "reward", "reward_std": "reward_std", "senior_fraction": "tandem/senior_fraction",
+    "step": "step", "reward_mean": "reward", "reward_std": "reward_std", "senior_fraction": "tandem/senior_fraction",
     "handoffs": "tandem/handoffs", "handoffs_per_100": "tandem/handoffs_per_100",
     "joint_length": "tandem/joint_length", "zero_variance_groups": "tandem/zero_variance_groups",
     "kl_to_base": "tandem/kl_to_base", "trl_kl": "kl", "loss": "loss", "entropy": "entropy",
@@ -742,9 +736,9 @@ def summarize(arm: str, history: Sequence[dict], spec: ArmSpec, train: TrainConf
     return {
         "arm": arm, "schedule": spec.schedule, "group_size": spec.group_size, "beta": spec.beta,
         "steps": len(rows), "steps_planned": train.steps, "prompts_per_step": train.prompts_per_step,
-        "reward_first": _mean([r["reward"] for r in rows[:k]]),
-        "reward_last": _mean([r["reward"] for r in rows[-k:]]),
-        "reward_mean": _mean([r["reward"] for r in rows]),
+        "reward_first": _mean([r["reward_mean"] for r in rows[:k]]),
+        "reward_last": _mean([r["reward_mean"] for r in rows[-k:]]),
+        "reward_mean": _mean([r["reward_mean"] for r in rows]),
         "senior_fraction": _mean([r["senior_fraction"] for r in rows]),
         "handoffs_per_completion": _mean([r["handoffs"] for r in rows]),
         "joint_length": _mean([r["joint_length"] for r in rows]),

@@ -3,9 +3,9 @@
 Each arm trains a fresh copy of the base next to a frozen junior copy (`tandem.train.train_arm`), saving
 `models/checkpoints/<arm>/step-<N>/` every `train.save_every` steps and at the end. With `train.resume: auto`
 a rerun after a crash continues from the last complete checkpoint of the same run. Writes
-`metrics/train_<arm>.json` (summary), `metrics/plots/train_<arm>.csv` (one row per step, for `dvc plots`) and
-`metrics/train.json` (headline numbers of every arm; `collect`). `run_arm` trains one arm (the Prefect flow
-maps it over arms, then calls `collect`).
+`metrics/train_<arm>.json` (summary) and `metrics/plots/train/<arm>.csv` (one row per step, for `dvc plots`).
+`run_arm` trains one arm (dvc.yaml has one stage per arm; the Prefect flow maps it over arms), `collect`
+gathers the headline numbers of every arm.
 W&B goes through trl's `report_to`: mode from `WANDB_MODE` if set, else `train.wandb_mode` (offline by
 default), files under `runs/wandb/`. `python -m tasks.train [params.yaml] [--arm NAME]` runs it directly.
 """

@@ -19,10 +19,10 @@ import torch
 
 from tandem.config import RolloutConfig, TrainConfig
 from tandem.train import (CorrectnessReward, JuniorGuard, StepStats, TandemRollout, arm_spec, build_trainer,
-                          commit_dir, complete_checkpoints, k3_kl_BT, latest_checkpoint, masked_mean,
+                          commit_dir, complete_checkpoints, k3_kl_BT, latest_checkpoint,
                           run_fingerprint, step_rows, token_logprobs_B, train_arm, weights_hash,
                           zero_variance_fraction)
-from train_fixtures import FakeBatch, build_base, engine_module, write_prepared
+from train_fixtures import FakeBatch, build_base, write_prepared
 
 
 # --------------------------------------------------------------------------------------------------
@@ -30,8 +30,7 @@ from train_fixtures import FakeBatch, build_base, engine_module, write_prepared
 # --------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module", autouse=True)
-def _engine_module_and_one_thread():
-    engine_module()  # the real engine, or the fake until it lands
+def _one_thread():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # steady on a shared 2-core machine; these models are too small to gain from more
     yield
@@ -88,10 +87,7 @@ def test_k3_kl_matches_naive_and_is_nonnegative():
     assert (got >= 0).all() and float(k3_kl_BT(logp_BT, logp_BT).abs().max()) == 0.0
 
 
-def test_masked_mean_and_zero_variance_fraction_match_naive():
-    x_BT, m_BT = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), torch.tensor([[1, 0, 1], [0, 0, 1]])
-    assert masked_mean(x_BT, m_BT) == pytest.approx((1 + 3 + 6) / 3)
-    assert math.isnan(masked_mean(x_BT, torch.zeros_like(m_BT)))
+def test_zero_variance_fraction_matches_naive():
     rewards = [1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0]
     naive = sum(len(set(rewards[i:i + 4])) == 1 for i in range(0, 12, 4)) / 3
     assert zero_variance_fraction(rewards, 4) == pytest.approx(naive) == pytest.approx(2 / 3)
@@ -188,7 +184,7 @@ def test_step_rows_keeps_one_row_per_step():
     hist = [{"loss": 0.1, "reward": 0.5, "step": 1}, {"loss": 0.2, "reward": 0.6, "step": 2},
             {"loss": 0.3, "reward": 0.7, "step": 2}, {"train_runtime": 3.0, "step": 2}]
     rows = step_rows(hist)
-    assert [r["step"] for r in rows] == [1, 2] and rows[1]["reward"] == 0.7 and rows[0]["val_accuracy"] is None
+    assert [r["step"] for r in rows] == [1, 2] and rows[1]["reward_mean"] == 0.7 and rows[0]["val_accuracy"] is None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -197,7 +193,8 @@ def test_step_rows_keeps_one_row_per_step():
 
 def test_rollout_func_returns_owner_as_env_mask(base_dir):
     senior, junior, tok = _load(base_dir)
-    em = engine_module()
+    from tandem.rollout import engine as em
+
     comps, owners = [[20, 21, 22], [23, 24], [], [26]], [[1, 0, 1], [0, 0], [], [1]]
     engine = ScriptedEngine(senior, tok, comps, owners, 1.0)
     stats = StepStats()
@@ -337,8 +334,6 @@ def test_junior_tokens_get_exactly_zero_gradient(base_dir, rows, tmp_path):
 def test_a_few_steps_change_the_senior_only(base_dir, rows, tmp_path):
     senior, junior, tok = _load(base_dir)
     before = weights_hash(senior)
-    em = engine_module()
-    engine = em.TandemEngine(senior, junior, tok)
     train = TrainConfig(arms=["tandem"], steps=3, prompts_per_step=2, group_size=4, max_new_tokens=12,
                         save_every=2, report_to="none", learning_rate=1e-2, warmup_steps=0, kl_rows=4,
                         val_every=3, val_problems=4)
@@ -347,7 +342,7 @@ def test_a_few_steps_change_the_senior_only(base_dir, rows, tmp_path):
         return [float(sum(ch.isdigit() for ch in t) >= 2) for t in texts]
 
     res = train_arm("tandem", senior, junior, tok, rows["train"], train, RolloutConfig(max_new_tokens=12),
-                    tmp_path / "tandem", val_rows=rows["val"], engine=engine, score_fn=score, progress=False)
+                    tmp_path / "tandem", val_rows=rows["val"], score_fn=score, progress=False)
     s = res.summary
     assert s["steps"] == 3 and s["loss_finite"] and s["junior_unchanged"]
     assert res.checkpoints == ["step-2", "step-3"]
@@ -370,6 +365,6 @@ def test_a_few_steps_change_the_senior_only(base_dir, rows, tmp_path):
     # Rerunning a finished arm trains nothing and rebuilds the same summary from the last checkpoint.
     senior2, junior2, _ = _load(base_dir)
     again = train_arm("tandem", senior2, junior2, tok, rows["train"], train, RolloutConfig(max_new_tokens=12),
-                      tmp_path / "tandem", engine=engine, score_fn=score, progress=False)
+                      tmp_path / "tandem", score_fn=score, progress=False)
     assert again.summary["resumed_from"] == "step-3" and again.summary["steps"] == 3
     assert again.summary["reward_mean"] == pytest.approx(s["reward_mean"])
