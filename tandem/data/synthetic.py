@@ -60,6 +60,13 @@ def _ops(rng: random.Random, start: int, n_steps: int, max_operand: int, max_val
     return out
 
 
+# Share of verbose reference solutions. Away from one half on purpose: at 50/50 the first solution token
+# (":" for terse, "," for verbose) is a coin flip for the model, so its greedy decoding switched style between
+# neighbouring checkpoints and greedy accuracy jumped by tens of points. A clear majority keeps greedy decoding
+# in one style (the verbose one, which restates the operation and so copies its operand locally), while
+# sampling still shows both styles: a cheap, visible drift axis under RL.
+VERBOSE_SHARE = 0.7
+
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
                 "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
 ORDINALS = ["First", "Second", "Third", "Fourth", "Fifth", "Sixth", "Seventh", "Eighth", "Ninth", "Tenth",
@@ -71,15 +78,22 @@ def _number(k: int) -> str:
     return NUMBER_WORDS[k] if 0 <= k < len(NUMBER_WORDS) else str(k)
 
 
-def _clauses(op: str, k: int, name: str, obj: str) -> tuple[str, str]:
-    """(question clause, verbose restatement) for one operation; operands are written as words."""
+def _clauses(op: str, k: int, obj: str) -> tuple[str, str]:
+    """(question clause, verbose restatement) for one operation; both open with the operand as a word.
+
+    The operand comes right after the ordinal ("Third, five more ..."), so finding it is one induction step
+    (match "Third ," in the question, read the next word); a tiny model learns that early and reliably,
+    which leaves the arithmetic, not the retrieval, to set how good the base gets.
+    """
     if op == "x":
-        verb = {2: "doubles", 3: "triples"}[k]
-        return f"{name} {verb} the {obj}", f"{name} {verb} them"
-    noun = obj[:-1] if k == 1 and obj.endswith("s") else obj
+        verb = {2: "double", 3: "triple"}[k]
+        return f"{verb} the {obj}", f"{verb} them"
+    one = k == 1
+    noun = obj[:-1] if one and obj.endswith("s") else obj
+    be = "is" if one else "are"
     if op == "+":
-        return f"{name} gets {_number(k)} more {noun}", f"{name} gets {_number(k)} more"
-    return f"{name} gives away {_number(k)} {noun}", f"{name} gives away {_number(k)}"
+        return f"{_number(k)} more {noun} {be} found", f"{_number(k)} more {be} found"
+    return f"{_number(k)} {noun} {be} lost", f"{_number(k)} {be} lost"
 
 
 def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_value: int = 40,
@@ -99,15 +113,15 @@ def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_val
     ops = _ops(rng, start, n_steps, max_operand, max_value)
     lines = [f"{name} has {start} {obj}."]
     for i, (op, k, _, _) in enumerate(ops):
-        lines.append(f"{ORDINALS[i]}, {_clauses(op, k, name, obj)[0]}.")
+        lines.append(f"{ORDINALS[i]}, {_clauses(op, k, obj)[0]}.")
     lines.append(f"How many {obj} does {name} have now?")
     problem = "\n".join(lines)
-    style = style or rng.choice(["verbose", "terse"])
+    style = style or ("verbose" if rng.random() < VERBOSE_SHARE else "terse")
     steps = []
     for i, (op, k, before, after) in enumerate(ops):
         eq = f"{before} {op} {k} = {after}"
         if style == "verbose":
-            steps.append(f"{ORDINALS[i]}, {_clauses(op, k, name, obj)[1]}: {eq}")
+            steps.append(f"{ORDINALS[i]}, {_clauses(op, k, obj)[1]}: {eq}")
         else:
             steps.append(f"{ORDINALS[i]}: {eq}")
     answer = str(ops[-1][3])
