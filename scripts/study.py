@@ -10,8 +10,11 @@ Runs execute in parallel (`--jobs`, one torch thread each) and resume: a rerun c
     python scripts/study.py                       # arms tandem grpo, seeds 0 1, 2 jobs
     python scripts/study.py --seeds 0 1 2 --set train.steps=150
 
-Writes `studies/summary.json` and `studies/summary.md` (per run: base accuracy, final and best accuracy, gain;
-per arm: mean gain, seed spread and whether the gain clears the noise).
+After training, every run's final checkpoint and the base are scored on the same validation problems, greedy
+and sampled (`--samples` per problem at `--temperature`, the same sampling seeds for every model, so the
+comparison is paired). RL first sharpens the sampled distribution, so sampled accuracy moves before greedy.
+Writes `studies/summary.json` and `studies/summary.md` (per run: base and final accuracy, gain; per arm: mean
+gain, seed spread, paired standard error and whether the gain clears the noise).
 """
 
 from __future__ import annotations
@@ -81,37 +84,74 @@ def run_one(root: Path, arm: str) -> dict:
     return json.loads(summary.read_text())
 
 
-def tabulate(results: dict[tuple[str, int], dict], n_val: int) -> tuple[dict, str]:
-    runs, per_arm = [], {}
-    for (arm, seed), s in sorted(results.items()):
-        base, last, best = s.get("val_accuracy_initial"), s.get("val_accuracy_last"), s.get("val_accuracy_best")
-        gain = None if base is None or last is None else last - base
-        runs.append({"arm": arm, "seed": seed, "base": base, "final": last, "best": best, "gain": gain,
-                     "reward_first": s.get("reward_first"), "reward_last": s.get("reward_last"),
-                     "steps": s.get("steps"), "step_seconds": s.get("step_seconds")})
+def score_model(model_dir: Path, rows: list[dict], temperature: float, samples: int, max_new_tokens: int) -> dict:
+    """Greedy and sampled per-problem accuracy of one model on `rows` (fixed sampling seed: paired across models)."""
+    import torch
+
+    from tandem.models import accuracy, load_model, load_tokenizer
+
+    torch.set_num_threads(1)
+    model, tok = load_model(model_dir), load_tokenizer(model_dir)
+    msgs, golds = [r["prompt"] for r in rows], [r["answer"] for r in rows]
+    greedy = accuracy(model, tok, msgs, golds, max_new_tokens, temperature=0.0, batch_size=100)
+    sampled = accuracy(model, tok, msgs, golds, max_new_tokens, temperature=temperature, batch_size=100,
+                       seed=1234, n_samples=samples)
+    return {"greedy": greedy["per_problem"], "sampled": sampled["per_problem"]}
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else None
+
+
+def _paired_se(a: list[float], b: list[float]) -> float:
+    d = [y - x for x, y in zip(a, b)]
+    return statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else 0.0
+
+
+def tabulate(base: dict, finals: dict[tuple[str, int], dict], train: dict[tuple[str, int], dict]) -> tuple[dict, str]:
+    """Per run and per arm: accuracy of the base and the final checkpoint, gain, and whether it clears the noise.
+
+    `base` and each `finals` value hold per-problem scores ({"greedy": [...], "sampled": [...]}) on the same
+    problems. A gain is a result when its seed mean exceeds both the seed-to-seed spread of the final accuracy
+    and twice the paired standard error of one run, and no seed lost accuracy.
+    """
+    runs, arms = [], {}
+    for (arm, seed), f in sorted(finals.items()):
+        row = {"arm": arm, "seed": seed}
+        for kind in ("greedy", "sampled"):
+            b, x = _mean(base[kind]), _mean(f[kind])
+            row[kind] = {"base": b, "final": x, "gain": x - b, "paired_se": _paired_se(base[kind], f[kind])}
+        t = train.get((arm, seed), {})
+        row.update(reward_first=t.get("reward_first"), reward_last=t.get("reward_last"), steps=t.get("steps"),
+                   step_seconds=t.get("step_seconds"))
+        runs.append(row)
     for arm in sorted({r["arm"] for r in runs}):
-        gains = [r["gain"] for r in runs if r["arm"] == arm and r["gain"] is not None]
-        finals = [r["final"] for r in runs if r["arm"] == arm and r["final"] is not None]
-        base = next((r["base"] for r in runs if r["arm"] == arm and r["base"] is not None), None)
-        spread = statistics.stdev(finals) if len(finals) > 1 else None
-        # noise: the larger of the seed-to-seed spread and one binomial standard error of a single measurement
-        se = math.sqrt(base * (1 - base) / n_val) if base is not None and n_val else None
-        noise = max(x for x in (spread, se) if x is not None) if (spread or se) else None
-        mean_gain = statistics.mean(gains) if gains else None
-        per_arm[arm] = {"seeds": len(gains), "base": base, "final_mean": statistics.mean(finals) if finals else None,
-                        "gain_mean": mean_gain, "final_seed_std": spread, "binomial_se": se, "noise": noise,
-                        "gain_exceeds_noise": (mean_gain is not None and noise is not None and mean_gain > noise
-                                               and min(gains) > 0)}
-    lines = ["| arm | seed | base | final | best | gain | train reward first -> last |", "|---|---|---|---|---|---|---|"]
+        mine = [r for r in runs if r["arm"] == arm]
+        arms[arm] = {"seeds": len(mine)}
+        for kind in ("greedy", "sampled"):
+            gains = [r[kind]["gain"] for r in mine]
+            spread = statistics.stdev([r[kind]["final"] for r in mine]) if len(mine) > 1 else 0.0
+            se = max(r[kind]["paired_se"] for r in mine)
+            noise = max(spread, 2 * se)
+            arms[arm][kind] = {"base": mine[0][kind]["base"], "final_mean": _mean([r[kind]["final"] for r in mine]),
+                               "gain_mean": _mean(gains), "final_seed_std": spread, "paired_se": se, "noise": noise,
+                               "gain_exceeds_noise": _mean(gains) > noise and min(gains) > 0}
     fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    lines = ["| arm | seed | greedy base -> final (gain) | sampled base -> final (gain) | train reward first -> last |",
+             "|---|---|---|---|---|"]
     for r in runs:
-        lines.append(f"| {r['arm']} | {r['seed']} | {fmt(r['base'])} | {fmt(r['final'])} | {fmt(r['best'])} | "
-                     f"{fmt(r['gain'])} | {fmt(r['reward_first'])} -> {fmt(r['reward_last'])} |")
-    lines += ["", "| arm | seeds | mean gain | seed std of final | binomial SE | gain > noise |", "|---|---|---|---|---|---|"]
-    for arm, a in per_arm.items():
-        lines.append(f"| {arm} | {a['seeds']} | {fmt(a['gain_mean'])} | {fmt(a['final_seed_std'])} | "
-                     f"{fmt(a['binomial_se'])} | {'yes' if a['gain_exceeds_noise'] else 'no'} |")
-    return {"runs": runs, "arms": per_arm, "n_val": n_val}, "\n".join(lines) + "\n"
+        g, s_ = r["greedy"], r["sampled"]
+        lines.append(f"| {r['arm']} | {r['seed']} | {fmt(g['base'])} -> {fmt(g['final'])} ({g['gain']:+.3f}) | "
+                     f"{fmt(s_['base'])} -> {fmt(s_['final'])} ({s_['gain']:+.3f}) | "
+                     f"{fmt(r['reward_first'])} -> {fmt(r['reward_last'])} |")
+    lines += ["", "| arm | seeds | accuracy | mean gain | seed std of final | paired SE | gain > noise |",
+              "|---|---|---|---|---|---|---|"]
+    for arm, a in arms.items():
+        for kind in ("greedy", "sampled"):
+            k = a[kind]
+            lines.append(f"| {arm} | {a['seeds']} | {kind} | {k['gain_mean']:+.3f} | {fmt(k['final_seed_std'])} | "
+                         f"{fmt(k['paired_se'])} | {'yes' if k['gain_exceeds_noise'] else 'no'} |")
+    return {"runs": runs, "arms": arms}, "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,20 +163,36 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="studies", help="directory for the per-seed roots and the summary")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a params key for the study, e.g. train.steps=150 (repeatable)")
+    ap.add_argument("--samples", type=int, default=4, help="sampled generations per validation problem")
+    ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (the paper evaluates at 0.7)")
+    ap.add_argument("--val-problems", type=int, default=0, help="validation problems to score (0 = all)")
+    ap.add_argument("--max-new-tokens", type=int, default=192)
     a = ap.parse_args(argv)
     studies = (ROOT / a.out).resolve()
     roots = {s: prepare_root((ROOT / a.params).resolve(), studies, s, a.set) for s in a.seeds}
     jobs = [(arm, s) for s in a.seeds for arm in a.arms]
     with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
         done = dict(zip(jobs, pool.map(lambda j: run_one(roots[j[1]], j[0]), jobs)))
-    val = roots[a.seeds[0]] / "data" / "prepared" / "val.jsonl"
-    train_cfg = yaml.safe_load((roots[a.seeds[0]] / "params.yaml").read_text())
-    n_val = train_cfg["presets"]["study"].get("train", {}).get("val_problems") or sum(1 for _ in open(val))
-    summary, table = tabulate(done, n_val)
+    from tandem.evaluation import list_checkpoints
+
+    root0 = roots[a.seeds[0]]
+    rows = [json.loads(line) for line in open(root0 / "data" / "prepared" / "val.jsonl")]
+    rows = rows[: a.val_problems or None]
+    score = lambda d: score_model(d, rows, a.temperature, a.samples, a.max_new_tokens)  # noqa: E731
+    print(f"study: scoring the base and {len(done)} final checkpoints on {len(rows)} validation problems", flush=True)
+    with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+        dirs = {j: list_checkpoints(roots[j[1]] / "models" / "checkpoints", j[0], root0 / "models" / "base")[-1].path
+                for j in jobs}
+        base_f = pool.submit(score, root0 / "models" / "base")
+        finals = dict(zip(jobs, pool.map(lambda j: score(dirs[j]), jobs)))
+        base = base_f.result()
+    summary, table = tabulate(base, finals, done)
+    summary["settings"] = {"val_problems": len(rows), "samples": a.samples, "temperature": a.temperature,
+                           "max_new_tokens": a.max_new_tokens, "checkpoints": {f"{k[0]}/seed-{k[1]}": str(v)
+                                                                               for k, v in dirs.items()}}
     (studies / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (studies / "summary.md").write_text(table)
     print(table)
-
 
 if __name__ == "__main__":
     main()

@@ -1,12 +1,13 @@
 """Seeded generator of multi-step arithmetic word problems with `\n\n`-separated steps and `\boxed{}` answers.
 
 A problem starts a person with a small count of objects and applies 2-8 operations (+k, -k, x2, x3) with
-single-digit operands written as words, every intermediate value kept within [0, max_value]. Each operation
-is its own line opened by an ordinal ("Second, Ben gives away three coins."); each solution step opens with
-the same ordinal, then (verbose style) restates the operation, then writes the equation; the last line is
-`\boxed{answer}`. The ordinal keys and number words are what make the task learnable by a ~0.3M-parameter
-model in minutes on a CPU: with unkeyed clauses and digit operands, retrieving the right operand was the
-bottleneck (about half right after 3M tokens). Long problems stay harder because per-step slips compound.
+operands up to `max_operand` written as words, every intermediate value kept within [0, max_value]. Each
+operation is its own line opened by an ordinal and then the operand ("Second, three coins are lost."); each
+solution step opens with the same ordinal, then (verbose style, 70% of solutions) restates the operation,
+then writes the equation; the last line is `\boxed{answer}`. Ordinal keys with the operand right behind them
+make retrieval one induction step, which a ~0.3M-parameter model learns reliably within minutes on a CPU; the
+default two-digit values (`max_value` 99) and operands up to twenty then set how good that model gets, and
+long problems stay harder because per-step slips compound.
 """
 
 from __future__ import annotations

@@ -18,27 +18,40 @@ def _study():
     return mod
 
 
-def _summary(base, last, best=None):
-    return {"val_accuracy_initial": base, "val_accuracy_last": last, "val_accuracy_best": best or last,
-            "reward_first": 0.1, "reward_last": 0.2, "steps": 3, "step_seconds": 1.0}
+def _scores(n_right: int, n: int = 200) -> list[float]:
+    return [1.0] * n_right + [0.0] * (n - n_right)
 
 
-def test_gain_must_exceed_seed_spread_and_binomial_error():
+def _run(greedy_right: int, sampled_right: int) -> dict:
+    return {"greedy": _scores(greedy_right), "sampled": _scores(sampled_right)}
+
+
+TRAIN = {"reward_first": 0.1, "reward_last": 0.2, "steps": 3, "step_seconds": 1.0}
+
+
+def test_gain_must_exceed_seed_spread_and_paired_error():
     study = _study()
-    clear = {("grpo", 0): _summary(0.50, 0.62), ("grpo", 1): _summary(0.50, 0.60)}
-    summary, table = study.tabulate(clear, n_val=200)
+    base = _run(100, 60)
+    clear = {("grpo", 0): _run(100, 90), ("grpo", 1): _run(102, 88)}
+    summary, table = study.tabulate(base, clear, {k: TRAIN for k in clear})
     arm = summary["arms"]["grpo"]
-    assert arm["gain_mean"] == pytest.approx(0.11)
-    assert arm["binomial_se"] == pytest.approx((0.25 / 200) ** 0.5)
-    assert arm["gain_exceeds_noise"] is True
-    assert "| grpo | 0 | 0.500 | 0.620 |" in table
+    assert arm["sampled"]["gain_mean"] == pytest.approx(0.145)
+    assert arm["sampled"]["gain_exceeds_noise"] is True
+    assert arm["greedy"]["gain_exceeds_noise"] is False  # +0.005 is within noise
+    # paired SE of "30 more problems right, none lost" against a naive formula
+    d = [1.0] * 30 + [0.0] * 170
+    mean = sum(d) / 200
+    sd = (sum((x - mean) ** 2 for x in d) / 199) ** 0.5
+    run0 = next(r for r in summary["runs"] if r["seed"] == 0)
+    assert run0["sampled"]["paired_se"] == pytest.approx(sd / 200 ** 0.5)
+    assert "| grpo | 0 | 0.500 -> 0.500 (+0.000) | 0.300 -> 0.450 (+0.150) |" in table
 
     # same mean gain, but one seed lost accuracy: not a result
-    mixed = {("grpo", 0): _summary(0.50, 0.73), ("grpo", 1): _summary(0.50, 0.49)}
-    assert study.tabulate(mixed, n_val=200)[0]["arms"]["grpo"]["gain_exceeds_noise"] is False
-    # a gain smaller than one binomial standard error of a 200-problem measurement is noise
-    tiny = {("grpo", 0): _summary(0.50, 0.52), ("grpo", 1): _summary(0.50, 0.52)}
-    assert study.tabulate(tiny, n_val=200)[0]["arms"]["grpo"]["gain_exceeds_noise"] is False
+    mixed = {("grpo", 0): _run(100, 120), ("grpo", 1): _run(100, 58)}
+    assert study.tabulate(base, mixed, {})[0]["arms"]["grpo"]["sampled"]["gain_exceeds_noise"] is False
+    # a gain below twice the paired standard error is noise
+    tiny = {("grpo", 0): _run(100, 62), ("grpo", 1): _run(100, 62)}
+    assert study.tabulate(base, tiny, {})[0]["arms"]["grpo"]["sampled"]["gain_exceeds_noise"] is False
 
 
 def test_prepare_root_links_base_and_data_and_sets_preset_seed(tmp_path):
