@@ -27,7 +27,8 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -178,17 +179,18 @@ def main(argv: list[str] | None = None) -> None:
     root0 = roots[a.seeds[0]]
     rows = [json.loads(line) for line in open(root0 / "data" / "prepared" / "val.jsonl")]
     rows = rows[: a.val_problems or None]
-    score = lambda d: score_model(d, rows, a.temperature, a.samples, a.max_new_tokens)  # noqa: E731
     print(f"study: scoring the base and {len(done)} final checkpoints on {len(rows)} validation problems", flush=True)
-    with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
-        dirs = {j: list_checkpoints(roots[j[1]] / "models" / "checkpoints", j[0], root0 / "models" / "base")[-1].path
-                for j in jobs}
-        base_f = pool.submit(score, root0 / "models" / "base")
-        finals = dict(zip(jobs, pool.map(lambda j: score(dirs[j]), jobs)))
-        base = base_f.result()
+    dirs = {j: list_checkpoints(roots[j[1]] / "models" / "checkpoints", j[0], root0 / "models" / "base")[-1].path
+            for j in jobs}
+    # processes, not threads: model loading and sampling touch torch's global state (default dtype, RNG)
+    with ProcessPoolExecutor(max_workers=max(1, a.jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
+        args = (rows, a.temperature, a.samples, a.max_new_tokens)
+        base_f = pool.submit(score_model, root0 / "models" / "base", *args)
+        final_f = {j: pool.submit(score_model, dirs[j], *args) for j in jobs}
+        base, finals = base_f.result(), {j: f.result() for j, f in final_f.items()}
     summary, table = tabulate(base, finals, done)
     summary["settings"] = {"val_problems": len(rows), "samples": a.samples, "temperature": a.temperature,
-                           "max_new_tokens": a.max_new_tokens, "checkpoints": {f"{k[0]}/seed-{k[1]}": str(v)
+                           "max_new_tokens": a.max_new_tokens, "checkpoints": {f"{k[0]}/seed-{k[1]}": os.path.relpath(v, ROOT)
                                                                                for k, v in dirs.items()}}
     (studies / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (studies / "summary.md").write_text(table)
