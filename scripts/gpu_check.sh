@@ -4,9 +4,13 @@
 #   1. hf backend on CUDA: the catch-up kernel is token-identical to the lockstep oracle (float64);
 #   2. vLLM: the senior's recorded log-probs match a teacher-forced recomputation log_softmax(logits / T);
 #   3. vLLM vs hf: schedule statistics agree (same schedule code, different sampling noise).
-# The vLLM backend stays "unverified" in the docs until this script has passed on a GPU.
+# Then a few training steps of the `tandem` arm through the real stages (prepare, base, train) on CUDA, once
+# with the hf rollout backend and once with vllm, each checked for the planned steps, a finite loss, a senior
+# token share near one half and an unchanged junior (issue #4's GPU path).
+# The vLLM backend and the CUDA training path stay "unverified" in the docs until this script has passed.
 #
 # Usage: scripts/gpu_check.sh [MODEL_DIR]   (default models/base; a random tiny Qwen3 when it is missing)
+# GPU_CHECK_SKIP_TRAIN=1 skips the training part.
 # Needs: a CUDA GPU and vLLM in the Python environment (PYTHON=..., default .venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -100,3 +104,33 @@ print(json.dumps({"summary": {s: {"hf_tok_s": hf[s][1], "vllm_tok_s": vl[s][1]} 
                   "vllm_tandem_over_solo": vl["word"][1] / vl["solo"][1],
                   "hf_tandem_over_solo": hf["word"][1] / hf["solo"][1]}), flush=True)
 PYEOF
+
+[ "${GPU_CHECK_SKIP_TRAIN:-0}" = 1 ] && exit 0
+# Training on CUDA: the tiny test pipeline, tandem arm only, 3 GRPO steps, per rollout backend.
+for backend in hf vllm; do
+  root=$(mktemp -d)
+  "$PY" - "$root" "$backend" <<'PYEOF'
+import sys, yaml
+root, backend = sys.argv[1], sys.argv[2]
+p = yaml.safe_load(open("tests/flows/tiny_params.yaml"))
+p["out_root"] = root
+p["rollout"]["backend"] = backend
+p["train"].update(arms=["tandem"], steps=3, save_every=3, prompts_per_step=4, group_size=4)
+yaml.safe_dump(p, open(f"{root}/params.yaml", "w"), sort_keys=False)
+PYEOF
+  for stage in prepare base; do "$PY" -m tandem.cli stage "$stage" --params "$root/params.yaml" > "$root/$stage.log" 2>&1; done
+  t0=$(date +%s)
+  "$PY" -m tandem.cli stage train --arm tandem --params "$root/params.yaml" > "$root/train.log" 2>&1 \
+    || { tail -30 "$root/train.log"; echo "{\"check\": \"train tandem on CUDA ($backend)\", \"ok\": false}"; exit 1; }
+  "$PY" - "$root" "$backend" "$(( $(date +%s) - t0 ))" <<'PYEOF'
+import json, math, sys
+root, backend, secs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+m = json.load(open(f"{root}/metrics/train_tandem.json"))
+ok = (m["steps"] == 3 and m["loss_finite"] and 0.3 < m["senior_fraction"] < 0.7
+      and m["junior_hash_before"] == m["junior_hash_after"])
+print(json.dumps({"check": f"train tandem on CUDA ({backend})", "steps": m["steps"], "loss_finite": m["loss_finite"],
+                  "senior_fraction": m["senior_fraction"], "step_seconds": m["step_seconds"], "wall_s": secs,
+                  "ok": ok}), flush=True)
+sys.exit(0 if ok else 1)
+PYEOF
+done
