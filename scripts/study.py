@@ -34,6 +34,10 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a file (python scripts/study.py): make tandem/ and tasks/ importable
+
+from tandem.config import PRESET_SECTIONS  # noqa: E402  (light: no torch)
+from tasks.common import read_jsonl  # noqa: E402
 
 
 def _set(raw: dict, assignment: str) -> None:
@@ -51,13 +55,9 @@ def prepare_root(params_file: Path, studies: Path, seed: int, sets: list[str]) -
     main_root = (params_file.parent / raw.get("out_root", ".")).resolve()
     root = (studies / f"seed-{seed}").resolve()
     raw.update(preset="study", seed=seed, out_root=str(root))
-    for s in sets:  # applied after the preset by putting them into the preset itself
-        key, _, value = s.partition("=")
-        section, _, field = key.partition(".")
-        if section in ("rollout", "train", "evaluate", "analyze", "report") and field:
-            raw["presets"]["study"].setdefault(section, {})[field] = yaml.safe_load(value)
-        else:
-            _set(raw, s)
+    for s in sets:  # keys a preset may set go into the study preset, so they win over it; the rest go top level
+        section = s.partition("=")[0].split(".")[0]
+        _set(raw["presets"]["study"] if section in PRESET_SECTIONS else raw, s)
     for rel in ("data/prepared", "models/base"):
         src, dst = main_root / rel, root / rel
         if not src.exists():
@@ -177,8 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     from tandem.evaluation import list_checkpoints
 
     root0 = roots[a.seeds[0]]
-    rows = [json.loads(line) for line in open(root0 / "data" / "prepared" / "val.jsonl")]
-    rows = rows[: a.val_problems or None]
+    rows = read_jsonl(root0 / "data" / "prepared" / "val.jsonl")[: a.val_problems or None]
     print(f"study: scoring the base and {len(done)} final checkpoints on {len(rows)} validation problems", flush=True)
     dirs = {j: list_checkpoints(roots[j[1]] / "models" / "checkpoints", j[0], root0 / "models" / "base")[-1].path
             for j in jobs}
@@ -195,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     (studies / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (studies / "summary.md").write_text(table)
     print(table)
+
 
 if __name__ == "__main__":
     main()
