@@ -120,7 +120,7 @@ class ModelConfig(_Section):
     pretrain_lr: float = _f(3e-3, "tiny: peak pretraining learning rate")
     pretrain_batch_size: int = _f(32, "tiny: sequences per pretraining step")
     pretrain_steps: int = _f(2000, "tiny: maximum pretraining steps")
-    pretrain_max_seconds: float = _f(240.0, "tiny: wall-clock cap on pretraining (0 = none)")
+    pretrain_max_seconds: float = _f(0.0, "tiny: wall-clock cap on pretraining (0 = none, the default: a cap makes the model depend on machine load)")
     n_pretrain: int = _f(20000, "tiny: synthetic reference solutions generated for pretraining")
     eval_problems: int = _f(100, "validation problems per benchmark for metrics/base.json")
     eval_samples: int = _f(1, "samples per problem for the sampled (temperature 1) accuracy in metrics/base.json")
