@@ -118,9 +118,9 @@ p["rollout"]["backend"] = backend
 p["train"].update(arms=["tandem"], steps=3, save_every=3, prompts_per_step=4, group_size=4)
 yaml.safe_dump(p, open(f"{root}/params.yaml", "w"), sort_keys=False)
 PYEOF
-  for stage in prepare base; do "$PY" -m tandem.cli stage "$stage" --params "$root/params.yaml" > "$root/$stage.log" 2>&1; done
+  for stage in prepare base; do "$PY" -m cli stage "$stage" --params "$root/params.yaml" > "$root/$stage.log" 2>&1; done
   t0=$(date +%s)
-  "$PY" -m tandem.cli stage train --arm tandem --params "$root/params.yaml" > "$root/train.log" 2>&1 \
+  "$PY" -m cli stage train --arm tandem --params "$root/params.yaml" > "$root/train.log" 2>&1 \
     || { tail -30 "$root/train.log"; echo "{\"check\": \"train tandem on CUDA ($backend)\", \"ok\": false}"; exit 1; }
   "$PY" - "$root" "$backend" "$(( $(date +%s) - t0 ))" <<'PYEOF'
 import json, math, sys

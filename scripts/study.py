@@ -76,7 +76,7 @@ def run_one(root: Path, arm: str) -> dict:
         env = dict(os.environ, WANDB_MODE=os.environ.get("WANDB_MODE", "disabled"))
         t0 = time.time()
         with open(log, "a") as f:
-            rc = subprocess.call([sys.executable, "-m", "tandem.cli", "stage", "train", "--arm", arm,
+            rc = subprocess.call([sys.executable, "-m", "cli", "stage", "train", "--arm", arm,
                                   "--params", str(root / "params.yaml")], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
                                  env=env)
         if rc != 0:

@@ -73,12 +73,12 @@ def test_preset_overrides_and_restrictions():
 def test_cli_check_params_exit_code_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("data:\n  n_trian: 5\ntrain:\n  steps: ten\nrollout:\n  p_senior: 1.5\n")
-    out = subprocess.run([sys.executable, "-m", "tandem.cli", "check-params", str(bad)],
+    out = subprocess.run([sys.executable, "-m", "cli", "check-params", str(bad)],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 2
     for needle in ("data.n_trian", "train.steps", "rollout.p_senior"):
         assert needle in out.stderr
-    ok = subprocess.run([sys.executable, "-m", "tandem.cli", "check-params", "params.yaml"],
+    ok = subprocess.run([sys.executable, "-m", "cli", "check-params", "params.yaml"],
                         capture_output=True, text=True, cwd=REPO, timeout=120)
     assert ok.returncode == 0, ok.stderr
 
@@ -86,7 +86,7 @@ def test_cli_check_params_exit_code_2(tmp_path):
 def test_stage_rejects_bad_params_before_any_work(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"out_root: {tmp_path}\ntrain:\n  group_size: 1\n")
-    out = subprocess.run([sys.executable, "-m", "tandem.cli", "stage", "prepare", "--params", str(bad)],
+    out = subprocess.run([sys.executable, "-m", "cli", "stage", "prepare", "--params", str(bad)],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 2 and "train.group_size" in out.stderr
     assert not (tmp_path / "data").exists() and not (tmp_path / "metrics").exists()

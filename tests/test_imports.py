@@ -45,3 +45,23 @@ def test_blocking_really_blocks():
     code = "import sys\nsys.modules['wandb'] = None\ntry:\n import wandb\nexcept ImportError:\n print('blocked')\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "blocked"
+
+
+def test_library_never_imports_the_pipeline():
+    # Layers read in one direction (cli -> flows -> tasks -> tandem): a static scan of every import statement in
+    # tandem/, so even an import inside a function body (which the runtime check above cannot see) is caught.
+    import ast
+
+    root = Path(tandem.__file__).resolve().parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                if name.split(".")[0] in ("tasks", "flows", "cli") + BLOCKED:
+                    offenders.append(f"{path.relative_to(root.parent)}:{node.lineno} imports {name}")
+    assert not offenders, "\n".join(offenders)

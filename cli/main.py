@@ -1,7 +1,7 @@
 """The `tandem` command line: run one stage, the whole pipeline, check a params file, run benchmarks.
 
-This is the entry point above every layer, so it imports `tasks/` and `flows/` lazily inside each command:
-`import tandem.cli` stays free of prefect, dvc, great_expectations and wandb.
+This is the entry point above every layer (top level, next to `flows/`): it imports `tasks/` and `flows/` lazily
+inside each command, so `tandem --help` and `tandem check-params` start fast.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def stage(name: str = typer.Argument(..., help=f"stage to run, one of: {', '.joi
             typer.secho(f"stage {name} failed: data validation found problems (report above); "
                         "no outputs were written", fg=typer.colors.RED, err=True)
             raise typer.Exit(code=1)
-        if type(e).__name__ in ("StageInputError", "FileNotFoundError"):
+        if isinstance(e, FileNotFoundError):
             typer.secho(f"stage {name} failed: {e}", fg=typer.colors.RED, err=True)
             raise typer.Exit(code=1)
         raise
