@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned: the CPU build lies on this machine's disk; an unpinned torch may pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test]'
+	# compat mode: a plain .pth entry for the source tree (no import finder, no build-time notices)
+	$(BIN)/python -m pip install -q -e '.[pipeline,test]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -1,4 +1,4 @@
-"""Problem -> prompt text: the problem plus the `\boxed{}` instruction, through the chat template if any.
+r"""Problem -> prompt text: the problem plus the `\boxed{}` instruction, through the chat template if any.
 
 Prepared data stores the user message (`user_message`); the chat template is applied when a model reads it
 (`render_prompt`), because the tiny model's tokenizer is built after the data is prepared.

@@ -1,4 +1,4 @@
-"""Seeded generator of multi-step arithmetic word problems with `\n\n`-separated steps and `\boxed{}` answers.
+r"""Seeded generator of multi-step arithmetic word problems with `\n\n`-separated steps and `\boxed{}` answers.
 
 A problem starts a person with a small count of objects and applies 2-8 operations (+k, -k, x2, x3) with
 operands up to `max_operand` written as words, every intermediate value kept within [0, max_value]. Each

@@ -1,0 +1,142 @@
+"""The README's file map, generated: one row per tracked file, its text taken from the file itself.
+
+A Python file is described by the first paragraph of its module docstring (so the map cannot drift from the
+code); any other file by an entry of `OTHER_FILES` below. Data and generated records are grouped, not listed.
+
+    python scripts/file_map.py --check   # exit 1 (with the differences) when README's map is out of date
+    python scripts/file_map.py --write   # rewrite the map between the README's file-map markers
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import fnmatch
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+START, END = "<!-- file-map:start -->", "<!-- file-map:end -->"
+
+# Grouped rather than listed file by file: shipped data, test fixtures, recorded metrics, infra templates.
+GROUPED = {
+    "data/raw/**": "shipped math datasets (`data/raw/PROVENANCE.md`: sources, commits, licences)",
+    "tests/fixtures/**": "small files the tests read",
+    "metrics/**": "the committed record of the last full default run (`dvc metrics show`)",
+    "infra/accelerate/*": "accelerate / DeepSpeed launch configurations for multi-GPU training",
+    "infra/work-pools/*": "Prefect work-pool base job templates",
+    "infra/vllm/*": "a vLLM server deployment for GPU nodes",
+}
+
+# Files without a docstring: what each one is, in one line.
+OTHER_FILES = {
+    ".ci/run": "CI entry point: installs what the tests need from scratch, then runs exactly `make test`",
+    ".dvc/.gitignore": "DVC's own ignore rules for its cache and temporary files",
+    ".dvc/config": "DVC settings: the default local remote",
+    ".dvcignore": "paths DVC does not scan",
+    ".gitignore": "build outputs, caches and run artifacts kept out of git",
+    "LICENSE": "the MIT licence",
+    "Makefile": "the README's two commands (`make run`, `make test`) plus setup, repro, bench",
+    "README.md": "this file",
+    "docs/architecture.md": "layers, stage contract, artifact layout, the axis-letter glossary",
+    "docs/metrics.md": "every metric's formula, units and direction; JSON/CSV schemas",
+    "docs/rollout.md": "the tandem rollout engine: definition, catch-up, noise, exactness, performance",
+    "docs/training.md": "the train stage: arms, loss mask, the GRPO objective, logging, checkpoints, resume",
+    "dvc.lock": "DVC's record of the last reproduced pipeline (hashes of every input and output)",
+    "dvc.yaml": "the pipeline as DVC stages (train: one stage per arm) with every input declared",
+    "infra/Dockerfile": "image for the GPU work pool",
+    "infra/Dockerfile.dockerignore": "what the image build leaves out",
+    "infra/README.md": "running on a schedule and beyond one machine; object-store DVC remote",
+    "infra/prefect.yaml": "Prefect deployments: scheduled retraining (cron), GPU retraining, checkpoint evaluation",
+    "params.yaml": "the embedded default's parameters: every setting of every stage (what `make run` runs)",
+    "params.paper.yaml": "the paper's settings for Qwen3-4B-Instruct-2507 on GPUs",
+    "pyproject.toml": "package metadata, pinned stack, extras (pipeline, test), pytest markers",
+    "scripts/gpu_check.sh": "the one GPU check: rollout backends against each other, then training steps through the real stages",
+    "studies/summary.json": "the recorded `study` result: per-run and per-arm accuracy gains with their noise",
+    "studies/summary.md": "the recorded `study` result as a table",
+    "tests/flows/tiny_params.yaml": "a minimal params file for the flow and server tests",
+}
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return sorted(f for f in out.splitlines() if (ROOT / f).exists())
+
+
+def docstring_summary(path: Path) -> str | None:
+    """The first paragraph of a module docstring, on one line."""
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+    except SyntaxError:
+        return None
+    if not doc:
+        return None
+    para = doc.strip().split("\n\n")[0]
+    return " ".join(line.strip() for line in para.splitlines())
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def build() -> tuple[str, list[str]]:
+    """(the table's markdown, problems): a problem is a file with nothing to say about it."""
+    rows, problems, groups_seen = [], [], []
+    for f in tracked_files():
+        group = next((g for g in GROUPED if fnmatch.fnmatch(f, g)), None)
+        if group:
+            if group not in groups_seen:
+                groups_seen.append(group)
+            continue
+        if f.endswith(".py"):
+            what = docstring_summary(ROOT / f)
+            if what is None:
+                problems.append(f"{f}: no module docstring (every file opens with one saying what it is)")
+                continue
+        elif f in OTHER_FILES:
+            what = OTHER_FILES[f]
+        else:
+            problems.append(f"{f}: not described (add it to OTHER_FILES in scripts/file_map.py)")
+            continue
+        rows.append(f"| `{f}` | {_cell(what)} |")
+    for g in groups_seen:
+        rows.append(f"| `{g}` | {_cell(GROUPED[g])} |")
+    return "\n".join(["| file | what |", "|---|---|", *rows]), problems
+
+
+def current(readme: str) -> str:
+    if START not in readme or END not in readme:
+        raise SystemExit(f"README.md lacks the markers {START} ... {END}")
+    return readme.split(START, 1)[1].split(END, 1)[0].strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="fail when README's file map is out of date")
+    mode.add_argument("--write", action="store_true", help="rewrite README's file map")
+    args = ap.parse_args(argv)
+    table, problems = build()
+    readme_path = ROOT / "README.md"
+    readme = readme_path.read_text(encoding="utf-8")
+    for p in problems:
+        print(p, file=sys.stderr)
+    if args.write:
+        before, rest = readme.split(START, 1)
+        after = rest.split(END, 1)[1]
+        readme_path.write_text(f"{before}{START}\n{table}\n{END}{after}", encoding="utf-8")
+        return 1 if problems else 0
+    have = current(readme)
+    if have != table:
+        import difflib
+
+        sys.stdout.writelines(difflib.unified_diff(have.splitlines(True), table.splitlines(True),
+                                                   "README.md (file map)", "generated", n=0))
+        print("\nREADME.md's file map is out of date: run `python scripts/file_map.py --write`", file=sys.stderr)
+        return 1
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
