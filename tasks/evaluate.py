@@ -182,7 +182,7 @@ def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: di
             todo[b] = (key, rows)
     if not todo:
         return summaries
-    with torch_threads(ev.torch_threads):
+    with torch_threads(ev.cpu_threads):
         summaries.update(_compute(params, unit, todo, base, base_hash, senior_hash, cache))
     return {b: summaries[b] for b in benches}
 

@@ -125,9 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arm", action="append", help="train only this arm (repeatable); default train.arms")
     a = ap.parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    overrides = {"train": {"arms": a.arm}} if a.arm else None
-    params = load_params(a.params, overrides=overrides)
-    print(json.dumps(run(params), indent=2, default=str))
+    params = load_params(a.params)
+    if a.arm:
+        bad = [arm for arm in a.arm if arm not in params.train.arms]
+        if bad:
+            raise SystemExit(f"--arm {bad}: not in train.arms {params.train.arms}")
+        inputs, outputs = default_io(params)
+        print(json.dumps({arm: run_arm(params, arm, inputs, outputs) for arm in a.arm}, indent=2, default=str))
+    else:
+        print(json.dumps(run(params), indent=2, default=str))
     return 0
 
 

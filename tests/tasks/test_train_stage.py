@@ -24,19 +24,20 @@ REPO = TESTS.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from params_files import complete_params  # noqa: E402
 from train_fixtures import build_base, write_prepared  # noqa: E402
 
 STEPS, SAVE_EVERY = 6, 2
 
 
 def _params(out_root: Path) -> Path:
-    raw = {
+    raw = complete_params({
         "seed": 0, "out_root": str(out_root),
-        "rollout": {"max_new_tokens": 12, "batch_size": 8, "cpu_threads": 1},
+        "rollout": {"batch_size": 8},
         "train": {"arms": ["tandem"], "steps": STEPS, "prompts_per_step": 2, "group_size": 4,
                   "max_new_tokens": 12, "save_every": SAVE_EVERY, "learning_rate": 0.01, "warmup_steps": 1,
                   "kl_rows": 4, "report_to": "wandb", "val_every": 3, "val_problems": 4, "cpu_threads": 1},
-    }
+    })
     path = out_root / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
