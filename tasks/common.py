@@ -73,6 +73,10 @@ class Layout:
     def reports(self) -> Path: return self.root / "reports"
     @property
     def runs(self) -> Path: return self.root / "runs"
+    # crash-resume state that no DVC stage declares (training checkpoints in progress, the evaluation result
+    # cache): outputs stay plain DVC outs, so every stage is in DVC's run-cache
+    @property
+    def scratch(self) -> Path: return self.root / "scratch"
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

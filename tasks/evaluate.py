@@ -3,8 +3,8 @@
 Work is split into units, one per (arm, checkpoint, mode), each covering every benchmark; `plan` lists them
 (deduplicated by the checkpoint's content hash, so the shared base runs once) and `run_unit` computes one,
 which is what a Prefect flow maps over. Each (checkpoint hash, mode, benchmark, settings) result is cached
-under its key in `results/cache/evaluate/`, so a rerun, or a rerun after a crash, only computes what is
-missing. `collect` then assembles `metrics/eval.json`, the per-arm CSV tables and the generations tree from
+under its key in `scratch/evaluate/` (not a DVC output, so the stage stays in DVC's run-cache), so a rerun,
+or a rerun after a crash, only computes what is missing. `collect` then assembles `metrics/eval.json`, the per-arm CSV tables and the generations tree from
 the cache. `run` = every unit + `collect`. Definitions and schemas: docs/metrics.md.
 """
 
@@ -34,7 +34,7 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     L = Layout.of(params)
     inputs = {"eval_data": L.prepared / "eval", "base_model": L.base_model, "checkpoints": L.checkpoints}
     outputs = {"metrics": L.metrics / "eval.json", "generations": L.generations, "plots": L.plots / "eval",
-               "cache": L.root / "results" / "cache" / "evaluate"}
+               "cache": L.scratch / "evaluate"}
     return inputs, outputs
 
 

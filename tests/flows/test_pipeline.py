@@ -57,8 +57,8 @@ def _related(a: str, b: str) -> bool:
     return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
 
 
-# Stage outputs DVC deliberately does not track: the evaluation result cache and tracker run files.
-UNTRACKED = ("results/cache/", "runs/")
+# Stage outputs DVC deliberately does not track: crash-resume state (scratch/) and tracker run files.
+UNTRACKED = ("scratch/", "runs/")
 
 
 def test_dvc_yaml_declares_what_each_stage_reads_and_writes():

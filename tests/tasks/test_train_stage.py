@@ -2,7 +2,8 @@
 
 The stage runs exactly as DVC runs it (a fresh interpreter, `tasks.train.main`) on a tiny base and a few
 prepared rows. One run goes uninterrupted; another is killed with SIGKILL right after its first checkpoint
-and rerun: it must finish with the same steps, the same checkpoints and the same final weights.
+(in scratch/train/<arm>/, where runs resume) and rerun: it must finish with the same steps, the same
+checkpoints and the same final weights, materialised in the declared output models/checkpoints/<arm>/.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(base_src, tmp_pat
 
     # Kill the second run with SIGKILL as soon as its first checkpoint is committed (mid-run).
     victim = _start(p_crash)
-    arm_dir = crashed / "models" / "checkpoints" / "tandem"
+    arm_dir = crashed / "scratch" / "train" / "tandem"
     deadline = time.time() + 240
     while not (arm_dir / f"step-{SAVE_EVERY}").exists():
         assert victim.poll() is None, victim.communicate()[0][-4000:]
@@ -92,6 +93,7 @@ def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(base_src, tmp_pat
     assert victim.returncode == -signal.SIGKILL
     assert [s for s, _ in complete_checkpoints(arm_dir)][-1] < STEPS  # it really stopped mid-run
     assert not (crashed / "metrics" / "train_tandem.json").exists()
+    assert not (crashed / "models" / "checkpoints" / "tandem").exists()  # the output appears only when complete
 
     _finish(ref)
     _finish(_start(p_crash))
