@@ -4,8 +4,8 @@ Work is split into units, one per (arm, checkpoint, mode), each covering every b
 (deduplicated by the checkpoint's content hash, so the shared base runs once) and `run_unit` computes one,
 which is what a Prefect flow maps over. Each (checkpoint hash, mode, benchmark, settings) result is cached
 under its key in `scratch/evaluate/` (not a DVC output, so the stage stays in DVC's run-cache), so a rerun,
-or a rerun after a crash, only computes what is missing. `collect` then assembles `metrics/eval.json`, the per-arm CSV tables and the generations tree from
-the cache. `run` = every unit + `collect`. Definitions and schemas: docs/metrics.md.
+or a rerun after a crash, only computes what is missing. `collect` then assembles `metrics/eval.json`, the
+per-arm CSV tables and the generations tree from the cache. `run` = every unit + `collect`. Definitions and schemas: docs/metrics.md.
 """
 
 from __future__ import annotations
