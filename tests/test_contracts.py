@@ -111,7 +111,7 @@ def test_recorder_and_checker_catch_an_undeclared_read():
     assert {"model.dtype", "model.vocab_size", "report.title", "report.promote_k"} <= reads
     assert undeclared(reads, ["model.dtype", "report"]) == ["model.vocab_size"]
     assert undeclared(reads, ["model", "report"]) == []
-    assert not hasattr(Params, "__getattribute__") or "__getattribute__" not in Params.__dict__  # restored
+    assert all("__getattribute__" not in cls.__dict__ for cls in (Params, *SECTIONS.values()))  # hook removed
 
 
 def test_closure_checker_catches_an_undeclared_import(tmp_path):
