@@ -1,14 +1,17 @@
-"""Run the `study` preset for several arms and seeds, then tabulate solo validation accuracy against the base.
+"""Run the study settings (`params.study.yaml`) for several arms and seeds, then tabulate solo validation
+accuracy against the base.
 
-The `study` preset is where learning must show (issue #4): each arm's senior should end above the base model's
-greedy validation accuracy by more than the seed-to-seed noise. One run per (arm, seed) goes through the normal
-train stage (`tandem stage train --arm A`) in its own output root `studies/seed-<S>/`, which links the main
-pipeline's prepared data and base model, so study runs never touch the demo's checkpoints or each other's.
+The study is where learning must show (issue #4): each arm's senior should end above the base model's
+validation accuracy by more than the seed-to-seed noise. One run per (arm, seed) goes through the normal
+train stage (`tandem stage train --arm A`) in its own output root `studies/seed-<S>/`, whose params.yaml is the
+study params file with only `seed` and `out_root` changed (a complete file: the record of that run). The root
+links the main pipeline's prepared data and base model (the study file's data and model sections equal
+params.yaml's), so study runs never touch the default run's checkpoints or each other's.
 Runs execute in parallel (`--jobs`, one torch thread each) and resume: a rerun continues unfinished arms
 (`train.resume: auto`) and skips finished ones.
 
-    python scripts/study.py                       # arms tandem grpo, seeds 0 1, 2 jobs
-    python scripts/study.py --seeds 0 1 2 --set train.steps=150
+    python scripts/study.py                                   # params.study.yaml, arms tandem grpo, seeds 0 1
+    python scripts/study.py --seeds 0 1 2 --params my.study.yaml   # other settings: another complete file
 
 After training, every run's final checkpoint and the base are scored on the same validation problems, greedy
 and sampled (`--samples` per problem at `--temperature`, the same sampling seeds for every model, so the
@@ -36,28 +39,17 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file (python scripts/study.py): make tandem/ and tasks/ importable
 
-from tandem.config import PRESET_SECTIONS  # noqa: E402  (light: no torch)
-from tasks.common import read_jsonl  # noqa: E402
+from tasks.common import load_params, read_jsonl  # noqa: E402  (light: no torch)
 
 
-def _set(raw: dict, assignment: str) -> None:
-    key, _, value = assignment.partition("=")
-    node = raw
-    *parents, leaf = key.split(".")
-    for p in parents:
-        node = node.setdefault(p, {})
-    node[leaf] = yaml.safe_load(value)
-
-
-def prepare_root(params_file: Path, studies: Path, seed: int, sets: list[str]) -> Path:
-    """studies/seed-<S>/ with params.yaml (preset study, this seed) and links to the shared data and base."""
+def prepare_root(params_file: Path, studies: Path, seed: int) -> Path:
+    """studies/seed-<S>/ with params.yaml (the study file, this seed, this root) and links to the shared data
+    and base."""
+    load_params(params_file)  # a complete, valid file before anything is written
     raw = yaml.safe_load(params_file.read_text())
     main_root = (params_file.parent / raw.get("out_root", ".")).resolve()
     root = (studies / f"seed-{seed}").resolve()
-    raw.update(preset="study", seed=seed, out_root=str(root))
-    for s in sets:  # keys a preset may set go into the study preset, so they win over it; the rest go top level
-        section = s.partition("=")[0].split(".")[0]
-        _set(raw["presets"]["study"] if section in PRESET_SECTIONS else raw, s)
+    raw.update(seed=seed, out_root=str(root))
     for rel in ("data/prepared", "models/base"):
         src, dst = main_root / rel, root / rel
         if not src.exists():
@@ -157,20 +149,19 @@ def tabulate(base: dict, finals: dict[tuple[str, int], dict], train: dict[tuple[
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--params", default="params.yaml", help="main params file (its base and data are reused)")
+    ap.add_argument("--params", default="params.study.yaml",
+                    help="complete params file of the study (its out_root's base and data are reused)")
     ap.add_argument("--arms", nargs="+", default=["tandem", "grpo"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (one torch thread each)")
     ap.add_argument("--out", default="studies", help="directory for the per-seed roots and the summary")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a params key for the study, e.g. train.steps=150 (repeatable)")
     ap.add_argument("--samples", type=int, default=4, help="sampled generations per validation problem")
     ap.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (the paper evaluates at 0.7)")
     ap.add_argument("--val-problems", type=int, default=0, help="validation problems to score (0 = all)")
     ap.add_argument("--max-new-tokens", type=int, default=192)
     a = ap.parse_args(argv)
     studies = (ROOT / a.out).resolve()
-    roots = {s: prepare_root((ROOT / a.params).resolve(), studies, s, a.set) for s in a.seeds}
+    roots = {s: prepare_root((ROOT / a.params).resolve(), studies, s) for s in a.seeds}
     jobs = [(arm, s) for s in a.seeds for arm in a.arms]
     with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
         done = dict(zip(jobs, pool.map(lambda j: run_one(roots[j[1]], j[0]), jobs)))

@@ -1,8 +1,12 @@
 """Typed, frozen configuration: one dataclass per pipeline stage, built from a `params.yaml` section.
 
-Every field carries a default and a one-line help (`field(metadata={"help": ...})`). Building a config
+Every field carries a one-line help (`field(metadata={"help": ...})`) and a default. Building a config
 checks unknown keys, types and value rules, and collects *every* problem before raising, so a user fixes a
 params file in one pass. YAML parsing lives in `tasks/`; this module works on plain dicts.
+
+A params *file* is the complete record of a run: `params_from_dict(raw, strict=True)` (what
+`tasks.common.load_params` uses) also refuses a file that leaves out any setting, so no code default ever
+decides a run. The defaults serve only configs built in code (tests, notebooks: the lenient mode).
 """
 
 from __future__ import annotations
@@ -126,7 +130,7 @@ class ModelConfig(_Section):
     eval_samples: int = _f(1, "samples per problem for the sampled (temperature 1) accuracy in metrics/base.json")
     eval_max_new_tokens: int = _f(160, "token budget of base-model evaluation generations")
     eval_batch_size: int = _f(100, "prompts generated together when evaluating the base")
-    cpu_threads: int = _f(1, "torch CPU threads while building and evaluating the base (0 = torch default); one thread is steadiest on a shared 2-core machine")
+    cpu_threads: int = _f(1, "torch CPU threads of the base stage (0 = torch default); one thread is steadiest on a shared 2-core machine")
     pretrain_warmup: float = _f(0.05, "tiny: fraction of pretraining spent on linear warmup before cosine decay")
     curve_points: int = _f(6, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)")
     curve_problems: int = _f(20, "tiny: problems per benchmark in each learning-curve evaluation")
@@ -160,28 +164,18 @@ class RolloutConfig(_Section):
     p_senior: float = _f(0.5, "probability that a redraw picks the senior")
     max_gap_tokens: int = _f(32, "word schedule: force a redraw after this many tokens without a word start")
     max_rounds: int = _f(150, "step schedule: cap on the number of authorship turns")
-    max_new_tokens: int = _f(160, "completion budget in tokens (shared by both authors)")
-    temperature: float = _f(1.0, "sampling temperature (training: the trainer's temperature)")
-    top_p: float = _f(1.0, "nucleus sampling mass (1 = off; keep 1 in training)")
-    top_k: int = _f(0, "top-k sampling (0 = off; keep 0 in training)")
     batch_size: int = _f(64, "rows generated together in one engine call")
-    cpu_threads: int = _f(0, "torch intra-op threads while generating on CPU (0 = leave torch's setting; 1 suits tiny models)")
     vllm_lookahead: int = _f(16, "vllm backend, word/token schedules: tokens requested per turn before the cut at the handoff")
     vllm_gpu_memory: float = _f(0.35, "vllm backend: fraction of GPU memory for each of the two engines")
 
     def problems(self) -> list[str]:
         p: list[str] = []
         _rule(p, 0.0 <= self.p_senior <= 1.0, "rollout.p_senior", self.p_senior, "is a probability: must lie in [0, 1]")
-        _rule(p, self.cpu_threads >= 0, "rollout.cpu_threads", self.cpu_threads, "must be >= 0 (0 = torch's setting)")
         _rule(p, self.vllm_lookahead >= 1, "rollout.vllm_lookahead", self.vllm_lookahead, "must be >= 1")
         _rule(p, 0.0 < self.vllm_gpu_memory < 0.5, "rollout.vllm_gpu_memory", self.vllm_gpu_memory,
               "must lie in (0, 0.5): two engines share the GPU")
         _rule(p, self.max_gap_tokens >= 1, "rollout.max_gap_tokens", self.max_gap_tokens, "must be >= 1")
         _rule(p, self.max_rounds >= 1, "rollout.max_rounds", self.max_rounds, "must be >= 1")
-        _rule(p, self.max_new_tokens >= 1, "rollout.max_new_tokens", self.max_new_tokens, "must be >= 1")
-        _rule(p, self.temperature > 0, "rollout.temperature", self.temperature, "must be > 0")
-        _rule(p, 0.0 < self.top_p <= 1.0, "rollout.top_p", self.top_p, "must lie in (0, 1]")
-        _rule(p, self.top_k >= 0, "rollout.top_k", self.top_k, "must be >= 0 (0 = off)")
         _rule(p, self.batch_size >= 1, "rollout.batch_size", self.batch_size, "must be >= 1")
         return p
 
@@ -216,7 +210,7 @@ class TrainConfig(_Section):
     val_problems: int = _f(64, "validation rows used by the in-training accuracy (0 = all)")
     score_timeout: float = _f(5.0, "seconds allowed to score one completion before it counts as wrong")
     score_workers: int = _f(1, "processes that score completions with math-verify (plain integers skip them)")
-    cpu_threads: int = _f(0, "torch CPU threads while training (0 = torch's default; 1 is steadiest on a busy CPU)")
+    cpu_threads: int = _f(0, "torch CPU threads of the train stage, rollouts included (0 = torch's default; 1 is steadiest on a busy CPU)")
 
     def problems(self) -> list[str]:
         p: list[str] = []
@@ -264,13 +258,13 @@ class EvaluateConfig(_Section):
     benchmark_files: dict[str, str] = _f(
         {}, "extra benchmarks read directly: name -> jsonl file with id, problem, answer (prompt optional)")
     progress: bool = _f(True, "show a progress bar per checkpoint, mode and benchmark")
-    torch_threads: int = _f(1, "torch CPU threads while evaluating (0 = torch's default); tiny models run fastest on 1")
+    cpu_threads: int = _f(1, "torch CPU threads of the evaluate stage (0 = torch's default); tiny models run fastest on 1")
     workers: int = _f(1, "processes evaluating different checkpoints at once in `run` (CPU: up to the core count)")
 
     def problems(self) -> list[str]:
         p: list[str] = []
         _rule(p, self.batch_size >= 1, "evaluate.batch_size", self.batch_size, "must be >= 1")
-        _rule(p, self.torch_threads >= 0, "evaluate.torch_threads", self.torch_threads, "must be >= 0 (0 = default)")
+        _rule(p, self.cpu_threads >= 0, "evaluate.cpu_threads", self.cpu_threads, "must be >= 0 (0 = default)")
         _rule(p, self.workers >= 1, "evaluate.workers", self.workers, "must be >= 1")
         _rule(p, self.n_samples >= 1, "evaluate.n_samples", self.n_samples, "must be >= 1")
         _rule(p, len(self.ks) > 0 and all(1 <= k <= self.n_samples for k in self.ks), "evaluate.ks", self.ks,
@@ -296,13 +290,13 @@ class AnalyzeConfig(_Section):
     reference_arm: str = _f("grpo", "arm whose drift ranks the most-drifted token types")
     min_type_count: int = _f(3, "occurrences a token type needs in the reference arm's text to be ranked")
     batch_size: int = _f(32, "completions teacher-forced together in one forward pass")
-    torch_threads: int = _f(1, "torch CPU threads while analysing (0 = torch's default); tiny models run fastest on 1")
+    cpu_threads: int = _f(1, "torch CPU threads of the analyze stage (0 = torch's default); tiny models run fastest on 1")
 
     def problems(self) -> list[str]:
         p: list[str] = []
         _rule(p, self.min_type_count >= 1, "analyze.min_type_count", self.min_type_count, "must be >= 1")
         _rule(p, self.batch_size >= 1, "analyze.batch_size", self.batch_size, "must be >= 1")
-        _rule(p, self.torch_threads >= 0, "analyze.torch_threads", self.torch_threads, "must be >= 0 (0 = default)")
+        _rule(p, self.cpu_threads >= 0, "analyze.cpu_threads", self.cpu_threads, "must be >= 0 (0 = default)")
         _rule(p, self.top_drift_tokens >= 1, "analyze.top_drift_tokens", self.top_drift_tokens, "must be >= 1")
         _rule(p, self.kl_bins >= 1, "analyze.kl_bins", self.kl_bins, "must be >= 1")
         _rule(p, all(0.0 <= q <= 1.0 for q in self.quantiles), "analyze.quantiles", self.quantiles,
@@ -345,8 +339,6 @@ class Params:
 
     seed: int = _f(0, "global random seed")
     out_root: str = _f(".", "directory under which data/, models/, metrics/, results/ and reports/ live")
-    preset: str = _f("", "name of an entry of `presets` applied over the sections (empty = none)")
-    presets: dict[str, dict] = _f({}, "named overrides: preset name -> {section: {key: value}}")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -397,8 +389,37 @@ def _type_name(ann: Any) -> str:
     return getattr(ann, "__name__", None) if get_origin(ann) is None else str(ann).replace("typing.", "")
 
 
-def build_section(cls: type, name: str, raw: Any, problems: list[str]) -> Any:
-    """Build one section, appending every unknown key, type error and rule violation to `problems`."""
+# Keys that existed once and were removed: a params file still holding one gets told where the setting went.
+MOVED: dict[str, str] = {
+    "preset": "presets are complete params files now: pass one with --params (e.g. params.study.yaml)",
+    "presets": "presets are complete params files now: pass one with --params (e.g. params.study.yaml)",
+    "rollout.temperature": "never read: training samples at train.temperature, evaluation at evaluate.temperature",
+    "rollout.top_p": "never read: training samples the full distribution, evaluation uses evaluate.top_p",
+    "rollout.top_k": "never read: training samples the full distribution, evaluation uses evaluate.top_k",
+    "rollout.max_new_tokens": "never read: the budgets are train.max_new_tokens and evaluate.max_new_tokens",
+    "rollout.cpu_threads": "one thread setting per stage: the train stage's is train.cpu_threads",
+    "evaluate.torch_threads": "renamed to evaluate.cpu_threads (one thread setting per stage)",
+    "analyze.torch_threads": "renamed to analyze.cpu_threads (one thread setting per stage)",
+}
+
+
+def _unknown(key: str, value: Any, known: set[str]) -> str:
+    if key in MOVED:
+        return f"{key}: {value!r} -> unknown key: {MOVED[key]}"
+    return f"{key}: {value!r} -> unknown key (known: {', '.join(sorted(known))})"
+
+
+def _missing(key: str, default: Any, help: str) -> str:
+    return f"{key}: (missing) -> a params file must state every setting: add it ({help}; code default {default!r})"
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+
+
+def build_section(cls: type, name: str, raw: Any, problems: list[str], strict: bool = False) -> Any:
+    """Build one section, appending every unknown key, type error and rule violation to `problems`
+    (with `strict`, also every field the mapping leaves out)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -409,7 +430,7 @@ def build_section(cls: type, name: str, raw: Any, problems: list[str]) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in known:
-            problems.append(f"{name}.{key}: {value!r} -> unknown key (known: {', '.join(sorted(known))})")
+            problems.append(_unknown(f"{name}.{key}", value, known))
             continue
         ann = hints[key]
         if get_origin(ann) is None and ann is float and isinstance(value, int) and not isinstance(value, bool):
@@ -418,6 +439,9 @@ def build_section(cls: type, name: str, raw: Any, problems: list[str]) -> Any:
             problems.append(f"{name}.{key}: {value!r} -> wrong type, expected {_type_name(ann)}")
             continue
         kwargs[key] = value
+    if strict:
+        problems.extend(_missing(f"{name}.{f.name}", _default_of(f), f.metadata.get("help", ""))
+                        for f in dataclasses.fields(cls) if f.name not in raw)
     try:
         return cls(**kwargs)
     except ParamsError as e:
@@ -426,55 +450,35 @@ def build_section(cls: type, name: str, raw: Any, problems: list[str]) -> Any:
         return object.__new__(cls)
 
 
-def _deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+def params_from_dict(raw: dict | None, strict: bool = False) -> Params:
+    """Build `Params` from a parsed params file; raise ParamsError listing all problems.
 
-
-PRESET_SECTIONS = ("rollout", "train", "evaluate", "analyze", "report")
-
-
-def params_from_dict(raw: dict | None) -> Params:
-    """Build `Params` from a parsed params file, applying `preset`; raise ParamsError listing all problems."""
+    `strict` (every params file) also requires every setting of every section to be present: the file is
+    then the complete record of what runs. Lenient (configs built in code) fills what is left out from
+    the defaults.
+    """
     raw = dict(raw or {})
     problems: list[str] = []
-    preset = raw.get("preset", "") or ""
-    presets = raw.get("presets", {}) or {}
-    if not isinstance(presets, dict):
-        problems.append(f"presets: {presets!r} -> must be a mapping of preset name -> overrides")
-        presets = {}
-    for name, over in presets.items():
-        bad = [k for k in (over or {}) if k not in PRESET_SECTIONS] if isinstance(over, dict) else []
-        if bad:
-            problems.append(f"presets.{name}: {bad} -> a preset may only override {list(PRESET_SECTIONS)} "
-                            "(data and model feed the prepare and base stages, which do not depend on the preset)")
-        if isinstance(over, dict) and isinstance(over.get("train"), dict) and "arms" in over["train"]:
-            problems.append(f"presets.{name}.train.arms: {over['train']['arms']!r} -> set arms in the train section "
-                            "itself: dvc.yaml makes one stage per arm from it")
-    if preset:
-        if preset not in presets:
-            problems.append(f"preset: {preset!r} -> unknown preset (defined: {', '.join(sorted(presets)) or 'none'})")
-        else:
-            over = presets[preset] or {}
-            if not isinstance(over, dict):
-                problems.append(f"presets.{preset}: {over!r} -> must be a mapping of section -> overrides")
-            else:
-                raw = _deep_merge(raw, over)
     top_hints = typing.get_type_hints(Params)
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
         if key in SECTIONS:
-            kwargs[key] = build_section(SECTIONS[key], key, value, problems)
+            kwargs[key] = build_section(SECTIONS[key], key, value, problems, strict)
         elif key in top_hints:
             if not _type_ok(value, top_hints[key]):
                 problems.append(f"{key}: {value!r} -> wrong type, expected {_type_name(top_hints[key])}")
             else:
                 kwargs[key] = value
         else:
-            problems.append(f"{key}: {value!r} -> unknown key (known: "
-                            f"{', '.join(sorted(set(top_hints)))})")
+            problems.append(_unknown(key, value, set(top_hints)))
+    if strict:
+        for f in dataclasses.fields(Params):
+            if f.name in raw:
+                continue
+            if f.name in SECTIONS:  # a whole section left out: name each of its keys
+                build_section(SECTIONS[f.name], f.name, {}, problems, strict)
+            else:
+                problems.append(_missing(f.name, _default_of(f), f.metadata.get("help", "")))
     if isinstance(kwargs.get("seed"), int):
         _rule(problems, kwargs["seed"] >= 0, "seed", kwargs["seed"], "must be >= 0")
     if problems:
@@ -482,17 +486,15 @@ def params_from_dict(raw: dict | None) -> Params:
     return Params(**kwargs)
 
 
-def check_all_presets(raw: dict) -> None:
-    """Build the params once per preset (and once as given), so a typo in an inactive preset is caught too."""
-    problems: list[str] = []
-    variants = [raw.get("preset", "")] + [name for name in (raw.get("presets") or {}) if name != raw.get("preset")]
-    for name in variants:
-        try:
-            params_from_dict({**raw, "preset": name})
-        except ParamsError as e:
-            problems.extend(p for p in e.problems if p not in problems)
-    if problems:
-        raise ParamsError(problems)
+def setting_keys() -> list[str]:
+    """Every setting as a dotted key (`seed`, `train.steps`, ...): what a complete params file states."""
+    out = []
+    for f in dataclasses.fields(Params):
+        if f.name in SECTIONS:
+            out += [f"{f.name}.{g.name}" for g in dataclasses.fields(SECTIONS[f.name])]
+        else:
+            out.append(f.name)
+    return out
 
 
 def field_help(cls: type) -> dict[str, str]:

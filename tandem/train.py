@@ -675,7 +675,7 @@ def make_engine(senior, junior, tokenizer, rollout: RolloutConfig):
     if rollout.backend == "vllm":
         vllm_options = {"lookahead": rollout.vllm_lookahead, "gpu_memory_utilization": rollout.vllm_gpu_memory}
     return TandemEngine(senior, junior, tokenizer, backend=rollout.backend,
-                        device=next(senior.parameters()).device, cpu_threads=rollout.cpu_threads or None,
+                        device=next(senior.parameters()).device,
                         vllm_options=vllm_options)
 
 

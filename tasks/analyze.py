@@ -87,7 +87,7 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     """Analyse every arm's checkpoints; returns {"<arm>/<metric>": value} at each arm's last checkpoint."""
     di, do = default_io(params)
     inputs, outputs = {**di, **(inputs or {})}, {**do, **(outputs or {})}
-    with torch_threads(params.analyze.torch_threads):
+    with torch_threads(params.analyze.cpu_threads):
         return _run(params, inputs, outputs)
 
 

@@ -18,16 +18,17 @@ from typing import Any, Iterable, Iterator
 
 import yaml
 
-from tandem.config import Params, ParamsError, check_all_presets, params_from_dict
+from tandem.config import Params, ParamsError, params_from_dict
 
 DEFAULT_PARAMS = "params.yaml"
 
 
-def load_params(path: str | os.PathLike = DEFAULT_PARAMS, overrides: dict | None = None,
-                all_presets: bool = False) -> Params:
+def load_params(path: str | os.PathLike = DEFAULT_PARAMS) -> Params:
     """Parse and validate a params file; raises ParamsError (the CLI turns it into exit code 2).
 
-    `all_presets` also validates every preset, not only the active one (used by `tandem check-params`).
+    Strict: the file must state every setting (a missing key is an error naming the key and the rule), so
+    the file is the complete record of what a stage runs with. The one way to change a setting for a run is
+    another file (`--params FILE`) or DVC editing this one (`dvc exp run -S key=value`).
     """
     p = Path(path)
     if not p.exists():
@@ -38,12 +39,7 @@ def load_params(path: str | os.PathLike = DEFAULT_PARAMS, overrides: dict | None
         raise ParamsError([f"params file: {str(p)!r} -> is not valid YAML ({e})"]) from None
     if not isinstance(raw, dict):
         raise ParamsError([f"params file: {str(p)!r} -> must hold a mapping of sections"])
-    if overrides:
-        from tandem.config import _deep_merge
-        raw = _deep_merge(raw, overrides)
-    if all_presets:
-        check_all_presets(raw)
-    return params_from_dict(raw)
+    return params_from_dict(raw, strict=True)
 
 
 @dataclass(frozen=True)
@@ -77,6 +73,10 @@ class Layout:
     def reports(self) -> Path: return self.root / "reports"
     @property
     def runs(self) -> Path: return self.root / "runs"
+    # crash-resume state that no DVC stage declares (training checkpoints in progress, the evaluation result
+    # cache): outputs stay plain DVC outs, so every stage is in DVC's run-cache
+    @property
+    def scratch(self) -> Path: return self.root / "scratch"
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

@@ -3,9 +3,9 @@
 Work is split into units, one per (arm, checkpoint, mode), each covering every benchmark; `plan` lists them
 (deduplicated by the checkpoint's content hash, so the shared base runs once) and `run_unit` computes one,
 which is what a Prefect flow maps over. Each (checkpoint hash, mode, benchmark, settings) result is cached
-under its key in `results/cache/evaluate/`, so a rerun, or a rerun after a crash, only computes what is
-missing. `collect` then assembles `metrics/eval.json`, the per-arm CSV tables and the generations tree from
-the cache. `run` = every unit + `collect`. Definitions and schemas: docs/metrics.md.
+under its key in `scratch/evaluate/` (not a DVC output, so the stage stays in DVC's run-cache), so a rerun,
+or a rerun after a crash, only computes what is missing. `collect` then assembles `metrics/eval.json`, the
+per-arm CSV tables and the generations tree from the cache. `run` = every unit + `collect`. Definitions and schemas: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     L = Layout.of(params)
     inputs = {"eval_data": L.prepared / "eval", "base_model": L.base_model, "checkpoints": L.checkpoints}
     outputs = {"metrics": L.metrics / "eval.json", "generations": L.generations, "plots": L.plots / "eval",
-               "cache": L.root / "results" / "cache" / "evaluate"}
+               "cache": L.scratch / "evaluate"}
     return inputs, outputs
 
 
@@ -182,7 +182,7 @@ def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: di
             todo[b] = (key, rows)
     if not todo:
         return summaries
-    with torch_threads(ev.torch_threads):
+    with torch_threads(ev.cpu_threads):
         summaries.update(_compute(params, unit, todo, base, base_hash, senior_hash, cache))
     return {b: summaries[b] for b in benches}
 

@@ -215,7 +215,6 @@ def metadata(params: Params, docs: dict[str, dict], train_arms: dict[str, dict] 
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "git commit": _git_commit(root),
         "dvc.lock sha256": _sha256(root / "dvc.lock"),
-        "params preset": params.preset or "none",
         "seeds": seeds,
         "python": platform.python_version(),
         "packages": _versions(),
@@ -237,7 +236,7 @@ def log_figures_to_wandb(params: Params, figures: list[Figure], figure_dir: Path
         import wandb
 
         run = wandb.init(project=params.train.wandb_project, job_type="report", name="report", mode=mode,
-                         dir=str(Layout.of(params).runs), config={"seed": params.seed, "preset": params.preset},
+                         dir=str(Layout.of(params).runs), config={"seed": params.seed},
                          reinit="finish_previous")
         run.log({f"report/{f.name}": wandb.Image(str(figure_dir / figure_filename(f.name)), caption=f.caption)
                  for f in figures})

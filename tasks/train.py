@@ -1,8 +1,11 @@
 """Stage `train`: every arm of `train.arms` from `models/base/`, with checkpoints, resume and per-step metrics.
 
 Each arm trains a fresh copy of the base next to a frozen junior copy (`tandem.train.train_arm`), saving
-`models/checkpoints/<arm>/step-<N>/` every `train.save_every` steps and at the end. With `train.resume: auto`
-a rerun after a crash continues from the last complete checkpoint of the same run. Writes
+`scratch/train/<arm>/step-<N>/` every `train.save_every` steps and at the end. With `train.resume: auto`
+a rerun after a crash continues from the last complete checkpoint of the same run there. The declared output
+`models/checkpoints/<arm>/` is materialised from those checkpoints (hard links) once the run is complete: it is
+a plain DVC output, so the stage is in DVC's run-cache (params that return to an earlier state restore it),
+while scratch/ (no stage declares it) keeps the resume state across DVC deleting outputs before a rerun. Writes
 `metrics/train_<arm>.json` (summary) and `metrics/plots/train/<arm>.csv` (one row per step, for `dvc plots`).
 `run_arm` trains one arm (dvc.yaml has one stage per arm; the Prefect flow maps it over arms), `collect`
 gathers the headline numbers of every arm.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,7 +29,8 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     L = Layout.of(params)
     inputs = {"train_data": L.prepared / "train.jsonl", "val_data": L.prepared / "val.jsonl",
               "base_model": L.base_model}
-    outputs: dict[str, Path] = {"checkpoints": L.checkpoints, "runs": L.runs / "wandb"}
+    outputs: dict[str, Path] = {"checkpoints": L.checkpoints, "runs": L.runs / "wandb",
+                                "scratch": L.scratch / "train"}
     for arm in params.train.arms:  # dvc.yaml: one stage per arm (train@<arm>) declaring these three
         outputs[f"metrics_{arm}"] = L.metrics / f"train_{arm}.json"
         outputs[f"plot_{arm}"] = L.plots / "train" / f"{arm}.csv"
@@ -62,6 +67,29 @@ def write_step_table(path: Path, rows: list[dict]) -> None:
                 w.writerow({k: ("" if v is None else v) for k, v in r.items()})
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed
+        shutil.copy2(src, dst)
+
+
+def materialise(work_dir: Path, out_dir: Path) -> list[str]:
+    """`out_dir` := the complete checkpoints of `work_dir` (hard links, copies where linking fails), atomically.
+
+    Nothing ever writes into a committed checkpoint, so sharing its files with the output is safe.
+    """
+    from tandem.train import complete_checkpoints
+
+    names = []
+    with atomic_path(out_dir) as tmp:
+        tmp.mkdir()
+        for _, ckpt in complete_checkpoints(work_dir):
+            shutil.copytree(ckpt, tmp / ckpt.name, copy_function=_link_or_copy)
+            names.append(ckpt.name)
+    return names
+
+
 def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
     """Train one arm and write its summary and per-step table; returns the summary."""
     from tandem.models import check_model_dir, load_model, load_tokenizer
@@ -79,9 +107,10 @@ def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
     _wandb_env(params, Path(outputs["runs"]))
     try:
         res = train_arm(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
-                        Path(outputs["checkpoints"]) / arm, seed=params.seed, val_rows=val_rows)
+                        Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows)
     finally:
         _finish_wandb(params)
+    materialise(Path(outputs["scratch"]) / arm, Path(outputs["checkpoints"]) / arm)
     write_json(outputs[f"metrics_{arm}"], res.summary)
     write_step_table(Path(outputs[f"plot_{arm}"]), step_rows(res.log_history))
     return res.summary
@@ -125,9 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arm", action="append", help="train only this arm (repeatable); default train.arms")
     a = ap.parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    overrides = {"train": {"arms": a.arm}} if a.arm else None
-    params = load_params(a.params, overrides=overrides)
-    print(json.dumps(run(params), indent=2, default=str))
+    params = load_params(a.params)
+    if a.arm:
+        bad = [arm for arm in a.arm if arm not in params.train.arms]
+        if bad:
+            raise SystemExit(f"--arm {bad}: not in train.arms {params.train.arms}")
+        inputs, outputs = default_io(params)
+        print(json.dumps({arm: run_arm(params, arm, inputs, outputs) for arm in a.arm}, indent=2, default=str))
+    else:
+        print(json.dumps(run(params), indent=2, default=str))
     return 0
 
 

@@ -15,7 +15,7 @@ def test_bench_train_reports_both_arms_and_the_ratio(tmp_path):
     build_base(tmp_path / "models" / "base")
     write_prepared(tmp_path / "data" / "prepared", n_train=16, n_val=4)
     params = params_from_dict({"out_root": str(tmp_path),
-                               "rollout": {"max_new_tokens": 8, "batch_size": 8, "cpu_threads": 1},
+                               "rollout": {"batch_size": 8},
                                "train": {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 8,
                                          "kl_rows": 2, "cpu_threads": 1}})
     res = bench_train(params, steps=2)

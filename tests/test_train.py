@@ -341,7 +341,7 @@ def test_a_few_steps_change_the_senior_only(base_dir, rows, tmp_path):
     def score(texts, golds, **kw):  # a reward with variance for an untrained model: more digits is better
         return [float(sum(ch.isdigit() for ch in t) >= 2) for t in texts]
 
-    res = train_arm("tandem", senior, junior, tok, rows["train"], train, RolloutConfig(max_new_tokens=12),
+    res = train_arm("tandem", senior, junior, tok, rows["train"], train, RolloutConfig(),
                     tmp_path / "tandem", val_rows=rows["val"], score_fn=score, progress=False)
     s = res.summary
     assert s["steps"] == 3 and s["loss_finite"] and s["junior_unchanged"]
@@ -364,7 +364,7 @@ def test_a_few_steps_change_the_senior_only(base_dir, rows, tmp_path):
 
     # Rerunning a finished arm trains nothing and rebuilds the same summary from the last checkpoint.
     senior2, junior2, _ = _load(base_dir)
-    again = train_arm("tandem", senior2, junior2, tok, rows["train"], train, RolloutConfig(max_new_tokens=12),
+    again = train_arm("tandem", senior2, junior2, tok, rows["train"], train, RolloutConfig(),
                       tmp_path / "tandem", score_fn=score, progress=False)
     assert again.summary["resumed_from"] == "step-3" and again.summary["steps"] == 3
     assert again.summary["reward_mean"] == pytest.approx(s["reward_mean"])

@@ -56,8 +56,8 @@ class TandemEngine:
     back, with a warning, to the lockstep algorithm through the models' own forward (same distribution,
     about twice the cost); True requires the kernel; False forces the fallback.
     `cpu_threads` sets torch's intra-op threads during `generate` (restored after); tiny models on a shared
-    CPU run several times faster with 1 (RolloutConfig.cpu_threads). `vllm_options` go to `VLLMBackend`
-    (e.g. lookahead, gpu_memory_utilization, senior_path, junior_path).
+    CPU run several times faster with 1 (the train stage sets `train.cpu_threads` for its whole run instead).
+    `vllm_options` go to `VLLMBackend` (e.g. lookahead, gpu_memory_utilization, senior_path, junior_path).
     """
 
     def __init__(self, senior: Any, junior: Any | None, tokenizer: Any, backend: str = "hf", device: Any = None,

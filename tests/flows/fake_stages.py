@@ -9,6 +9,8 @@ import threading
 import types
 from pathlib import Path
 
+import yaml
+
 from tasks.common import Layout
 
 DVC_YAML = """\
@@ -53,12 +55,16 @@ stages:
           cache: false
 """
 
-PARAMS_YAML = """\
-seed: 0
-model: {hidden_size: 16}
-train: {arms: [tandem, grpo], steps: 2, report_to: none}
-evaluate: {modes: [solo, step], ks: [1], n_samples: 2}
-"""
+def _params_yaml() -> str:
+    """A complete params file (the flow loads it strictly): the tiny test pipeline's, with the fake's values."""
+    raw = yaml.safe_load((Path(__file__).with_name("tiny_params.yaml")).read_text())
+    raw["model"]["hidden_size"] = 16
+    raw["train"].update(arms=["tandem", "grpo"], steps=2, report_to="none")
+    raw["evaluate"].update(modes=["solo", "step"], ks=[1], n_samples=2)
+    return yaml.safe_dump(raw, sort_keys=False)
+
+
+PARAMS_YAML = _params_yaml()
 
 
 class Recorder:

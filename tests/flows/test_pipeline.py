@@ -57,8 +57,8 @@ def _related(a: str, b: str) -> bool:
     return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
 
 
-# Stage outputs DVC deliberately does not track: the evaluation result cache and tracker run files.
-UNTRACKED = ("results/cache/", "runs/")
+# Stage outputs DVC deliberately does not track: crash-resume state (scratch/) and tracker run files.
+UNTRACKED = ("scratch/", "runs/")
 
 
 def test_dvc_yaml_declares_what_each_stage_reads_and_writes():
@@ -234,7 +234,7 @@ def test_a_rerun_with_nothing_changed_runs_nothing(project, monkeypatch, prefect
     assert (project / "dvc.lock").read_text() == lock
     assert all(v == {"skipped": True} for k, v in state.result()["stages"].items() if k != "report")
     # a changed parameter makes its stage and everything downstream stale again (as for dvc repro)
-    (project / "params.yaml").write_text(fake_stages.PARAMS_YAML.replace("steps: 2", "steps: 3"))
+    (project / "params.yaml").write_text(fake_stages.PARAMS_YAML.replace("\n  steps: 2\n", "\n  steps: 3\n"))
     assert fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True).is_completed()
     assert rec.calls[len(first):][:2] == ["train-tandem", "train-grpo"]
     assert "prepare" not in rec.calls[len(first):] and "base" not in rec.calls[len(first):]

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # What the copy leaves out: environments, VCS, generated outputs (top level only), caches (anywhere).
 _TOP = {".venv", ".git", ".dvc", "dvc.lock", "models", "results", "reports", "metrics", "runs", "wandb", "registry",
-        ".prefect", ".pytest_cache", "dvc-remote"}
+        "scratch", ".prefect", ".pytest_cache", "dvc-remote"}
 
 
 def _ignore(directory: str, names: list[str]) -> set[str]:

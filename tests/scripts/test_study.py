@@ -54,25 +54,26 @@ def test_gain_must_exceed_seed_spread_and_paired_error():
     assert study.tabulate(base, tiny, {})[0]["arms"]["grpo"]["sampled"]["gain_exceeds_noise"] is False
 
 
-def test_prepare_root_links_base_and_data_and_sets_preset_seed(tmp_path):
+def test_prepare_root_links_base_and_data_and_sets_seed_and_root(tmp_path):
     study = _study()
     main = tmp_path / "main"
     (main / "data" / "prepared").mkdir(parents=True)
     (main / "models" / "base").mkdir(parents=True)
-    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params = main / "params.yaml"
+    raw = yaml.safe_load((ROOT / "params.study.yaml").read_text())
+    params = main / "params.study.yaml"
     params.write_text(yaml.safe_dump(raw))
-    root = study.prepare_root(params, tmp_path / "studies", 3, ["train.steps=7", "rollout.batch_size=16"])
+    root = study.prepare_root(params, tmp_path / "studies", 3)
     got = yaml.safe_load((root / "params.yaml").read_text())
-    assert got["preset"] == "study" and got["seed"] == 3 and got["out_root"] == str(root)
-    assert got["presets"]["study"]["train"]["steps"] == 7
-    assert got["presets"]["study"]["rollout"]["batch_size"] == 16
+    assert got["seed"] == 3 and got["out_root"] == str(root)
+    # everything else is the study file as written: the per-seed file is a complete record of its run
+    assert {k: v for k, v in got.items() if k not in ("seed", "out_root")} == \
+        {k: v for k, v in raw.items() if k not in ("seed", "out_root")}
     assert (root / "models" / "base").resolve() == (main / "models" / "base").resolve()
     assert (root / "data" / "prepared").resolve() == (main / "data" / "prepared").resolve()
-    from tandem.config import params_from_dict
+    from tasks.common import load_params
 
-    p = params_from_dict(got)
-    assert p.train.steps == 7 and p.seed == 3
+    p = load_params(root / "params.yaml")
+    assert p.train.steps == raw["train"]["steps"] and p.seed == 3
 
 
 def test_prepare_root_explains_a_missing_base(tmp_path):
@@ -80,4 +81,4 @@ def test_prepare_root_explains_a_missing_base(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text((ROOT / "params.yaml").read_text())
     with pytest.raises(SystemExit, match="dvc repro base"):
-        study.prepare_root(params, tmp_path / "studies", 0, [])
+        study.prepare_root(params, tmp_path / "studies", 0)

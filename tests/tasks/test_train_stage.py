@@ -2,7 +2,8 @@
 
 The stage runs exactly as DVC runs it (a fresh interpreter, `tasks.train.main`) on a tiny base and a few
 prepared rows. One run goes uninterrupted; another is killed with SIGKILL right after its first checkpoint
-and rerun: it must finish with the same steps, the same checkpoints and the same final weights.
+(in scratch/train/<arm>/, where runs resume) and rerun: it must finish with the same steps, the same
+checkpoints and the same final weights, materialised in the declared output models/checkpoints/<arm>/.
 """
 
 from __future__ import annotations
@@ -24,19 +25,20 @@ REPO = TESTS.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from params_files import complete_params  # noqa: E402
 from train_fixtures import build_base, write_prepared  # noqa: E402
 
 STEPS, SAVE_EVERY = 6, 2
 
 
 def _params(out_root: Path) -> Path:
-    raw = {
+    raw = complete_params({
         "seed": 0, "out_root": str(out_root),
-        "rollout": {"max_new_tokens": 12, "batch_size": 8, "cpu_threads": 1},
+        "rollout": {"batch_size": 8},
         "train": {"arms": ["tandem"], "steps": STEPS, "prompts_per_step": 2, "group_size": 4,
                   "max_new_tokens": 12, "save_every": SAVE_EVERY, "learning_rate": 0.01, "warmup_steps": 1,
                   "kl_rows": 4, "report_to": "wandb", "val_every": 3, "val_problems": 4, "cpu_threads": 1},
-    }
+    })
     path = out_root / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -80,7 +82,7 @@ def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(base_src, tmp_pat
 
     # Kill the second run with SIGKILL as soon as its first checkpoint is committed (mid-run).
     victim = _start(p_crash)
-    arm_dir = crashed / "models" / "checkpoints" / "tandem"
+    arm_dir = crashed / "scratch" / "train" / "tandem"
     deadline = time.time() + 240
     while not (arm_dir / f"step-{SAVE_EVERY}").exists():
         assert victim.poll() is None, victim.communicate()[0][-4000:]
@@ -91,6 +93,7 @@ def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(base_src, tmp_pat
     assert victim.returncode == -signal.SIGKILL
     assert [s for s, _ in complete_checkpoints(arm_dir)][-1] < STEPS  # it really stopped mid-run
     assert not (crashed / "metrics" / "train_tandem.json").exists()
+    assert not (crashed / "models" / "checkpoints" / "tandem").exists()  # the output appears only when complete
 
     _finish(ref)
     _finish(_start(p_crash))
