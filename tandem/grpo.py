@@ -8,9 +8,13 @@ optimisation pass per rollout batch, one process, no gradient accumulation):
 
     advantages_B  = (r_b - mean(group of b)) / (std(group of b) + 1e-4)          std with Bessel's correction
     ratio_BT      = exp(logp_BT - old_logp_BT)                                     old = the sampling policy
-    objective_BT  = -min(ratio * A_b, clip(ratio, 1 - eps_low, 1 + eps_high) * A_b) + beta * k3_kl_BT
+    objective_BT  = -min(ratio * A_b, clip(ratio, 1 - eps_low, 1 + eps_high) * A_b) + beta * ratio * k3_kl_BT
     loss_mask_BT  = completion_mask_BT & (owner_BT == SENIOR)                      junior tokens get no gradient
     loss          = sum(objective_BT * loss_mask_BT) / sum(loss_mask_BT)           token mean over the batch
+
+The KL term (kl_reg arm only) is weighted by the importance ratio: trl 1.16's `use_bias_correction_kl`
+defaults to True and the project keeps it, which makes the KL gradient the unbiased reverse-KL gradient
+(DeepSeek-V3.2); the ratio is 1 in value on-policy but still carries a gradient.
 
 `logp_BT` are log-probabilities of the sampled tokens under the current senior at the sampling temperature
 (log_softmax(logits / T)); trl recomputes them from the model, the engine records `old_logp_BT` while
@@ -91,11 +95,15 @@ def token_mean(values_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
 
 def grpo_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, advantages_B: torch.Tensor,
               mask_BT: torch.Tensor, epsilon: float = 0.2, beta: float = 0.0,
-              ref_logp_BT: torch.Tensor | None = None) -> torch.Tensor:
-    """The scalar loss of one batch: token mean of the clipped objective (+ beta * k3 KL) over `mask_BT`."""
+              ref_logp_BT: torch.Tensor | None = None, kl_bias_correction: bool = True) -> torch.Tensor:
+    """The scalar loss of one batch: token mean over `mask_BT` of the clipped objective plus, when beta > 0,
+    beta * k3 KL to the reference (times the importance ratio when `kl_bias_correction`, trl's default)."""
     per_token_BT = clipped_objective_BT(logp_BT, old_logp_BT, advantages_B, epsilon)
     if beta != 0.0:
         if ref_logp_BT is None:
             raise ValueError("beta != 0 needs the reference model's log-probs (ref_logp_BT)")
-        per_token_BT = per_token_BT + beta * k3_kl_BT(logp_BT, ref_logp_BT)
+        kl_BT = k3_kl_BT(logp_BT, ref_logp_BT)
+        if kl_bias_correction:
+            kl_BT = kl_BT * torch.exp(logp_BT - old_logp_BT)
+        per_token_BT = per_token_BT + beta * kl_BT
     return token_mean(per_token_BT, mask_BT)
