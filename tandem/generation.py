@@ -45,15 +45,10 @@ def cut_at_eos(ids: Sequence[int], owner: Sequence[int], eos_ids: Iterable[int])
 
 
 def eos_token_ids(tokenizer, model=None) -> list[int]:
-    """EOS ids from the model's generation config (may list several) and the tokenizer."""
-    ids: set[int] = set()
-    gc = getattr(model, "generation_config", None)
-    e = getattr(gc, "eos_token_id", None)
-    if e is not None:
-        ids.update(e if isinstance(e, (list, tuple)) else [e])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
+    """EOS ids of the tokenizer and the model's generation config and config: where the engine stops too."""
+    from tandem.rollout.engine import collect_eos_ids
+
+    return collect_eos_ids(tokenizer, model)
 
 
 def default_score_fn(workers: int = 1, timeout: float = 5.0) -> ScoreFn:

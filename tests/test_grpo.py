@@ -1,5 +1,6 @@
-"""The GRPO objective of tandem/grpo.py: each function against a naive loop, and the whole loss against trl's
-own `compute_loss` on one batch (so a trl upgrade that changes the maths fails here)."""
+"""The GRPO functions against naive loops, and the whole loss against trl's own `compute_loss` on one batch.
+
+A trl upgrade that changes the maths fails here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for tandem.models: tokenizer, chat template, tiny model, pretraining, generation, save/load, hub errors."""
+"""Tests for tandem.models: tokenizer, chat template, tiny model, pretraining, save/load, hub errors."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The analysis of teacher-forced statistics: legibility and drift per checkpoint, the shared KL histogram, and
-the reference arm's most-drifted token types (the numbers of `metrics/analysis.json`, docs/metrics.md).
+"""The analysis numerics: legibility and drift per checkpoint, the shared KL histogram, most-drifted token types.
+
+These are the numbers of `metrics/analysis.json` (docs/metrics.md); the analyze stage only reads and writes.
 
 Input: for each checkpoint, `stats_by_b` = {benchmark: [one dict per completion]} where each dict holds the
 float arrays of `tandem.evaluation.teacher_forced_stats` (`junior_nll`, `overlap`, `kl`, `logratio`, one value
