@@ -2,10 +2,11 @@
 
 Stage plumbing (paths, caching on disk, JSON/CSV tables) lives in `tasks/evaluate.py` and
 `tasks/analyze.py`; this module holds what a notebook would import: enumerate an arm's checkpoints
-(`list_checkpoints`), hash a model directory's weights (`content_hash`), key a result by everything that
-determines its distribution (`result_key`), generate and score `n` samples per problem of one benchmark
-in one mode (`run_benchmark`), summarise them (`summarize_benchmark`), and teacher-force a senior and the
-base on saved completions (`teacher_forced_stats`). Definitions: docs/metrics.md.
+(`list_checkpoints`, from `tandem.checkpoints`), hash a model directory's weights (`content_hash`), key a
+result by everything that determines its distribution (`result_key`), generate and score `n` samples per
+problem of one benchmark in one mode (`run_benchmark`, over the shared `tandem.generation` path), summarise
+them (`summarize_benchmark`), and teacher-force a senior and the base on saved completions
+(`teacher_forced_stats`, over `tandem.logprobs`). Definitions: docs/metrics.md.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@
   it, build a ~1M-parameter Qwen3 and pretrain it on the CPU, logging a learning curve;
 - `hub`: snapshot `model.hub_id` at `model.revision` (safetensors only; resolved commit recorded);
 - `path`: copy (hard-link where possible) a local Hugging Face model directory after checking it.
-The model directory is written atomically to `models/base/`. Then greedy and sampled (temperature 1)
-accuracy on each prepared evaluation benchmark (at most `model.eval_problems` each) goes to
+The model directory is written atomically to `models/base/`. Then greedy and sampled (temperature 1, no top-k
+or top-p: the training distribution) accuracy, through the sampler that validation and evaluate use
+(`tandem.generation`), on each prepared evaluation benchmark (at most `model.eval_problems` each) goes to
 `metrics/base.json` with the pretraining summary and the token lengths of prompts and reference solutions.
 `python -m tasks.base [params.yaml]` runs it directly.
 """
