@@ -81,7 +81,8 @@ def score_model(model_dir: Path, rows: list[dict], temperature: float, samples: 
     """Greedy and sampled per-problem accuracy of one model on `rows` (fixed sampling seed: paired across models)."""
     import torch
 
-    from tandem.models import accuracy, load_model, load_tokenizer
+    from tandem.generation import accuracy
+    from tandem.models import load_model, load_tokenizer
 
     torch.set_num_threads(1)
     model, tok = load_model(model_dir), load_tokenizer(model_dir)

@@ -4,7 +4,7 @@ The tiny path exists so the whole pipeline runs on a CPU in minutes: a byte-leve
 the synthetic corpus (word starts visible as `Ġ`/`Ċ`, every digit its own token, so a number is a bare `Ġ`
 followed by its digits), a ~1M-parameter `Qwen3ForCausalLM`, and supervised pretraining on reference
 solutions. Loading goes through safetensors only and never runs model code unless asked
-(`trust_remote_code`). Accuracy helpers generate with left padding and score with `tandem.rewards`.
+(`trust_remote_code`). Accuracy is measured by `tandem.generation` (the sampler every stage shares).
 """
 
 from __future__ import annotations
@@ -377,81 +377,4 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
         "final_loss": round(sum(tail) / len(tail), 4) if tail else None,
         "params": n_params(model), "n_sequences": len(examples),
         "max_sequence_tokens": max(lengths), "curve": curve,
-    }
-
-
-# --------------------------------------------------------------------------------------------------
-# Generation and accuracy
-# --------------------------------------------------------------------------------------------------
-
-@torch.no_grad()
-def generate_completions(model, tokenizer, messages: Sequence[str], max_new_tokens: int = 160,
-                         temperature: float = 0.0, batch_size: int = 64, seed: int = 0) -> list[dict]:
-    """Complete each user message (chat-rendered, left-padded batches); temperature 0 means greedy.
-
-    Returns one dict per message: `text` (decoded up to, not including, the first EOS), `n_tokens`
-    (generated tokens up to and including EOS) and `finished` (an EOS was produced within the budget).
-    Sampling is plain temperature sampling (no top-k/top-p), seeded per call.
-    """
-    from transformers import GenerationConfig
-
-    was_training = model.training
-    model.eval()
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    prompts = [render_prompt(m, tokenizer) for m in messages]
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                           temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
-                           eos_token_id=eos, pad_token_id=pad, bos_token_id=None)
-    out: list[dict | None] = [None] * len(prompts)
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            for s in range(0, len(order), batch_size):
-                idx = order[s:s + batch_size]
-                enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
-                                add_special_tokens=False)
-                seq = model.generate(**enc, generation_config=gen)
-                new_BT = seq[:, enc["input_ids"].shape[1]:]
-                for row, i in enumerate(idx):
-                    ids = new_BT[row].tolist()
-                    finished = eos in ids
-                    cut = ids.index(eos) if finished else len(ids)
-                    out[i] = {"text": tokenizer.decode(ids[:cut], skip_special_tokens=True),
-                              "n_tokens": cut + int(finished), "finished": finished}
-    finally:
-        tokenizer.padding_side = side
-        if was_training:
-            model.train()
-    return out  # type: ignore[return-value]
-
-
-def accuracy(model, tokenizer, messages: Sequence[str], golds: Sequence[str], max_new_tokens: int = 160,
-             temperature: float = 0.0, batch_size: int = 64, seed: int = 0, n_samples: int = 1,
-             score_workers: int = 1) -> dict:
-    """Mean correctness of generations scored by `tandem.rewards.score_many` (greedy when temperature 0).
-
-    With `n_samples` > 1 each message is sampled that many times. Returns accuracy, per-message mean
-    scores, mean/max completion tokens and the share that ended with EOS.
-    """
-    from tandem.rewards import score_many
-
-    if len(messages) != len(golds):
-        raise ValueError(f"{len(messages)} messages but {len(golds)} gold answers")
-    if not messages:
-        raise ValueError("accuracy needs at least one message")
-    reps = n_samples if temperature > 0 else 1
-    msgs = [m for m in messages for _ in range(reps)]
-    gens = generate_completions(model, tokenizer, msgs, max_new_tokens, temperature, batch_size, seed)
-    scores = score_many([g["text"] for g in gens], [g for g in golds for _ in range(reps)],
-                        workers=score_workers)
-    per = [sum(scores[i * reps:(i + 1) * reps]) / reps for i in range(len(messages))]
-    return {
-        "accuracy": sum(per) / len(per),
-        "per_problem": per,
-        "mean_tokens": sum(g["n_tokens"] for g in gens) / len(gens),
-        "max_tokens": max(g["n_tokens"] for g in gens),
-        "finished": sum(g["finished"] for g in gens) / len(gens),
     }

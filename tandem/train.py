@@ -38,11 +38,14 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import TrainerCallback
 
+from tandem.checkpoints import STAGING_PREFIX, STEP_PREFIX  # noqa: F401  (re-exported)
+from tandem.checkpoints import STATE_FILE as TANDEM_STATE
+from tandem.checkpoints import clean_arm_dir, commit_dir, complete_checkpoints, latest_checkpoint  # noqa: F401
 from tandem.config import ARMS, RolloutConfig, TrainConfig
+from tandem.grpo import k3_kl_BT  # noqa: F401  (re-exported: the maths lives in tandem.grpo)
+from tandem.logprobs import token_logprobs_B
+from tandem.rollout.factory import rollout_engine as make_engine
 
-TANDEM_STATE = "tandem_state.json"
-STAGING_PREFIX = "checkpoint-"  # what trl/transformers writes; renamed to step-<N> once complete
-STEP_PREFIX = "step-"
 TANDEM_SCHEDULES = ("word", "step", "token")
 
 
@@ -93,16 +96,6 @@ def run_fingerprint(spec: ArmSpec, train: TrainConfig, rollout: RolloutConfig, s
 # Small pure functions
 # --------------------------------------------------------------------------------------------------
 
-def k3_kl_BT(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor) -> torch.Tensor:
-    """Schulman's k3 estimator of KL(pi || ref) per sampled token: exp(d) - d - 1 with d = ref - logp.
-
-    Naive equivalent: `[[math.exp(r - l) - (r - l) - 1 for l, r in zip(lrow, rrow)] for ...]`. Unbiased for
-    KL(pi || ref) when the tokens are sampled from pi, and >= 0 for every token. trl's KL penalty uses the same.
-    """
-    d_BT = ref_logp_BT - logp_BT
-    return torch.exp(d_BT) - d_BT - 1.0
-
-
 def zero_variance_fraction(rewards_B: Sequence[float], group_size: int) -> float:
     """Share of prompt groups (consecutive runs of `group_size` rewards) whose rewards are all equal.
 
@@ -112,31 +105,6 @@ def zero_variance_fraction(rewards_B: Sequence[float], group_size: int) -> float
         raise ValueError(f"{len(rewards_B)} rewards do not split into groups of {group_size}")
     groups = [rewards_B[i:i + group_size] for i in range(0, len(rewards_B), group_size)]
     return sum(max(g) == min(g) for g in groups) / max(len(groups), 1)
-
-
-@torch.no_grad()
-def token_logprobs_B(model, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
-                     temperature: float, pad_id: int) -> list[list[float]]:
-    """Log-prob under `model` (logits / temperature) of every completion token, one list per row.
-
-    Rows are right-padded so every row starts at position 0 (no position shift from padding).
-    """
-    seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
-    width = max(len(s) for s in seqs)
-    ids_BT = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attn_BT = torch.zeros((len(seqs), width), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids_BT[b, :len(s)] = torch.tensor(s)
-        attn_BT[b, :len(s)] = 1
-    device = next(model.parameters()).device
-    logits_BTV = model(input_ids=ids_BT.to(device), attention_mask=attn_BT.to(device)).logits.float()
-    logp_BTV = torch.log_softmax(logits_BTV / temperature, dim=-1)
-    out = []
-    for b, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-        pos_T = torch.arange(len(p) - 1, len(p) + len(c) - 1, device=device)
-        tgt_T = torch.tensor(list(c), dtype=torch.long, device=device)
-        out.append(logp_BTV[b, pos_T, tgt_T].tolist())
-    return out
 
 
 def weights_hash(model) -> str:
@@ -323,7 +291,7 @@ class Validation(TrainerCallback):
         self.initial: float | None = None
 
     def _measure(self, model) -> float:
-        from tandem.models import accuracy
+        from tandem.generation import accuracy
 
         return float(accuracy(model, self.tokenizer, self.messages, self.golds, self.max_new_tokens,
                               temperature=0.0, batch_size=self.batch_size,
@@ -383,36 +351,6 @@ class ProgressBar(TrainerCallback):
             self.bar = None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: Path) -> None:
-    # Data on disk before the rename publishes it: a power cut must not leave a named but empty checkpoint.
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_dir(path)
-
-
-def commit_dir(staging: Path, final: Path) -> None:
-    """Make `staging` appear as `final` in one rename (replacing an older `final` if any)."""
-    _fsync_tree(staging)
-    old = None
-    if final.exists():
-        old = final.with_name(f".old-{final.name}-{os.getpid()}")
-        os.replace(final, old)
-    os.replace(staging, final)
-    _fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def _make_trainer_class():
     """Subclass trl's GRPOTrainer lazily (importing trl costs seconds; keep `import tandem.train` cheap)."""
     import warnings
@@ -448,49 +386,6 @@ def _make_trainer_class():
             commit_dir(staging, staging.parent / f"{STEP_PREFIX}{step}")
 
     return TandemGRPOTrainer
-
-
-# --------------------------------------------------------------------------------------------------
-# Checkpoint discovery
-# --------------------------------------------------------------------------------------------------
-
-def complete_checkpoints(arm_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(step, path) of every complete `step-<N>` checkpoint under `arm_dir`, by step."""
-    arm_dir = Path(arm_dir)
-    out = []
-    if not arm_dir.is_dir():
-        return out
-    for p in arm_dir.iterdir():
-        if not (p.is_dir() and p.name.startswith(STEP_PREFIX) and p.name[len(STEP_PREFIX):].isdigit()):
-            continue
-        needed = (TANDEM_STATE, "trainer_state.json", "config.json")
-        if all((p / f).exists() for f in needed) and list(p.glob("*.safetensors")):
-            out.append((int(p.name[len(STEP_PREFIX):]), p))
-    return sorted(out)
-
-
-def latest_checkpoint(arm_dir: str | os.PathLike, fingerprint: str | None = None) -> Path | None:
-    """The last complete checkpoint (of the run with `fingerprint`, when given), or None."""
-    for _, p in reversed(complete_checkpoints(arm_dir)):
-        if fingerprint is None or json.loads((p / TANDEM_STATE).read_text()).get("fingerprint") == fingerprint:
-            return p
-    return None
-
-
-def clean_arm_dir(arm_dir: Path, fingerprint: str) -> list[str]:
-    """Remove staging leftovers of a crash and checkpoints of a different run; returns what was removed."""
-    removed = []
-    if not arm_dir.is_dir():
-        return removed
-    for p in arm_dir.iterdir():
-        stale = p.name.startswith((STAGING_PREFIX, ".old-"))
-        if p.is_dir() and p.name.startswith(STEP_PREFIX):
-            st = p / TANDEM_STATE
-            stale = not st.exists() or json.loads(st.read_text()).get("fingerprint") != fingerprint
-        if stale:
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-            removed.append(p.name)
-    return removed
 
 
 # --------------------------------------------------------------------------------------------------
@@ -661,22 +556,6 @@ def _wipe(arm_dir: Path) -> list[str]:
     for p in arm_dir.iterdir() if arm_dir.is_dir() else []:
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     return removed
-
-
-def make_engine(senior, junior, tokenizer, rollout: RolloutConfig):
-    """The rollout engine of training, configured from the `rollout` section.
-
-    With the `vllm` backend the engine keeps its own vLLM copies of both models and copies the live senior's
-    weights into its engine before each call, so trl's own vLLM (`use_vllm`) stays off.
-    """
-    from tandem.rollout.engine import TandemEngine
-
-    vllm_options = None
-    if rollout.backend == "vllm":
-        vllm_options = {"lookahead": rollout.vllm_lookahead, "gpu_memory_utilization": rollout.vllm_gpu_memory}
-    return TandemEngine(senior, junior, tokenizer, backend=rollout.backend,
-                        device=next(senior.parameters()).device,
-                        vllm_options=vllm_options)
 
 
 def sampling_params(train: TrainConfig):

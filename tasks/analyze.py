@@ -16,14 +16,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from tandem.checkpoints import generations_file
 from tandem.config import Params
 from tandem.evaluation import content_hash, teacher_forced_stats, torch_threads
-from tandem.metrics.drift import histogram_counts, per_type_sums_V, quantiles, top_types
-from tandem.metrics.passk import macro_mean
+from tandem.metrics.analysis import analyze_checkpoints
 from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json
 from tasks.evaluate import write_csv
-
-HIST_QUANTILE = 0.99  # the shared histogram spans [0, the largest 0.99-quantile]; the last bin takes the rest
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
@@ -42,7 +40,7 @@ def _resolve(path: str, root: Path) -> Path:
 def _solo_generations(gen_dir: Path, arm: str, step: int, benchmarks: list[str]) -> dict[str, list[dict]]:
     out = {}
     for b in benchmarks:
-        f = gen_dir / arm / f"step-{step}" / "solo" / f"{b}.jsonl"
+        f = generations_file(gen_dir, arm, step, "solo", b)
         if not f.exists():
             raise FileNotFoundError(f"analyze: missing solo generations {f}; rerun evaluate with 'solo' in "
                                     f"evaluate.modes")
@@ -65,22 +63,6 @@ def _checkpoint_stats(senior, base, gens: dict[str, list[dict]], batch_size: int
         s["targets"] = np.asarray(r["completion_ids"], dtype=np.int64)
         out[b].append(s)
     return out
-
-
-def _per_completion_mean(stats: list[dict[str, np.ndarray]], name: str) -> float | None:
-    vals = [float(s[name].mean()) for s in stats if s[name].size]
-    return float(np.mean(vals)) if vals else None
-
-
-def _pooled(stats_by_b: dict[str, list[dict]], name: str) -> np.ndarray:
-    arrs = [s[name] for rows in stats_by_b.values() for s in rows]
-    return np.concatenate(arrs) if arrs else np.zeros(0, dtype=np.float32)
-
-
-def _type_sums(stats_by_b: dict[str, list[dict]], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    lr = torch.from_numpy(_pooled(stats_by_b, "logratio"))[None]
-    ids = torch.from_numpy(_pooled(stats_by_b, "targets").astype(np.int64))[None]
-    return per_type_sums_V(lr, ids, torch.ones_like(ids), vocab)
 
 
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
@@ -133,84 +115,22 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
                                                    params.evaluate.progress, f"analyze {arm} step-{c['step']}")
             del senior
 
-    # Shared KL histogram edges, so every arm and checkpoint is binned alike.
-    q_hi = [float(np.quantile(k, HIST_QUANTILE)) for k in (_pooled(s, "kl") for s in by_hash.values()) if k.size]
-    edges = np.linspace(0.0, max(q_hi + [1e-6]), an.kl_bins + 1)
-
-    # The reference arm's most-drifted token types.
-    reference: dict[str, Any] = {"arm": an.reference_arm, "step": None, "hash": None, "n_types": 0, "tokens": []}
-    top_ids: list[int] = []
-    if an.reference_arm in arms:
-        last = ev["arms"][an.reference_arm]["checkpoints"][-1]
-        if last["step"] > 0:
-            s_V, c_V = _type_sums(by_hash[last["hash"]], vocab)
-            top_ids = top_types(s_V, c_V, an.top_drift_tokens, an.min_type_count)
-            toks = tok.convert_ids_to_tokens(top_ids)
-            reference.update(step=last["step"], hash=last["hash"], n_types=len(top_ids), tokens=[
-                {"rank": r + 1, "id": i, "token": t, "count": int(c_V[i]), "logratio": float(s_V[i] / c_V[i])}
-                for r, (i, t) in enumerate(zip(top_ids, toks))])
-    top_set = torch.tensor(top_ids, dtype=torch.long)
-
-    out_arms: dict[str, Any] = {}
-    for arm in arms:
-        rows = []
-        for c in ev["arms"][arm]["checkpoints"]:
-            st = by_hash[c["hash"]]
-            rows.append(_checkpoint_entry(c, st, benchmarks, edges, an.quantiles, top_set, vocab))
-        last_st = by_hash[ev["arms"][arm]["checkpoints"][-1]["hash"]]
-        s_V, c_V = _type_sums(last_st, vocab)
-        final = [{"id": i, "count": int(c_V[i]), "logratio": float(s_V[i] / c_V[i]) if c_V[i] > 0 else None}
-                 for i in top_ids]
-        out_arms[arm] = {"checkpoints": rows, "top_tokens_final": final}
-
-    summary = {}
-    for arm, a in out_arms.items():
-        last = a["checkpoints"][-1]
-        summary[arm] = {"final_step": last["step"], "junior_ce": last["legibility"]["junior_ce"]["macro"],
-                        "overlap": last["legibility"]["overlap"]["macro"], "kl_mean": last["drift"]["kl"]["mean"],
-                        "logratio_top": last["drift"]["top_tokens"]["mean_logratio"]}
-    doc = {
-        "settings": {"top_drift_tokens": an.top_drift_tokens, "min_type_count": an.min_type_count,
-                     "kl_bins": an.kl_bins, "quantiles": list(an.quantiles), "reference_arm": an.reference_arm,
-                     "benchmarks": benchmarks},
-        "kl_histogram_edges": edges.tolist(), "reference": reference, "arms": out_arms, "summary": summary,
-    }
+    doc = {"settings": {"top_drift_tokens": an.top_drift_tokens, "min_type_count": an.min_type_count,
+                        "kl_bins": an.kl_bins, "quantiles": list(an.quantiles), "reference_arm": an.reference_arm,
+                        "benchmarks": benchmarks}}
+    doc.update(analyze_checkpoints(
+        {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, by_hash, benchmarks, vocab,
+        reference_arm=an.reference_arm, top_drift_tokens=an.top_drift_tokens, min_type_count=an.min_type_count,
+        kl_bins=an.kl_bins, qs=an.quantiles, to_tokens=tok.convert_ids_to_tokens))
+    out_arms = doc["arms"]
     with atomic_path(outputs["plots"]) as tmp:
         tmp.mkdir()
         for arm in arms:
             write_csv(tmp / f"{arm}.csv", *_arm_table(out_arms[arm], an.quantiles, benchmarks))
-        write_csv(tmp / "drift_tokens.csv", *_tokens_table(reference, out_arms))
-        write_csv(tmp / "drift_hist.csv", *_hist_table(edges, out_arms))
+        write_csv(tmp / "drift_tokens.csv", *_tokens_table(doc["reference"], out_arms))
+        write_csv(tmp / "drift_hist.csv", *_hist_table(np.asarray(doc["kl_histogram_edges"]), out_arms))
     write_json(outputs["metrics"], doc)
-    return {f"{arm}/{k}": v for arm, s in summary.items() for k, v in s.items() if k != "final_step"}
-
-
-def _checkpoint_entry(c: dict, st: dict[str, list[dict]], benchmarks: list[str], edges: np.ndarray,
-                      qs: list[float], top_set: torch.Tensor, vocab: int) -> dict:
-    ce = {b: _per_completion_mean(st[b], "junior_nll") for b in benchmarks}
-    ov = {b: _per_completion_mean(st[b], "overlap") for b in benchmarks}
-    kl = _pooled(st, "kl")
-    kl_b = {b: (float(np.concatenate([s["kl"] for s in st[b]]).mean())
-                if sum(s["kl"].size for s in st[b]) else None) for b in benchmarks}
-    lr = _pooled(st, "logratio")
-    top: dict[str, Any] = {"mean_logratio": None, "type_mean": None, "coverage": None, "n_tokens": 0}
-    if top_set.numel():
-        ids = torch.from_numpy(_pooled(st, "targets").astype(np.int64))
-        in_top = torch.isin(ids, top_set)
-        s_V, c_V = per_type_sums_V(torch.from_numpy(lr)[None], ids[None], torch.ones_like(ids)[None], vocab)
-        seen = top_set[c_V[top_set] > 0]
-        top = {"mean_logratio": float(torch.from_numpy(lr)[in_top].double().mean()) if in_top.any() else None,
-               "type_mean": float((s_V[seen] / c_V[seen]).mean()) if seen.numel() else None,
-               "coverage": float(seen.numel() / top_set.numel()), "n_tokens": int(in_top.sum())}
-    return {
-        "step": c["step"], "hash": c["hash"], "n_completions": sum(len(st[b]) for b in benchmarks),
-        "n_tokens": int(kl.size),
-        "legibility": {"junior_ce": {"macro": macro_mean(ce), "benchmarks": ce},
-                       "overlap": {"macro": macro_mean(ov), "benchmarks": ov}},
-        "drift": {"kl": {"mean": float(kl.mean()) if kl.size else None, "quantiles": quantiles(kl, qs),
-                         "histogram": histogram_counts(kl, edges), "benchmarks": kl_b},
-                  "logratio_mean": float(lr.mean()) if lr.size else None, "top_tokens": top},
-    }
+    return {f"{arm}/{k}": v for arm, s in doc["summary"].items() for k, v in s.items() if k != "final_step"}
 
 
 def _arm_table(arm: dict, qs: list[float], benchmarks: list[str]):

@@ -6,8 +6,9 @@
   it, build a ~1M-parameter Qwen3 and pretrain it on the CPU, logging a learning curve;
 - `hub`: snapshot `model.hub_id` at `model.revision` (safetensors only; resolved commit recorded);
 - `path`: copy (hard-link where possible) a local Hugging Face model directory after checking it.
-The model directory is written atomically to `models/base/`. Then greedy and sampled (temperature 1)
-accuracy on each prepared evaluation benchmark (at most `model.eval_problems` each) goes to
+The model directory is written atomically to `models/base/`. Then greedy and sampled (temperature 1, no top-k
+or top-p: the training distribution) accuracy, through the sampler that validation and evaluate use
+(`tandem.generation`), on each prepared evaluation benchmark (at most `model.eval_problems` each) goes to
 `metrics/base.json` with the pretraining summary and the token lengths of prompts and reference solutions.
 `python -m tasks.base [params.yaml]` runs it directly.
 """
@@ -78,6 +79,7 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
     """Corpus -> tokenizer -> model -> pretraining (with a learning curve) -> saved HF dir; returns a summary."""
     from tandem import models as M
     from tandem.data.prompts import user_message
+    from tandem.generation import accuracy
 
     mc = params.model
     t0 = time.perf_counter()
@@ -91,9 +93,9 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
     curve_sets = {name: rows[:mc.curve_problems] for name, rows in eval_sets.items()}
 
     def curve_fn(m) -> dict:
-        accs = {name: round(M.accuracy(m, tokenizer, [r["prompt"] for r in rows], [r["answer"] for r in rows],
-                                       max_new_tokens=mc.eval_max_new_tokens, batch_size=mc.eval_batch_size,
-                                       seed=params.seed)["accuracy"], 4)
+        accs = {name: round(accuracy(m, tokenizer, [r["prompt"] for r in rows], [r["answer"] for r in rows],
+                                     max_new_tokens=mc.eval_max_new_tokens, batch_size=mc.eval_batch_size,
+                                     seed=params.seed)["accuracy"], 4)
                 for name, rows in curve_sets.items()}
         return {"greedy": accs, "macro": round(sum(accs.values()) / len(accs), 4)}
 
@@ -150,20 +152,23 @@ def _evaluate(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]])
     import torch
 
     from tandem.data.prompts import render_prompt
-    from tandem.models import accuracy, load_model, load_tokenizer
+    from tandem.generation import accuracy
+    from tandem.models import load_model, load_tokenizer
+    from tandem.rollout.factory import make_engine
 
     mc = params.model
     model = load_model(model_dir, mc.dtype, mc.trust_remote_code)
     if torch.cuda.is_available() and mc.source != "tiny":
         model = model.to("cuda")
     tok = load_tokenizer(model_dir, mc.trust_remote_code)
+    engine = make_engine(model, None, tok, "hf")  # the sampler of train-time validation and of evaluate
     out: dict = {"greedy": {}, "sampled": {}, "benchmarks": {}}
     for name, rows in eval_sets.items():
         msgs, golds = [r["prompt"] for r in rows], [r["answer"] for r in rows]
         g = accuracy(model, tok, msgs, golds, mc.eval_max_new_tokens, temperature=0.0,
-                     batch_size=mc.eval_batch_size, seed=params.seed)
+                     batch_size=mc.eval_batch_size, seed=params.seed, engine=engine)
         s = accuracy(model, tok, msgs, golds, mc.eval_max_new_tokens, temperature=1.0,
-                     batch_size=mc.eval_batch_size, seed=params.seed, n_samples=mc.eval_samples)
+                     batch_size=mc.eval_batch_size, seed=params.seed, n_samples=mc.eval_samples, engine=engine)
         by_steps: dict[str, list[float]] = {}
         for r, a in zip(rows, g["per_problem"]):
             if isinstance(r.get("n_steps"), int):

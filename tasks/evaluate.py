@@ -18,12 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tandem.checkpoints import generations_file, list_checkpoints
 from tandem.config import Params
 from tandem.data.prompts import user_message
-from tandem.evaluation import (FORMAT_VERSION, EvalSettings, content_hash, eos_token_ids, list_checkpoints,
+from tandem.evaluation import (FORMAT_VERSION, EvalSettings, content_hash, eos_token_ids,
                                result_key, rows_hash, run_benchmark, stable_seed, summarize_benchmark,
                                torch_threads)
 from tandem.metrics.passk import macro_mean
+from tandem.rollout.factory import rollout_engine
 from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json, write_jsonl
 
 JUNIOR = "junior"  # pseudo-arm name of the junior floor (the base model alone)
@@ -201,7 +203,8 @@ def _compute(params: Params, unit: dict, todo: dict, base: Path, base_hash: str,
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     junior = _load(base, params, keep={base_hash})
     senior = _load(senior_path, params, keep={base_hash})
-    engine = make_engine(senior, junior, tokenizer, params)
+    # evaluate.cpu_threads already governs threads here, so the engine leaves them as they are
+    engine = rollout_engine(senior, junior, tokenizer, params.rollout, cpu_threads=0)
     eos = eos_token_ids(tokenizer, senior)
     for b, (key, rows) in todo.items():
         t0 = time.perf_counter()
@@ -232,29 +235,21 @@ def make_sampling(settings: EvalSettings):
                           max_new_tokens=settings.max_new_tokens)
 
 
-def make_engine(senior, junior, tokenizer, params: Params):
-    """The rollout engine for evaluation (a seam the tests replace to count or break generation calls)."""
-    from tandem.rollout.engine import TandemEngine
-
-    return TandemEngine(senior, junior, tokenizer, backend=params.rollout.backend,
-                        device=next(senior.parameters()).device)
-
-
 # --------------------------------------------------------------------------------------------------
 # Collection: eval.json, CSV tables, generations tree
 # --------------------------------------------------------------------------------------------------
 
 def _mode_block(h: str, mode: str, base_hash: str, benches: dict, settings: EvalSettings, cache: Path,
-                ks: list[int], copies: list[tuple[Path, str]], gen_dir: str) -> dict:
+                ks: list[int], copies: list[tuple[Path, str]], arm: str, step: int) -> dict:
     out_b = {}
     for b, rows in benches.items():
         key = result_key(h, mode, b, rows_hash(rows), settings, None if mode == "solo" else base_hash)
         meta_p, gen_p = _entry_paths(cache, key)
         if not meta_p.exists():
-            raise RuntimeError(f"evaluate: result {key[:12]} ({gen_dir} {mode} {b}) is missing from {cache}; "
+            raise RuntimeError(f"evaluate: result {key[:12]} ({arm} step {step} {mode} {b}) is missing from {cache}; "
                                f"run every unit of `plan` before `collect`")
         out_b[b] = {"key": key, **read_json(meta_p)["summary"]}
-        copies.append((gen_p, f"{gen_dir}/{mode}/{b}.jsonl"))
+        copies.append((gen_p, str(generations_file("", arm, step, mode, b))))
     macro = {f"pass@{k}": macro_mean({b: s[f"pass@{k}"] for b, s in out_b.items()}) for k in ks}
     macro.update({f: macro_mean({b: s[f] for b, s in out_b.items()}) for f in MACRO_FIELDS})
     return {"macro": macro, "benchmarks": out_b}
@@ -280,13 +275,13 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
 
     junior = {"path": rel(base), "hash": base_hash,
               "modes": {"solo": _mode_block(base_hash, "solo", base_hash, benches, settings, cache, ev.ks,
-                                            copies, f"{JUNIOR}/step-0")}}
+                                            copies, JUNIOR, 0)}}
     arms: dict[str, Any] = {}
     for arm, ckpts in _all_checkpoints(params, inputs).items():
         rows = []
         for c in ckpts:
             h = content_hash(c.path)
-            modes = {m: _mode_block(h, m, base_hash, benches, settings, cache, ev.ks, copies, f"{arm}/{c.name}")
+            modes = {m: _mode_block(h, m, base_hash, benches, settings, cache, ev.ks, copies, arm, c.step)
                      for m in ev.modes}
             rows.append({"step": c.step, "path": rel(c.path), "hash": h, "modes": modes})
         arms[arm] = {"checkpoints": rows}

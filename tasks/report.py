@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from tandem.checkpoints import generations_file
 from tandem.config import Params
 from tandem.report.build import build_report
 from tandem.report.document import Figure, TextBlock
@@ -98,7 +99,7 @@ def examples(eval_data: dict, generations: Path, max_examples: int) -> list[Text
         if not cks or not benches:
             continue
         step = cks[-1].get("step", 0)
-        p = Path(generations) / arm / f"step-{step}" / "solo" / f"{benches[0]}.jsonl"
+        p = generations_file(generations, arm, step, "solo", benches[0])
         if not p.exists():
             continue
         for row in read_jsonl(p)[:max_examples]:

@@ -1,4 +1,4 @@
-"""Tests for tandem.models: tokenizer, chat template, tiny model, pretraining, generation, save/load, hub errors."""
+"""Tests for tandem.models: tokenizer, chat template, tiny model, pretraining, save/load, hub errors."""
 
 from __future__ import annotations
 
@@ -178,49 +178,6 @@ def test_pretrain_rejects_sequences_longer_than_max_position(tok, problems):
     with pytest.raises(ValueError, match="max_position"):
         M.pretrain(M.build_tiny_model(tok, cfg), tok, [(user_message(problems[0].problem), problems[0].solution)],
                    cfg, progress=False)
-
-
-def test_greedy_generation_is_independent_of_left_padding(tok, problems):
-    model = M.build_tiny_model(tok, ModelConfig(**SMALL), seed=3)
-    msgs = [user_message(problems[0].problem), "Hi", user_message(problems[5].problem)]
-    together = M.generate_completions(model, tok, msgs, max_new_tokens=12)
-    alone = [M.generate_completions(model, tok, [m], max_new_tokens=12)[0] for m in msgs]
-    assert [g["text"] for g in together] == [g["text"] for g in alone]
-    assert all(g["n_tokens"] <= 12 for g in together)
-
-
-def test_generation_cuts_at_first_eos(tok):
-    model = M.build_tiny_model(tok, ModelConfig(**SMALL), seed=0)
-    script = [tok.convert_tokens_to_ids(t) for t in ("Ġ", "7")] + [tok.eos_token_id]
-    filler = tok.convert_tokens_to_ids("Ġ")
-    calls = []
-
-    def force(module, inputs, logits_BTV):  # the n-th generation step emits script[n], then filler forever
-        n = len(calls)
-        calls.append(1)
-        out = torch.full_like(logits_BTV, -1e4)
-        out[:, -1, script[n] if n < len(script) else filler] = 0.0
-        return out
-
-    model.lm_head.register_forward_hook(force)
-    g = M.generate_completions(model, tok, ["anything"], max_new_tokens=8)[0]
-    assert g == {"text": " 7", "n_tokens": 3, "finished": True}
-    calls.clear()
-    script[:] = [filler] * 8
-    g = M.generate_completions(model, tok, ["anything"], max_new_tokens=4)[0]
-    assert g == {"text": "    ", "n_tokens": 4, "finished": False}
-
-
-def test_accuracy_scores_with_rewards(tok, monkeypatch):
-    texts = iter(["so \\boxed{5}", "\\boxed{7}", "no box", "\\boxed{3}", "\\boxed{4}", "\\boxed{4}"])
-    monkeypatch.setattr(M, "generate_completions", lambda m, t, msgs, *a, **k: [
-        {"text": next(texts), "n_tokens": 4, "finished": True} for _ in msgs])
-    r = M.accuracy(None, tok, ["a", "b", "c"], ["5", "8", "1"])
-    assert r["accuracy"] == pytest.approx(1 / 3) and r["per_problem"] == [1.0, 0.0, 0.0]
-    r = M.accuracy(None, tok, ["a"], ["4"], temperature=1.0, n_samples=3)
-    assert r["per_problem"] == [pytest.approx(2 / 3)]
-    with pytest.raises(ValueError, match="gold"):
-        M.accuracy(None, tok, ["a"], [])
 
 
 # --------------------------------------------------------------------------------------------------

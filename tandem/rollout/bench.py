@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from tandem.rollout.engine import SamplingParams, TandemEngine
+from tandem.rollout.engine import SamplingParams
+from tandem.rollout.factory import make_engine
 from tandem.rollout.lockstep import lockstep_generate
 
 DEFAULT_MODEL_DIR = "models/base"
@@ -117,7 +118,7 @@ def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: i
         prompts = [p for p in base for _ in range(n_samples)]
         # The junior is a copy: the same weights, but nothing shared that a real tandem pair would not share.
         junior = copy.deepcopy(model)
-        engine = TandemEngine(model, junior, tok)
+        engine = make_engine(model, junior, tok)
         sp = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
 
         def solo(ps=prompts):

@@ -17,6 +17,7 @@ ARMS = ("tandem", "grpo", "kl_reg")
 def build_tree(root: Path, steps=(2, 4), n_problems: int = 3, benchmarks=("arith-short", "arith-long"),
                hidden: int = 32, seed: int = 0) -> Path:
     """out_root with models/base, models/checkpoints/<arm>/step-N (perturbed copies), data/prepared/eval."""
+    from tandem.checkpoints import step_name, write_state
     from tandem.config import ModelConfig
     from tandem.models import build_tiny_model, load_model, load_tokenizer, save_model, train_tokenizer
 
@@ -35,7 +36,9 @@ def build_tree(root: Path, steps=(2, 4), n_problems: int = 3, benchmarks=("arith
             with torch.no_grad():
                 for p in m.parameters():
                     p.add_(0.05 * (a + 1) * step * torch.randn(p.shape, generator=g) * p.std().clamp_min(1e-3))
-            save_model(m, tok, root / "models" / "checkpoints" / arm / f"step-{step}")
+            d = root / "models" / "checkpoints" / arm / step_name(step)
+            save_model(m, tok, d)
+            write_state(d, {"arm": arm, "step": step})  # the marker that makes it a complete checkpoint
     eval_dir = root / "data" / "prepared" / "eval"
     eval_dir.mkdir(parents=True, exist_ok=True)
     for i, b in enumerate(benchmarks):
@@ -62,10 +65,10 @@ def use_engine(monkeypatch, counter: list | None = None, fail_after: int | None 
     after `fail_after` calls the next one raises RuntimeError (a crash in the middle of the stage)."""
     import tasks.evaluate as ev
 
-    real_make = getattr(ev.make_engine, "original", ev.make_engine)  # never wrap a wrapper
+    real_make = getattr(ev.rollout_engine, "original", ev.rollout_engine)  # never wrap a wrapper
 
-    def make(senior, junior, tokenizer, params):
-        eng = real_make(senior, junior, tokenizer, params)
+    def make(senior, junior, tokenizer, rollout, **kw):
+        eng = real_make(senior, junior, tokenizer, rollout, **kw)
         inner = eng.generate
 
         def generate(prompt_ids, schedule, *a, **k):
@@ -79,4 +82,4 @@ def use_engine(monkeypatch, counter: list | None = None, fail_after: int | None 
         return eng
 
     make.original = real_make
-    monkeypatch.setattr(ev, "make_engine", make)
+    monkeypatch.setattr(ev, "rollout_engine", make)

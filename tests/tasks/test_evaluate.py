@@ -22,10 +22,20 @@ import tasks.evaluate as ev
 # Library helpers (fast)
 # --------------------------------------------------------------------------------------------------
 
+def _fake_checkpoint(d, weights: bytes = b"w", marker: bool = True):
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(weights)
+    if marker:
+        (d / "tandem_state.json").write_text("{}")
+
+
 def test_list_checkpoints_orders_steps_and_skips_partial_dirs(tmp_path):
     arm = tmp_path / "ckpt" / "grpo"
-    for name in ("step-10", "step-2", ".step-30.tmpab12", "step-x", "notes"):
-        (arm / name).mkdir(parents=True)
+    for name in ("step-10", "step-2", ".step-30.tmpab12", "step-x", "notes", "checkpoint-12", "step-0"):
+        _fake_checkpoint(arm / name)
+    _fake_checkpoint(arm / "step-20", marker=False)  # training never finished it
+    (arm / "step-30").mkdir()  # an empty folder
     (arm / "step-40").write_text("a file, not a checkpoint")
     got = list_checkpoints(tmp_path / "ckpt", "grpo", tmp_path / "base")
     assert [(c.step, c.path.name) for c in got] == [(0, "base"), (2, "step-2"), (10, "step-10")]
@@ -73,9 +83,7 @@ def test_plan_lists_each_distinct_weights_and_mode_once(tmp_path):
     (tmp_path / "models" / "base").mkdir(parents=True)
     (tmp_path / "models" / "base" / "model.safetensors").write_bytes(b"base")
     for arm, body in (("tandem", b"t"), ("grpo", b"base")):  # grpo's step-5 happens to equal the base
-        d = tmp_path / "models" / "checkpoints" / arm / "step-5"
-        d.mkdir(parents=True)
-        (d / "model.safetensors").write_bytes(body)
+        _fake_checkpoint(tmp_path / "models" / "checkpoints" / arm / "step-5", body)
     p = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem", "grpo", "kl_reg"]},
                           "evaluate": {"modes": ["solo", "step"]}})
     units = ev.plan(p)
