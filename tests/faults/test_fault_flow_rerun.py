@@ -55,21 +55,25 @@ print("FLOW DONE", flush=True)
 """
 
 
-def _run_flow(params: Path, calls: Path, kill_after: int, home: Path) -> subprocess.CompletedProcess:
+def _run_flow(params: Path, calls: Path, kill_after: int, home: Path, log: Path) -> tuple[int, str]:
+    """(exit code, output) of the flow in a child process; the temporary Prefect server dies with it."""
     code = CHILD.format(repo=str(REPO), calls=str(calls), kill_after=kill_after, params=str(params))
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(home),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)  # a temporary server of its own
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=900)
-    finally:
-        try:  # the temporary Prefect server the child started dies with the child's session
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+    # output to a file, not a pipe: the server (a grandchild) would hold a pipe open after the child dies
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=900)
+        finally:
+            try:  # the child's whole session: the temporary Prefect server it started, if still there
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return rc, log.read_text()
 
 
 @pytest.mark.slow
@@ -87,14 +91,14 @@ def test_flow_killed_mid_evaluation_reruns_only_what_is_missing(tmp_path):
     cache = root / "results" / "cache" / "evaluate"
     calls = tmp_path / "calls.txt"
 
-    first = _run_flow(params, calls, kill_after=3, home=tmp_path / "prefect")
-    assert first.returncode == -signal.SIGKILL, first.stdout[-4000:]
+    rc, out = _run_flow(params, calls, kill_after=3, home=tmp_path / "prefect", log=tmp_path / "first.log")
+    assert rc == -signal.SIGKILL, out[-4000:]
     done = {f: f.stat().st_mtime_ns for f in cache.glob("*.json")}
     assert len(done) == 3 and not (root / "metrics" / "eval.json").exists()
 
     calls.unlink()
-    second = _run_flow(params, calls, kill_after=0, home=tmp_path / "prefect")
-    assert second.returncode == 0 and "FLOW DONE" in second.stdout, second.stdout[-4000:]
+    rc, out = _run_flow(params, calls, kill_after=0, home=tmp_path / "prefect", log=tmp_path / "second.log")
+    assert rc == 0 and "FLOW DONE" in out, out[-4000:]
     total = len(list(cache.glob("*.json")))
     assert len(calls.read_text().splitlines()) == total - 3  # only the missing results were generated
     assert {f: f.stat().st_mtime_ns for f in done} == done  # completed results untouched

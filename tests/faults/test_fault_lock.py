@@ -24,10 +24,10 @@ REPO = Path(__file__).resolve().parents[2]
 class Holder:
     """A child process that takes the lock on `root`, says so, and keeps it until told to stop (or killed)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, scope: str | None = None):
         code = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
                 "from tandem.workspace import workspace_lock\n"
-                f"with workspace_lock({str(root)!r}, command='holder'):\n"
+                f"with workspace_lock({str(root)!r}, command='holder', scope={scope!r}):\n"
                 "    print('held', flush=True)\n"
                 "    sys.stdin.readline()\n")
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -93,6 +93,29 @@ def test_different_output_roots_do_not_wait_for_each_other(tmp_path):
         holder.release()
     assert sorted(p.name for p in b.iterdir()) == [LOCK_NAME]  # b's run touched nothing of a's and vice versa
     assert sorted(p.name for p in a.iterdir()) == [LOCK_NAME]
+
+
+def test_two_arms_share_a_root_but_not_an_arm_or_a_whole_root_run(tmp_path):
+    """`tandem stage train --arm A` writes only arm A's files: arms run side by side (dvc, scripts/study.py)."""
+    holder = Holder(tmp_path, scope="train-tandem")
+    try:
+        with workspace_lock(tmp_path, scope="train-grpo"):
+            pass
+        with pytest.raises(WorkspaceBusyError, match="holder"):
+            with workspace_lock(tmp_path, scope="train-tandem"):
+                pass
+        with pytest.raises(WorkspaceBusyError, match="holder"):
+            with workspace_lock(tmp_path):
+                pass
+    finally:
+        holder.release()
+    whole = Holder(tmp_path)
+    try:
+        with pytest.raises(WorkspaceBusyError):
+            with workspace_lock(tmp_path, scope="train-grpo"):
+                pass
+    finally:
+        whole.release()
 
 
 def test_the_lock_is_reentrant_within_one_process(tmp_path):
