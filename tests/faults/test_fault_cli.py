@@ -20,8 +20,9 @@ GOOD_EVAL = [{"id": f"e{i}", "problem": f"Benchmark question {i}: what is {i} ti
              for i in range(3)]
 
 
-def _tandem(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def _tandem(*args: str, env: dict[str, str | None] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "TANDEM_DEBUG": "", **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}  # None: unset
     return subprocess.run([sys.executable, "-m", "cli", *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=300)
 
@@ -113,3 +114,13 @@ def test_a_real_bug_keeps_its_traceback(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(REPO), "TANDEM_DEBUG": ""})
     assert res.returncode != 0 and res.returncode != 2
     assert "ZeroDivisionError" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_tandem_run_through_the_prefect_flow_ends_in_one_message(not_jsonl, tmp_path):
+    """The flow path: Prefect logs the failed task, but no traceback reaches the terminal; exit code 1."""
+    res = _tandem("run", "-p", str(not_jsonl), env={"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": None})
+    assert res.returncode == 1, (res.stdout + res.stderr)[-3000:]
+    _no_traceback(res)
+    assert "pipeline failed: data input refused" in res.stderr and "[rule: json_lines]" in res.stderr
