@@ -30,7 +30,8 @@ from tandem.errors import UserError
 
 STAGES = ("prepare", "base", "train", "evaluate", "analyze", "report")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# pretty_exceptions_show_locals stays off: a traceback must never print local values (tokens, env copies)
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Tandem RL as a reproducible pipeline: stages, the full flow, params checks, benchmarks.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print ratios measured in one process.")
 app.add_typer(bench_app, name="bench")

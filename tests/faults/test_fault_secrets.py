@@ -106,3 +106,9 @@ def test_log_records_are_redacted(monkeypatch):
     finally:
         log.removeHandler(handler)
     assert PLANTED["HF_TOKEN"] not in stream.getvalue() and REDACTED in stream.getvalue()
+
+
+def test_cli_tracebacks_never_show_local_values():
+    from cli.main import app
+
+    assert app.pretty_exceptions_show_locals is False
