@@ -2,6 +2,12 @@
 
 This is the entry point above every layer (top level, next to `flows/`): it imports `tasks/` and `flows/` lazily
 inside each command, so `tandem --help` and `tandem check-params` start fast.
+
+Failures: a params error exits with code 2 before any work; an expected failure (`tandem.errors.UserError`: bad
+data, a missing input, a busy output root, a stopped run, or a missing file) prints one message without a
+traceback and exits with code 1; anything else is a bug and keeps its traceback. `tandem --debug ...` or
+`TANDEM_DEBUG=1` shows the traceback of expected failures too. `tandem run` and `tandem stage` hold the output
+root's lock (tandem/workspace.py) while they work.
 """
 
 from __future__ import annotations
@@ -9,24 +15,84 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 
 from tandem.config import ParamsError
+from tandem.errors import UserError
 
 STAGES = ("prepare", "base", "train", "evaluate", "analyze", "report")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# pretty_exceptions_show_locals stays off: a traceback must never print local values (tokens, env copies)
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Tandem RL as a reproducible pipeline: stages, the full flow, params checks, benchmarks.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print ratios measured in one process.")
 app.add_typer(bench_app, name="bench")
 
 PARAMS_OPT = typer.Option("params.yaml", "--params", "-p", help="params file (YAML) to read")
+WAIT_OPT = typer.Option(False, "--wait", help="if another run holds this output root, wait for it instead of stopping")
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("TANDEM_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="show tracebacks of expected failures too "
+                                                            "(same as TANDEM_DEBUG=1)")) -> None:
+    if debug:
+        os.environ["TANDEM_DEBUG"] = "1"
+
+
+def _expected(e: BaseException) -> bool:
+    """An expected failure: a UserError, or a missing file (an input an earlier stage did not make)."""
+    return isinstance(e, (UserError, FileNotFoundError))
+
+
+class _NoTracebackForExpected(logging.Filter):
+    """Drop the traceback from log records of expected failures (Prefect logs every failed task run with one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None and _expected(record.exc_info[1]):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _guard_log_handlers() -> None:
+    """Every log handler configured so far drops secrets (tandem/redact.py) and, unless debugging, the
+    tracebacks of expected failures (Prefect configures its handlers when it is imported)."""
+    from tandem.redact import RedactingFilter
+
+    wanted = [RedactingFilter()] + ([] if debug_enabled() else [_NoTracebackForExpected()])
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for lg in loggers:
+        for h in lg.handlers:
+            for f in wanted:
+                if not any(type(g) is type(f) for g in h.filters):
+                    h.addFilter(f)
+
+
+@contextmanager
+def expected_failures(what: str) -> Iterator[None]:
+    """Turn an expected failure into one red message and exit code 1 (the traceback with --debug)."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except Exception as e:
+        if not _expected(e) or debug_enabled():
+            raise
+        message = e.summary() if hasattr(e, "summary") else str(e)
+        typer.secho(f"{what} failed: {message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=getattr(e, "exit_code", 1))
 
 
 def _offline_defaults() -> None:
@@ -65,7 +131,8 @@ def run_stage(name: str, params_obj, arm: str | None = None) -> dict:
 @app.command()
 def stage(name: str = typer.Argument(..., help=f"stage to run, one of: {', '.join(STAGES)}"),
           params: str = PARAMS_OPT,
-          arm: Optional[str] = typer.Option(None, help="train stage only: train this one arm (dvc.yaml's train@<arm>)")) -> None:
+          arm: Optional[str] = typer.Option(None, help="train stage only: train this one arm (dvc.yaml's train@<arm>)"),
+          wait: bool = WAIT_OPT) -> None:
     """Run one pipeline stage (this is the command dvc.yaml calls)."""
     _offline_defaults()
     if name not in STAGES:
@@ -76,18 +143,15 @@ def stage(name: str = typer.Argument(..., help=f"stage to run, one of: {', '.joi
         typer.secho(f"--arm {arm!r}: only for the train stage, and one of train.arms {p.train.arms}",
                     fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2)
+    from tandem.workspace import workspace_lock
+
     t0 = time.perf_counter()
-    try:
-        summary = run_stage(name, p, arm)
-    except Exception as e:  # a stage's own readable failure (validation, missing input) ends here with exit 1
-        if type(e).__name__ == "DataValidationError":  # the stage already printed the row-by-row report
-            typer.secho(f"stage {name} failed: data validation found problems (report above); "
-                        "no outputs were written", fg=typer.colors.RED, err=True)
-            raise typer.Exit(code=1)
-        if isinstance(e, FileNotFoundError):
-            typer.secho(f"stage {name} failed: {e}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(code=1)
-        raise
+    _guard_log_handlers()
+    with expected_failures(f"stage {name}"):
+        # one arm of train writes only that arm's files: it may run next to another arm (dvc, scripts/study.py)
+        with workspace_lock(p.out_root, wait=wait, command=f"tandem stage {name}" + (f" --arm {arm}" if arm else ""),
+                            scope=f"train-{arm}" if arm else None):
+            summary = run_stage(name, p, arm)
     typer.echo(f"stage {name} done in {time.perf_counter() - t0:.1f}s")
     if summary:
         typer.echo(json.dumps(summary, indent=2, default=str)[:4000])
@@ -95,7 +159,8 @@ def stage(name: str = typer.Argument(..., help=f"stage to run, one of: {', '.joi
 
 @app.command()
 def run(params: str = PARAMS_OPT,
-        direct: bool = typer.Option(False, help="call the stages in order without Prefect")) -> None:
+        direct: bool = typer.Option(False, help="call the stages in order without Prefect"),
+        wait: bool = WAIT_OPT) -> None:
     """Run the whole pipeline (the `tandem-pipeline` Prefect flow) and print where the results are."""
     _offline_defaults()
     p = _load(params)
@@ -107,16 +172,20 @@ def run(params: str = PARAMS_OPT,
         except ImportError as e:  # the flow is optional for a stage-only install
             typer.secho(f"Prefect flow unavailable ({e}); running stages directly", fg=typer.colors.YELLOW)
             direct = True
-    if direct:
-        for name in STAGES:
-            if importlib.util.find_spec(f"tasks.{name}") is None:
-                typer.secho(f"stage {name}: not available yet, stopping here", fg=typer.colors.YELLOW)
-                break
-            typer.secho(f"== stage {name}", bold=True)
-            run_stage(name, p)
-    else:
-        result = tandem_pipeline(params_path=params)
-        report = result.get("report") if isinstance(result, dict) else None
+    from tandem.workspace import workspace_lock
+
+    with expected_failures("pipeline"), workspace_lock(p.out_root, wait=wait, command="tandem run"):
+        if direct:
+            for name in STAGES:
+                if importlib.util.find_spec(f"tasks.{name}") is None:
+                    typer.secho(f"stage {name}: not available yet, stopping here", fg=typer.colors.YELLOW)
+                    break
+                typer.secho(f"== stage {name}", bold=True)
+                run_stage(name, p)
+        else:
+            _guard_log_handlers()
+            result = tandem_pipeline(params_path=params)
+            report = result.get("report") if isinstance(result, dict) else None
     root = Path(p.out_root)
     typer.secho(f"\npipeline finished in {time.perf_counter() - t0:.0f}s. Results:", bold=True)
     for label, rel in [("report", "reports/report.html"), ("metrics", "metrics/"), ("models", "models/"),

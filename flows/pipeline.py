@@ -34,6 +34,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows import progress
 from flows.dvc_sync import DvcSync
 from tandem.config import Params
+from tandem.workspace import workspace_lock
 from tasks.common import load_params
 
 # The pipeline's stages in order; dvc.yaml must list the same (tests/flows/test_pipeline.py checks).
@@ -282,16 +283,18 @@ def tandem_pipeline(params_path: str = "params.yaml", dvc: str = "auto", force: 
     params, sync = _setup(params_path, dvc, push)
     view = progress.ProgressView(f"tandem-pipeline ({params_path})", live=_live_view(live))
     summaries: dict[str, Any] = {}
-    with progress.activate(view):
-        for stage, name in [("prepare", "prepare"), ("base", "base")] + \
-                [("train", f"train-{a}") for a in params.train.arms] + [("train", "train-commit")]:
-            view.expect(stage, name)
-        summaries["prepare"] = prepare_task(params, sync, force)
-        base = base_task.with_options(retries=2 if params.model.source == "hub" else 0)
-        summaries["base"] = base(params, sync, force)
-        summaries["train"] = _train(params, sync, view, force)
-        summaries.update(_evaluate_analyze_report(params, sync, view, force))
-    return _finish(params, sync, view, summaries, t0, promote, tag, push, remote)
+    # one run per output root (re-entrant: `tandem run` already holds it when it started this flow)
+    with workspace_lock(params.out_root, command="tandem-pipeline flow"):
+        with progress.activate(view):
+            for stage, name in [("prepare", "prepare"), ("base", "base")] + \
+                    [("train", f"train-{a}") for a in params.train.arms] + [("train", "train-commit")]:
+                view.expect(stage, name)
+            summaries["prepare"] = prepare_task(params, sync, force)
+            base = base_task.with_options(retries=2 if params.model.source == "hub" else 0)
+            summaries["base"] = base(params, sync, force)
+            summaries["train"] = _train(params, sync, view, force)
+            summaries.update(_evaluate_analyze_report(params, sync, view, force))
+        return _finish(params, sync, view, summaries, t0, promote, tag, push, remote)
 
 
 @flow(name="tandem-evaluation", task_runner=ThreadPoolTaskRunner(max_workers=eval_workers()), persist_result=False,
@@ -303,9 +306,10 @@ def tandem_evaluation(params_path: str = "params.yaml", dvc: str = "auto", force
     t0 = time.perf_counter()
     params, sync = _setup(params_path, dvc, push)
     view = progress.ProgressView(f"tandem-evaluation ({params_path})", live=_live_view(live))
-    with progress.activate(view):
-        summaries = _evaluate_analyze_report(params, sync, view, force)
-    return _finish(params, sync, view, summaries, t0, promote, tag, push, remote)
+    with workspace_lock(params.out_root, command="tandem-evaluation flow"):
+        with progress.activate(view):
+            summaries = _evaluate_analyze_report(params, sync, view, force)
+        return _finish(params, sync, view, summaries, t0, promote, tag, push, remote)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -78,12 +78,14 @@ class DataConfig(_Section):
     min_problem_chars: int = _f(10, "shortest problem text accepted by validation")
     max_problem_chars: int = _f(4000, "longest problem text accepted by validation")
     max_answer_chars: int = _f(200, "longest gold answer accepted by validation")
+    max_row_bytes: int = _f(65536, "longest line (one row, in bytes) accepted in a jsonl data file; a longer line is refused")
     parse_timeout: float = _f(5.0, "validation: seconds math-verify may spend parsing one answer before it fails")
     drop_invalid: bool = _f(False, "drop rows that break a row rule (listed in metrics/data.json) instead of failing")
 
     def problems(self) -> list[str]:
         p: list[str] = []
-        for k in ("n_train", "n_val", "n_eval", "min_problem_chars", "max_problem_chars", "max_answer_chars"):
+        for k in ("n_train", "n_val", "n_eval", "min_problem_chars", "max_problem_chars", "max_answer_chars",
+                  "max_row_bytes"):
             _rule(p, getattr(self, k) >= 0, f"data.{k}", getattr(self, k), "must be >= 0 (a count or size)")
         _rule(p, self.min_steps >= 1, "data.min_steps", self.min_steps, "must be >= 1")
         _rule(p, self.max_steps >= self.min_steps, "data.max_steps", self.max_steps, "must be >= data.min_steps")
@@ -204,6 +206,7 @@ class TrainConfig(_Section):
     lr_schedule: Literal["constant_with_warmup", "linear", "cosine"] = _f(
         "constant_with_warmup", "learning-rate schedule after warmup (transformers scheduler name)")
     max_grad_norm: float = _f(1.0, "gradient-norm clip (0 = off)")
+    nonfinite_loss: Literal["skip", "stop"] = _f("skip", "a NaN or infinite loss/gradient: skip that optimizer step with a warning, or stop the run (the last checkpoint stays as it was)")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (large models on a GPU)")
     kl_rows: int = _f(16, "rows per step used for the KL-to-base diagnostic of every arm (0 = off)")
     val_every: int = _f(0, "solo greedy validation accuracy of the senior every N steps (0 = off)")

@@ -23,6 +23,7 @@ import torch
 
 from tandem.config import ModelConfig
 from tandem.data.prompts import render_prompt
+from tandem.errors import ModelUnavailableError
 
 PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"
@@ -192,7 +193,7 @@ def snapshot_hub(model_id: str, revision: str, dest: str | os.PathLike, trust_re
         snap = Path(snapshot_download(model_id, revision=revision, allow_patterns=patterns,
                                       cache_dir=str(cache_dir) if cache_dir else None))
     except (LocalEntryNotFoundError, OfflineModeIsEnabled, FileNotFoundError) as e:
-        raise RuntimeError(
+        raise ModelUnavailableError(
             f"cannot snapshot {model_id}@{revision}: it is not in the local Hugging Face cache and the hub is "
             f"unreachable or offline mode is on (HF_HUB_OFFLINE=1). Either run this stage once with network "
             f"access (unset HF_HUB_OFFLINE), or fetch the model elsewhere and set model.source: path with "

@@ -22,6 +22,7 @@ from tandem.evaluation import content_hash, teacher_forced_stats, torch_threads
 from tandem.metrics.analysis import analyze_checkpoints
 from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json
 from tasks.evaluate import write_csv
+from tandem.errors import BadInputError
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
@@ -85,12 +86,12 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
     base_hash = ev["junior"]["hash"]
     arms = [a for a in params.train.arms if a in ev["arms"]]
     if not arms:
-        raise ValueError(f"analyze: none of train.arms {params.train.arms} is in {inputs['eval']} "
+        raise BadInputError(f"analyze: none of train.arms {params.train.arms} is in {inputs['eval']} "
                          f"(arms there: {sorted(ev['arms'])}); rerun evaluate")
     for c in [c for a in arms for c in ev["arms"][a]["checkpoints"]] + [ev["junior"]]:
         p = _resolve(c["path"], root)
         if content_hash(p) != c["hash"]:
-            raise RuntimeError(f"analyze: the weights at {p} changed since evaluate (hash {c['hash'][:12]} in "
+            raise BadInputError(f"analyze: the weights at {p} changed since evaluate (hash {c['hash'][:12]} in "
                                f"eval.json); rerun evaluate")
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Iterator
 import yaml
 
 from tandem.config import Params, ParamsError, params_from_dict
+from tandem.redact import redact
 
 DEFAULT_PARAMS = "params.yaml"
 
@@ -92,24 +93,52 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write `obj` as JSON, atomically, with any secret from the environment redacted (metrics, summaries)."""
     with atomic_path(path) as tmp:
-        Path(tmp).write_text(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
+        Path(tmp).write_text(json.dumps(redact(obj), indent=2, sort_keys=False, ensure_ascii=False) + "\n")
 
 
 def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def _fsync_path(path: Path) -> None:
+    """Flush a file, or every file of a tree and the tree's directories, to disk."""
+    if path.is_dir():
+        for p in sorted(path.rglob("*")):
+            _fsync_path(p)
+        flags = os.O_RDONLY
+    elif path.is_file():
+        flags = os.O_RDONLY
+    else:
+        return
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling path; rename it onto `path` only if the block succeeds (file or dir)."""
+    """Yield a temporary sibling path; rename it onto `path` only if the block succeeds (file or dir).
+
+    A block that raises midway (disk full, a bug) or a process killed at any point leaves `path` as it was:
+    the new content is flushed to disk before one `os.replace` publishes it. A directory cannot be swapped
+    in one rename, so the old one is first renamed aside (never deleted before the new one is in place).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)) / path.name
+    work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp = work / path.name
     try:
         yield tmp
+        if not tmp.exists() and not tmp.is_symlink():
+            raise RuntimeError(f"atomic_path({path}): the block wrote nothing to {tmp}")
+        _fsync_path(tmp)
         if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
+            os.replace(path, work / ".previous")  # same filesystem: a rename, not a copy
         os.replace(tmp, path)
+        _fsync_path(path.parent)
     finally:
-        shutil.rmtree(tmp.parent, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)

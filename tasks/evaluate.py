@@ -27,6 +27,7 @@ from tandem.evaluation import (FORMAT_VERSION, EvalSettings, content_hash, eos_t
 from tandem.metrics.passk import macro_mean
 from tandem.rollout.factory import rollout_engine
 from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json, write_jsonl
+from tandem.errors import BadInputError
 
 JUNIOR = "junior"  # pseudo-arm name of the junior floor (the base model alone)
 MACRO_FIELDS = ("senior_share", "mean_tokens")
@@ -80,14 +81,14 @@ def load_benchmarks(params: Params, inputs: dict) -> dict[str, list[dict]]:
         rows = read_jsonl(found[b])
         for i, r in enumerate(rows):
             if "id" not in r or "answer" not in r or ("prompt" not in r and "problem" not in r):
-                raise ValueError(f"evaluate: {found[b]} row {i + 1} needs id, answer and problem (or prompt)")
+                raise BadInputError(f"evaluate: {found[b]} row {i + 1} needs id, answer and problem (or prompt)")
             if "prompt" not in r:
                 r["prompt"] = user_message(r["problem"])
             r["answer"] = str(r["answer"])
         if ev.max_problems:
             rows = rows[: ev.max_problems]
         if not rows:
-            raise ValueError(f"evaluate: benchmark {b!r} ({found[b]}) has no rows")
+            raise BadInputError(f"evaluate: benchmark {b!r} ({found[b]}) has no rows")
         out[b] = rows
     return out
 

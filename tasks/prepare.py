@@ -7,13 +7,14 @@ Two sources (`data.source`):
 - `jsonl`: `data.train_file` split into a seeded held-out val slice of `n_val` rows and up to `n_train`
   training rows; one benchmark per `data.eval_files` entry, capped at `n_eval` rows (a seeded subset).
 
-Nothing is written unless validation passes (or `data.drop_invalid` removes the bad rows): a failed
-validation prints the report and raises `DataValidationError`.
+Nothing is written unless every file reads as JSON Lines (else `DataFileError` names file, line and rule)
+and validation passes (or `data.drop_invalid` removes the bad rows): a failed validation prints the report
+and raises `DataValidationError`. Both are `tandem.errors.UserError`s: the CLI prints them without a
+traceback and exits with code 1; earlier outputs stay as they were.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -24,11 +25,12 @@ from typing import Any
 
 from tandem.config import Params
 from tandem.data.prompts import user_message
+from tandem.data.reader import DataFileError, FileProblem, read_problem_file
 from tandem.data.synthetic import generate
 from tasks.common import Layout, atomic_path, write_json, write_jsonl
 from tasks.validation import DataValidationError, ValidationReport, validate_splits
 
-__all__ = ["default_io", "run", "resolve_data_path", "DataValidationError"]
+__all__ = ["default_io", "run", "resolve_data_path", "DataValidationError", "DataFileError"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EVAL_PREFIX = "eval/"
@@ -88,26 +90,6 @@ def _synthetic_splits(params: Params) -> dict[str, list[dict]]:
     return splits
 
 
-def _read_rows(path: Path, what: str) -> list[dict]:
-    """Rows of a jsonl file; a missing file or a line that is not a JSON object is an error naming the line."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{what}: {path} does not exist")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{what}: {path}:{n} is not valid JSON ({e})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{what}: {path}:{n} is a JSON {type(row).__name__}, expected an object")
-            row["_where"] = f"{path.name}:{n}"  # names the row in validation reports when it has no id
-            rows.append(row)
-    return rows
-
-
 def _seeded_subset(n_rows: int, k: int, rng: random.Random) -> list[int]:
     """k row indices drawn without replacement, returned in file order (k = 0 or >= n_rows: all rows)."""
     if k <= 0 or k >= n_rows:
@@ -116,20 +98,28 @@ def _seeded_subset(n_rows: int, k: int, rng: random.Random) -> list[int]:
 
 
 def _jsonl_splits(params: Params, inputs: dict[str, Path]) -> dict[str, list[dict]]:
+    """Read every file first and refuse them all at once (file, line, rule) before splitting anything."""
     cfg = params.data
-    train_path = inputs.get("train_file") or resolve_data_path(params, cfg.train_file)
-    rows = _read_rows(Path(train_path), "data.train_file")
-    if cfg.n_val >= len(rows):
-        raise ValueError(f"data.train_file has {len(rows)} rows: data.n_val={cfg.n_val} leaves none for training")
+    train_path = Path(inputs.get("train_file") or resolve_data_path(params, cfg.train_file))
+    rows, problems = read_problem_file(train_path, "data.train_file", cfg.max_row_bytes)
+    if rows and cfg.n_val >= len(rows):
+        problems.append(FileProblem(f"data.train_file {train_path}", "enough_rows",
+                                    f"{len(rows)} rows, but data.n_val={cfg.n_val} leaves none for training "
+                                    f"(lower data.n_val below {len(rows)} or add rows)"))
+    evals: dict[str, list[dict]] = {}
+    for name, path in sorted(cfg.eval_files.items()):
+        path = Path(inputs.get(EVAL_PREFIX + name) or resolve_data_path(params, path))
+        evals[name], bad = read_problem_file(path, f"data.eval_files.{name}", cfg.max_row_bytes)
+        problems += bad
+    if problems:
+        raise DataFileError(problems)
     order = random.Random(f"{params.seed}-prepare-split").sample(range(len(rows)), len(rows))
     val_idx = sorted(order[: cfg.n_val])
     rest = order[cfg.n_val:]
     train_idx = sorted(rest[: cfg.n_train] if cfg.n_train > 0 else rest)
-    default_source = Path(train_path).parent.name
+    default_source = train_path.parent.name
     splits: dict[str, list[dict]] = {}
-    for name, path in sorted(cfg.eval_files.items()):
-        path = inputs.get(EVAL_PREFIX + name) or resolve_data_path(params, path)
-        ev = _read_rows(Path(path), f"data.eval_files.{name}")
+    for name, ev in evals.items():
         pick = _seeded_subset(len(ev), cfg.n_eval, random.Random(f"{params.seed}-prepare-eval-{name}"))
         splits[EVAL_PREFIX + name] = [_with_source(ev[i], name) for i in pick]
     splits["val"] = [_with_source(rows[i], default_source) for i in val_idx]

@@ -18,6 +18,7 @@ from pathlib import Path
 from tandem.config import Params
 from tandem.report.promotion import Candidate, Decision, best_checkpoint, decide
 from tasks.common import Layout, read_json, write_json
+from tandem.errors import BadInputError
 
 TAG_PREFIX = "tandem-model@v"
 
@@ -34,7 +35,7 @@ def load_promoted(params: Params) -> Candidate | None:
     try:
         return Candidate.from_dict(read_json(p)["candidate"])
     except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"promotion registry {p} is unreadable ({e}); fix or delete it to start over") from e
+        raise BadInputError(f"promotion registry {p} is unreadable ({e}); fix or delete it to start over") from e
 
 
 def decision_for(params: Params, eval_data: dict) -> Decision:
@@ -84,7 +85,7 @@ def record(params: Params, decision: Decision, *, run_id: str = "", tag_repo: Pa
            provenance: dict | None = None) -> dict:
     """Write the promotion (registry files, optional git tag) and return the record. Requires `promote`."""
     if not decision.promote or decision.candidate is None:
-        raise ValueError(f"refusing to record a promotion the gate rejected: {decision.reason}")
+        raise BadInputError(f"refusing to record a promotion the gate rejected: {decision.reason}")
     rec = {"promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_id": run_id,
            "reason": decision.reason, "candidate": decision.candidate.to_dict(),
            "previous": decision.previous.to_dict() if decision.previous else None,

@@ -27,6 +27,7 @@ from tandem.config import Params
 from tandem.report.build import build_report
 from tandem.report.document import Figure, TextBlock
 from tandem.report.render import figure_filename, render_html, render_markdown
+from tandem.redact import redact
 from tasks import promotion
 from tasks.common import Layout, atomic_path, read_json, read_jsonl
 
@@ -212,7 +213,7 @@ def metadata(params: Params, docs: dict[str, dict], train_arms: dict[str, dict] 
     seeds = f"seed {params.seed}"
     if "seed" in docs.get("evaluate", {}).get("settings", {}):
         seeds += f"; evaluation seed {docs['evaluate']['settings']['seed']}"
-    return {
+    return redact({  # secrets from the environment never reach the report (tandem/redact.py)
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "git commit": _git_commit(root),
         "dvc.lock sha256": _sha256(root / "dvc.lock"),
@@ -221,7 +222,7 @@ def metadata(params: Params, docs: dict[str, dict], train_arms: dict[str, dict] 
         "packages": _versions(),
         "hardware": _hardware(),
         "wall times": _wall_times(docs, train_arms or {}),
-    }
+    })
 
 
 # --------------------------------------------------------------------------------------------------

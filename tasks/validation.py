@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tandem.config import DataConfig
+from tandem.errors import UserError
 from tandem.rewards import parses_many
 
 REQUIRED = ("id", "problem", "answer")
+# fields a problem row may carry besides the required ones; anything else is refused (`known_fields`)
+OPTIONAL = ("source", "solution", "n_steps")
 TRAINING_SPLITS = ("train", "val")
 
 # rule name -> what a failing row broke (shown under the report)
@@ -29,21 +32,29 @@ RULES: dict[str, str] = {
     "answer_not_null": "answer is missing, null, or not a string",
     "problem_not_empty": "problem is blank",
     "answer_not_empty": "answer is blank",
-    "unique_id": "id repeats within its split",
+    "known_fields": "the row has a field other than id, problem, answer, source, solution, n_steps",
+    "unique_id": "id repeats within its source file (train + val come from one file) or benchmark",
     "problem_length": "problem length outside [data.min_problem_chars, data.max_problem_chars]",
     "answer_length": "answer longer than data.max_answer_chars",
     "answer_parses": "math-verify builds no math expression from the answer (read as $answer$)",
     "no_eval_overlap": "a training/validation problem also appears in an evaluation benchmark",
     "no_train_val_overlap": "a training problem also appears in the validation split",
+    "expectation_error": "a validation check itself raised an error, so its rows count as failed (fail closed)",
 }
 
 
-class DataValidationError(RuntimeError):
+class DataValidationError(UserError):
     """Prepared data broke validation rules; `report` names each failing row and rule."""
 
     def __init__(self, report: "ValidationReport"):
         self.report = report
         super().__init__(report.format())
+
+    def summary(self) -> str:
+        """The one line the CLI prints after the stage has printed the whole report."""
+        bad = len({(f.split, f.id) for f in self.report.failures})
+        return (f"data validation found {len(self.report.failures)} failures in {bad} rows (report above); "
+                "nothing was written: fix the rows named there (or set data.drop_invalid: true to drop them)")
 
 
 @dataclass(frozen=True)
@@ -182,7 +193,11 @@ def validate_splits(splits: Mapping[str, Sequence[Mapping[str, Any]]], cfg: Data
         for row in splits[split]:
             present.update(k for k in REQUIRED if k in row)
             where = row.get("_where") or f"row {len(raw_rows) - first + 1}"
+            extra = sorted(k for k in row if k not in REQUIRED and k not in OPTIONAL and k != "_where")
             rec = {"_row": len(records), "split": split, "_where": where,
+                   # train and val are one source file: an id repeated across them is a duplicate too
+                   "_id_group": "train+val" if split in TRAINING_SPLITS else split,
+                   "_extra": extra, "_known_fields": not extra,
                    "id": _as_text(row.get("id"), allow_int=True),
                    "problem": _as_text(row.get("problem")), "answer": _as_text(row.get("answer"))}
             records.append(rec)
@@ -211,7 +226,7 @@ def validate_splits(splits: Mapping[str, Sequence[Mapping[str, Any]]], cfg: Data
         if r["split"] == "train":
             r["_no_train_val_overlap"] = key not in val_texts
 
-    columns = ["_row", "split", *[c for c in REQUIRED if c in present],
+    columns = ["_row", "split", "_id_group", *[c for c in REQUIRED if c in present], "_known_fields",
                "_answer_parses", "_no_eval_overlap", "_no_train_val_overlap"]
     df = pd.DataFrame.from_records(records, columns=columns) if records else pd.DataFrame(columns=columns)
     # object dtype keeps None as None (pandas' string dtype would turn it into NaN, which GX also treats as null)
@@ -219,6 +234,43 @@ def validate_splits(splits: Mapping[str, Sequence[Mapping[str, Any]]], cfg: Data
 
     gx_import.join()
     import great_expectations as gx
+    import great_expectations.expectations as gxe
+
+    expectations = build_expectations(cfg, present)
+    ctx = _gx_context()
+    batch = (ctx.data_sources.add_pandas("prepared").add_dataframe_asset("rows")
+             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": df}))
+    suite = gx.ExpectationSuite(name="prepared_data", expectations=expectations)
+    result = batch.validate(suite, result_format={"result_format": "COMPLETE",
+                                                  "unexpected_index_column_names": ["_row"]})
+
+    failures: list[Failure] = []
+    for res in result.results:
+        name = res.expectation_config.meta["rule"]
+        error = expectation_error(res.exception_info)
+        if error is not None:
+            # GX reports a metric that raised as an exception_info and an empty result: no unexpected rows.
+            # Read that as "every row unchecked", i.e. failed, never as clean.
+            failures.append(Failure("*", "*", "expectation_error", f"{name}: {error}"))
+            continue
+        if res.success:
+            continue
+        if name == "required_columns":
+            col = res.expectation_config.kwargs["column"]
+            failures.append(Failure("*", "*", name, f"no row has a {col!r} field"))
+            continue
+        for hit in res.result.get("unexpected_index_list") or []:
+            i = int(hit["_row"])
+            failures.append(_row_failure(records[i], raw_rows[i], name, cfg, eval_texts))
+    rule_order = {r: k for k, r in enumerate(RULES)}
+    failures.sort(key=lambda f: (f.row, rule_order.get(f.rule, 99)))
+    return ValidationReport(n_rows=len(records), rows_per_split={s: len(splits[s]) for s in names},
+                            n_expectations=len(expectations), failures=failures,
+                            seconds=time.perf_counter() - t0)
+
+
+def build_expectations(cfg: DataConfig, present: set[str]) -> list[Any]:
+    """The GX expectations of the suite, each tagged with its rule name in `meta`."""
     import great_expectations.expectations as gxe
 
     def rule(exp_cls: type, name: str, **kw: Any) -> Any:
@@ -241,38 +293,27 @@ def validate_splits(splits: Mapping[str, Sequence[Mapping[str, Any]]], cfg: Data
                  max_value=cfg.max_answer_chars),
         ]
     if "id" in present:
-        expectations.append(rule(gxe.ExpectCompoundColumnsToBeUnique, "unique_id", column_list=["split", "id"],
+        expectations.append(rule(gxe.ExpectCompoundColumnsToBeUnique, "unique_id", column_list=["_id_group", "id"],
                                  ignore_row_if="any_value_is_missing"))
-    for col, name in (("_answer_parses", "answer_parses"), ("_no_eval_overlap", "no_eval_overlap"),
-                      ("_no_train_val_overlap", "no_train_val_overlap")):
+    for col, name in (("_known_fields", "known_fields"), ("_answer_parses", "answer_parses"),
+                      ("_no_eval_overlap", "no_eval_overlap"), ("_no_train_val_overlap", "no_train_val_overlap")):
         expectations.append(rule(gxe.ExpectColumnValuesToBeInSet, name, column=col, value_set=[True]))
+    return expectations
 
-    ctx = _gx_context()
-    batch = (ctx.data_sources.add_pandas("prepared").add_dataframe_asset("rows")
-             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": df}))
-    suite = gx.ExpectationSuite(name="prepared_data", expectations=expectations)
-    result = batch.validate(suite, result_format={"result_format": "COMPLETE",
-                                                  "unexpected_index_column_names": ["_row"]})
 
-    failures: list[Failure] = []
-    for res in result.results:
-        name = res.expectation_config.meta["rule"]
-        if res.exception_info and res.exception_info.get("raised_exception"):
-            raise RuntimeError(f"GX expectation {name!r} raised: {res.exception_info.get('exception_message')}")
-        if res.success:
-            continue
-        if name == "required_columns":
-            col = res.expectation_config.kwargs["column"]
-            failures.append(Failure("*", "*", name, f"no row has a {col!r} field"))
-            continue
-        for hit in res.result.get("unexpected_index_list") or []:
-            i = int(hit["_row"])
-            failures.append(_row_failure(records[i], raw_rows[i], name, cfg, eval_texts))
-    rule_order = {r: k for k, r in enumerate(RULES)}
-    failures.sort(key=lambda f: (f.row, rule_order.get(f.rule, 99)))
-    return ValidationReport(n_rows=len(records), rows_per_split={s: len(splits[s]) for s in names},
-                            n_expectations=len(expectations), failures=failures,
-                            seconds=time.perf_counter() - t0)
+def expectation_error(exception_info: Any) -> str | None:
+    """The message of an expectation that raised, else None.
+
+    GX 1.x gives either one dict (`raised_exception`, `exception_message`) or, when a metric raised, a dict
+    keyed by metric id holding such dicts; both shapes are read.
+    """
+    if not exception_info:
+        return None
+    infos = [exception_info] if "raised_exception" in exception_info else list(exception_info.values())
+    for info in infos:
+        if isinstance(info, dict) and info.get("raised_exception"):
+            return str(info.get("exception_message") or "raised an exception")
+    return None
 
 
 def _label(rec: dict) -> str:
@@ -284,7 +325,12 @@ def _row_failure(rec: dict, raw: Mapping[str, Any], rule: str, cfg: DataConfig,
     """One failing row with a detail that says what was wrong with it."""
     if rule.endswith("_not_null"):
         col = rule[: -len("_not_null")]
-        detail = f"no {col!r} field" if col not in raw else f"{col} = {_clip(raw[col])}"
+        if col not in raw:
+            detail = f"no {col!r} field"
+        elif raw[col] is None:
+            detail = f"{col} is null"
+        else:
+            detail = f"{col} = {_clip(raw[col])} is a {type(raw[col]).__name__}, expected a string"
     elif rule == "problem_length":
         detail = (f"{len(rec['problem'])} chars, allowed [{cfg.min_problem_chars}, {cfg.max_problem_chars}]: "
                   f"{_clip(rec['problem'], 40)}")
@@ -294,7 +340,9 @@ def _row_failure(rec: dict, raw: Mapping[str, Any], rule: str, cfg: DataConfig,
         col = "answer" if rule.startswith("answer") else "problem"
         detail = f"{col} = {_clip(rec[col])}"
     elif rule == "unique_id":
-        detail = f"id {rec['id']!r} appears more than once in {rec['split']}"
+        detail = f"id {rec['id']!r} appears more than once in {rec['_id_group']}"
+    elif rule == "known_fields":
+        detail = f"unknown field(s) {', '.join(map(repr, rec['_extra']))}"
     elif rule == "no_eval_overlap":
         where = sorted(set(eval_texts.get(normalise_problem(rec["problem"]), [])))
         detail = f"problem also in {', '.join(where)}: {_clip(rec['problem'], 40)}"

@@ -8,6 +8,7 @@
 #
 # The senior and the junior (the frozen base) run as two servers on two ports; prefix caching makes the
 # catch-up prefill of the shared history at each handoff cheap. Health: GET http://HOST:PORT/health.
+# It listens on 127.0.0.1 only; VLLM_HOST=0.0.0.0 exposes it to the network (put authentication in front).
 set -euo pipefail
 
 MODEL=${1:?usage: serve.sh MODEL_DIR_OR_HUB_ID [PORT] [extra vllm serve args...]}
@@ -23,7 +24,7 @@ if [ ! -x "$VENV/bin/vllm" ]; then
 fi
 
 exec "$VENV/bin/vllm" serve "$MODEL" \
-  --host "${VLLM_HOST:-0.0.0.0}" --port "$PORT" \
+  --host "${VLLM_HOST:-127.0.0.1}" --port "$PORT" \
   --dtype "${VLLM_DTYPE:-bfloat16}" \
   --max-model-len "${VLLM_MAX_LEN:-4096}" \
   --gpu-memory-utilization "${VLLM_GPU_UTIL:-0.85}" \

@@ -14,6 +14,7 @@ from tandem.data.prompts import user_message
 from tandem.rewards import score
 from tasks import prepare
 from tasks.common import read_json, read_jsonl
+from tandem.data.reader import DataFileError
 from tasks.validation import DataValidationError, normalise_problem
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "prepare"
@@ -112,10 +113,10 @@ def test_a_row_that_is_not_json_names_its_line(tmp_path):
     bad.write_text('{"id": "a", "problem": "A fine problem here.", "answer": "1"}\n{"id": "b", oops}\n')
     params = _params(tmp_path, source="jsonl", train_file=str(bad), n_val=0,
                      eval_files={"toy": str(FIXTURES / "eval.jsonl")})
-    with pytest.raises(ValueError, match=r"broken.jsonl:2 is not valid JSON"):
+    with pytest.raises(DataFileError, match=r"broken.jsonl:2: not valid JSON"):
         _run(params)
     missing = _params(tmp_path, source="jsonl", train_file=str(tmp_path / "nope.jsonl"))
-    with pytest.raises(FileNotFoundError, match="nope.jsonl does not exist"):
+    with pytest.raises(DataFileError, match="nope.jsonl: does not exist"):
         _run(missing)
 
 
