@@ -14,6 +14,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 _ICONS = {"pending": "[dim]·[/dim]", "running": "[yellow]…[/yellow]", "done": "[green]✓[/green]",
@@ -149,3 +150,54 @@ def activate(view: ProgressView) -> Iterator[ProgressView]:
             yield view
     finally:
         _CURRENT = prev
+
+
+# --------------------------------------------------------------------------------------------------
+# Progress artifacts in the Prefect UI
+# --------------------------------------------------------------------------------------------------
+
+def _saved_steps(arm_dir: Path) -> int:
+    """The highest `step-<N>` checkpoint directory under `arm_dir` (0 when none)."""
+    steps = [int(p.name[5:]) for p in arm_dir.glob("step-*") if p.name[5:].isdigit()] if arm_dir.is_dir() else []
+    return max(steps, default=0)
+
+
+@contextmanager
+def artifact(key: str, description: str, watch_dir: Path | None = None, total: int | None = None,
+             every: float = 5.0) -> Iterator[None]:
+    """A Prefect progress artifact for the enclosed work: 0 % at the start, 100 % at the end, and in between
+    (when `watch_dir` and `total` are given) the share of `total` steps already saved as `step-<N>` checkpoints,
+    polled every `every` seconds, so a long training arm shows how far it is without hooks in its loop."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    log = logging.getLogger("flows.progress")
+    try:
+        art_id = create_progress_artifact(progress=0.0, key=key, description=description)
+    except Exception as e:  # the UI is a view: never fail the work for it
+        log.warning("progress artifact %s not created: %s", key, e)
+        yield
+        return
+    stop = threading.Event()
+
+    def poll() -> None:
+        last = -1.0
+        while not stop.wait(every):
+            pct = min(100.0, 100.0 * _saved_steps(watch_dir) / total)
+            if pct != last:
+                try:
+                    update_progress_artifact(artifact_id=art_id, progress=pct)
+                    last = pct
+                except Exception as e:  # noqa: BLE001 - transient API trouble: try again next tick
+                    log.debug("progress update failed: %s", e)
+
+    watcher = None
+    if watch_dir is not None and total:
+        watcher = threading.Thread(target=poll, name=f"progress-{key}", daemon=True)
+        watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join(timeout=30)
+    update_progress_artifact(artifact_id=art_id, progress=100.0)
