@@ -12,8 +12,9 @@ Otherwise (a tiny config in a temporary folder, a test) syncing is off and `reas
 `adopt` is for a worker's own fresh clone: it copies the run's params file onto the project's params.yaml
 first, so any params file (params.paper.yaml on the GPU deployment) can be the DVC project's run.
 
-`push` uploads the committed outputs to the DVC remote; `publish` commits dvc.lock (and params.yaml) to git
-and pushes it with the promotion tags, so a later worker's clone + `dvc pull` sees this run's results.
+`push` uploads the committed outputs to the DVC remote; `git_commit` + `git_push` commit dvc.lock, params.yaml
+and the metrics to git and push them with the promotion tags, so a later worker's clone + `dvc pull` sees
+this run's results.
 """
 
 from __future__ import annotations
@@ -126,28 +127,31 @@ class DvcSync:
             raise RuntimeError("DVC pull needs a DVC project run (see DvcSync.reason)")
         return _dvc(self.root, ["pull", "--allow-missing"], timeout)
 
-    def publish(self, message: str, tags: bool = True, timeout: float = 600) -> str | None:
-        """Commit dvc.lock and params.yaml to git and push the branch (and the promotion tags) to `origin`.
-
-        Returns the new commit, or None when nothing changed. A branch that moved meanwhile is rebased once
-        (dvc.lock conflicts are real conflicts: the push then fails and says so)."""
+    def git_commit(self, message: str) -> str | None:
+        """Commit dvc.lock, params.yaml and the metrics (small, `cache: false`, kept in git) to the current
+        branch; returns the new commit, or None when nothing changed."""
         if self.root is None:
             raise RuntimeError("publishing results needs a DVC project run (see DvcSync.reason)")
-        files = [f for f in ("dvc.lock", "params.yaml", "dvc.yaml") if (self.root / f).exists()]
-        git(self.root, "add", *files)
+        files = [f for f in ("dvc.lock", "params.yaml", "dvc.yaml", "metrics") if (self.root / f).exists()]
+        git(self.root, "add", "--", *files)
         if git(self.root, "diff", "--cached", "--quiet", check=False).returncode == 0:
-            commit = None
-        else:
+            return None
+        git(self.root, "-c", "user.name=tandem-pipeline", "-c", "user.email=tandem@localhost",
+            "commit", "-q", "-m", message)
+        return git(self.root, "rev-parse", "HEAD").stdout.strip()
+
+    def git_push(self, timeout: float = 600) -> str:
+        """Push the branch and the promotion tags to `origin`. A branch that moved meanwhile is rebased once
+        (a dvc.lock conflict is a real conflict: the push then fails and says so)."""
+        if self.root is None:
+            raise RuntimeError("publishing results needs a DVC project run (see DvcSync.reason)")
+        branch = git(self.root, "rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
+        if git(self.root, "push", "-q", "origin", f"HEAD:{branch}", check=False, timeout=timeout).returncode:
             git(self.root, "-c", "user.name=tandem-pipeline", "-c", "user.email=tandem@localhost",
-                "commit", "-q", "-m", message)
-            commit = git(self.root, "rev-parse", "HEAD").stdout.strip()
-            branch = git(self.root, "rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
-            if git(self.root, "push", "-q", "origin", f"HEAD:{branch}", check=False, timeout=timeout).returncode:
-                git(self.root, "pull", "-q", "--rebase", "origin", branch, timeout=timeout)
-                git(self.root, "push", "-q", "origin", f"HEAD:{branch}", timeout=timeout)
-        if tags:
-            git(self.root, "push", "-q", "origin", "--tags", timeout=timeout)
-        return commit
+                "pull", "-q", "--rebase", "origin", branch, timeout=timeout)
+            git(self.root, "push", "-q", "origin", f"HEAD:{branch}", timeout=timeout)
+        git(self.root, "push", "-q", "origin", "--tags", timeout=timeout)
+        return branch
 
 
 def git(repo: Path, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:

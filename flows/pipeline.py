@@ -244,12 +244,19 @@ def push_task(sync: DvcSync, remote: str | None) -> None:
     sync.push(remote)
 
 
-@task(name="git-publish", task_run_name="git-publish", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[10, 60],
-      timeout_seconds=TIMEOUTS["sync"])
-def publish_task(sync: DvcSync, message: str) -> str | None:
-    commit = sync.publish(message)
-    get_run_logger().info("git: %s", f"pushed {commit}" if commit else "dvc.lock unchanged; tags pushed")
+@task(name="git-commit", task_run_name="git-commit", cache_policy=NO_CACHE, timeout_seconds=600)
+def git_commit_task(sync: DvcSync, message: str) -> str | None:
+    commit = sync.git_commit(message)
+    get_run_logger().info("git: %s", f"committed {commit}" if commit else "dvc.lock and metrics unchanged")
     return commit
+
+
+@task(name="git-push", task_run_name="git-push", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[10, 60],
+      timeout_seconds=TIMEOUTS["sync"])
+def git_push_task(sync: DvcSync) -> str:
+    branch = sync.git_push()
+    get_run_logger().info("git: pushed %s and the promotion tags to origin", branch)
+    return branch
 
 
 # --------------------------------------------------------------------------------------------------
@@ -264,12 +271,34 @@ def _live_view(live: bool | None) -> bool:
     return sys.stderr.isatty() and deployment.id is None and os.environ.get("CI") is None
 
 
+SECRET_BLOCKS = {"wandb-api-key": "WANDB_API_KEY", "hf-token": "HF_TOKEN"}
+
+
+def _secrets_from_blocks() -> list[str]:
+    """Secrets by reference: a Prefect Secret block named like a key of SECRET_BLOCKS fills its environment
+    variable for this run when the worker's environment (or a Kubernetes secret) has not set it already."""
+    from prefect.blocks.system import Secret
+
+    found = []
+    for block, var in SECRET_BLOCKS.items():
+        if os.environ.get(var):
+            continue
+        try:
+            os.environ[var] = Secret.load(block).get()
+            found.append(var)
+        except (ValueError, RuntimeError):  # no such block: the variable stays unset
+            continue
+    return found
+
+
 def _setup(params_path: str, dvc: str, push: bool, publish: bool) -> tuple[Params, DvcSync, list[StageSpec]]:
     params = load_params(params_path)
     sync = DvcSync.detect(params_path, params.out_root, dvc)
     if (push or publish) and not sync.enabled:
         raise RuntimeError(f"push/publish need DVC sync, which is off: {sync.reason}")
     get_run_logger().info("DVC sync: %s", sync.reason)
+    if (found := _secrets_from_blocks()):
+        get_run_logger().info("secrets from Prefect blocks: %s", ", ".join(found))
     root = sync.root or find_project(Path.cwd().resolve()) or CODE_ROOT
     specs = pipeline_stages(Path(root) / "dvc.yaml", params.to_dict())
     return params, sync, specs
@@ -323,15 +352,20 @@ def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str) -> d
 
 def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summaries: dict, t0: float,
             promote: bool, push: bool, publish: bool, remote: str | None, what: str) -> dict:
-    if promote and "evaluate" in summaries:
-        summaries["promotion"] = promote_task(params, sync)
+    """Outputs to the DVC remote, dvc.lock and metrics to a git commit, the promotion as tags on that commit
+    (whose dvc.lock pins the checkpoint), then branch and tags to origin."""
+    from prefect.runtime import flow_run
+
     if push:
         push_task(sync, remote)
     if publish:
-        from prefect.runtime import flow_run
-
-        summaries["git"] = publish_task(sync, f"{what}: results of flow run {flow_run.name or ''} "
-                                              f"({', '.join(k for k in summaries if '@' in k or k in STAGES)})")
+        ran = [k for k, v in summaries.items() if not (isinstance(v, dict) and v.get("skipped"))]
+        summaries["git_commit"] = git_commit_task(sync, f"{what}: dvc.lock and metrics of flow run "
+                                                        f"{flow_run.name or ''} (ran: {', '.join(ran) or 'nothing'})")
+    if promote and "evaluate" in summaries:
+        summaries["promotion"] = promote_task(params, sync)
+    if publish:
+        git_push_task(sync)
     report = summaries.get("report", {}) or {}
     report = report if isinstance(report, dict) else {}
     html = str(Path(report["html"]).resolve()) if report.get("html") else None

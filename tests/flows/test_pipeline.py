@@ -132,7 +132,7 @@ def test_retries_only_where_transient_and_every_task_has_a_timeout():
     assert not fp.evaluate_unit_task.retries and not fp.evaluate_collect_task.retries
     assert fp.push_task.retries == 3 and fp.pull_task.retries == 3
     for t in (fp.evaluate_plan_task, fp.evaluate_unit_task, fp.evaluate_collect_task, fp.promote_task,
-              fp.report_artifact_task, fp.pull_task, fp.push_task, fp.publish_task):
+              fp.report_artifact_task, fp.pull_task, fp.push_task, fp.git_commit_task, fp.git_push_task):
         assert t.timeout_seconds, t.name
     assert all(fp.TIMEOUTS.get(g) for g in fp.STAGES)  # stage_task gets its stage's timeout per call
     for f in (fp.tandem_pipeline, fp.tandem_training, fp.tandem_evaluation, fp.evaluate_units):
