@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
 from tandem.config import Params
@@ -80,15 +79,17 @@ def evaluation_rows(params: Params) -> tuple[list[str], list[list]]:
     return cols, rows
 
 
-def sample_rows(params: Params, limit: int = 50) -> tuple[list[str], list[list]]:
-    """A few saved completions (results/generations/**.jsonl) as table rows."""
-    cols = ["file", "id", "completion", "correct"]
+def sample_rows(params: Params, per_file: int = 2, limit: int = 60) -> tuple[list[str], list[list]]:
+    """A few saved completions per generations file (results/generations/<arm>/step-<N>/<mode>/<bench>.jsonl)."""
+    cols = ["arm", "step", "mode", "benchmark", "id", "completion", "answer", "score"]
+    root = Layout.of(params).generations
     rows: list[list] = []
-    for f in sorted(Layout.of(params).generations.rglob("*.jsonl")):
-        for r in read_jsonl(f)[:2]:
-            text = r.get("completion") or r.get("text") or (r.get("completions") or [""])[0]
-            rows.append([str(f.relative_to(Layout.of(params).generations)), str(r.get("id", "")), str(text)[:2000],
-                         r.get("correct", r.get("corrects"))])
+    for f in sorted(root.rglob("*.jsonl")):
+        parts = f.relative_to(root).parts  # arm, step-N, mode, bench.jsonl
+        arm, step, mode = (list(parts[:-1]) + ["", "", ""])[:3]
+        for r in read_jsonl(f)[:per_file]:
+            rows.append([arm, step, mode, f.stem, str(r.get("id", "")), str(r.get("text", ""))[:4000],
+                         str(r.get("answer", "")), r.get("score")])
             if len(rows) >= limit:
                 return cols, rows
     return cols, rows
@@ -114,5 +115,3 @@ def log_evaluation(params: Params, group: str) -> str | None:
     finally:
         run.finish()
 
-
-__all__ = ["arm_run", "arm_run_id", "log_evaluation", "evaluation_rows", "sample_rows", "Path"]

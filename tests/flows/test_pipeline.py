@@ -302,3 +302,20 @@ def test_a_rerun_with_nothing_changed_runs_nothing(project, monkeypatch, prefect
     assert fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True).is_completed()
     assert rec.calls[len(first):][:2] == ["train-tandem", "train-grpo"]
     assert "prepare" not in rec.calls[len(first):] and "base" not in rec.calls[len(first):]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_evaluation_units_on_a_local_dask_cluster(project, monkeypatch, prefect_api):
+    """eval_runner='dask': the units run on a Dask cluster (local, one in-process worker) through
+    prefect-dask, still one task run each, then the evaluate stage task and the rest as usual."""
+    rec = fake_stages.Recorder()
+    _use_fakes(monkeypatch, rec)
+    state = fp.tandem_pipeline(params_path="params.yaml", live=False, eval_runner="dask", return_state=True)
+    assert state.is_completed(), state
+    (sub,) = _subflow_runs(state.state_details.flow_run_id)
+    units = _task_runs(sub.id)
+    assert len(units) == 6 and all(r.state.is_completed() for r in units)
+    assert sorted(c for c in rec.calls if c.startswith("unit-")) == sorted(
+        f"unit-{r.name.split('-')[1]}-{r.name.split('-')[3]}-{r.name.split('-')[4]}" for r in units)
+    assert rec.calls[-3:] == ["evaluate-collect", "analyze", "report"]

@@ -150,7 +150,11 @@ def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api)
     checkout = tmp_path / "deployer"
     _git(tmp_path, "clone", "-q", bare.as_uri(), str(checkout))
 
-    # pools and deployments (the GPU ones too: their pull steps and job variables must deploy)
+    # pools and deployments (the GPU ones too: their pull steps and job variables must deploy). The GPU
+    # deployments' git token is a Secret block, which must exist to deploy and stays a reference.
+    from prefect.blocks.system import Secret
+
+    Secret(value="not-a-real-token").save("tandem-git-token", overwrite=True)
     pools = {p["name"] for p in api.post("/work_pools/filter", {})}
     if "cpu" not in pools:
         _run([prefect, "work-pool", "create", "cpu", "--type", "process"], env, checkout)
@@ -167,6 +171,9 @@ def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api)
         assert limit == 1, (name, d.get("concurrency_limit"), d.get("global_concurrency_limit"))
         assert d["pull_steps"][0]["prefect.deployments.steps.git_clone"]["repository"] == bare.as_uri()
     assert [s["schedule"]["cron"] for s in deps["scheduled-retraining"]["schedules"]] == ["0 3 * * 1"]
+    gpu_clone = deps["retraining-gpu"]["pull_steps"][0]["prefect.deployments.steps.git_clone"]
+    assert gpu_clone["access_token"] == "{{ prefect.blocks.secret.tandem-git-token }}"  # by reference
+    assert "not-a-real-token" not in json.dumps(deps["retraining-gpu"])
 
     def run_on_fresh_worker(deployment: str, label: str) -> dict:
         """A new worker in an empty directory runs one flow run of `deployment`; returns the finished run."""
