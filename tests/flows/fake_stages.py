@@ -60,6 +60,15 @@ evaluate: {modes: [solo, step], ks: [1], n_samples: 2}
 """
 
 
+# The fakes in use, looked up by name: `stage` pickles by reference, so tasks shipped to a Dask worker in this
+# process (eval_runner='dask') find the same fakes and the same Recorder.
+ACTIVE: dict = {}
+
+
+def stage(name: str):
+    return ACTIVE[name]
+
+
 class Recorder:
     def __init__(self, fail: set[str] | None = None):
         self.calls: list[str] = []

@@ -185,8 +185,8 @@ def test_dvc_sync_detection(project, tmp_path):
 
 
 def _use_fakes(monkeypatch, rec):
-    mods = fake_stages.modules(rec)
-    monkeypatch.setattr(fp, "_stage", lambda name: mods[name])
+    monkeypatch.setattr(fake_stages, "ACTIVE", fake_stages.modules(rec))
+    monkeypatch.setattr(fp, "_stage", fake_stages.stage)
 
 
 def _task_runs(flow_run_id):
