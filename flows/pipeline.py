@@ -9,9 +9,10 @@ reports up to date is a task run in the "Skipped" state. The evaluate stage fans
 chosen by the `eval_runner` parameter: threads on this machine, or a Dask cluster (`dask` = a local one,
 `tcp://host:8786` = an existing scheduler).
 
-The UI shows the work: stage output goes to the run's logs (`log_prints`, and the `tandem`/`tasks` loggers
-through PREFECT_LOGGING_EXTRA_LOGGERS), each training arm and evaluation unit has a progress artifact, the
-report is a markdown artifact holding the report itself, tasks and flows have timeouts.
+The UI shows the work: stage output goes to the run's logs (a stage's stdout and stderr through
+`progress.stage_output`, other tasks' prints through `log_prints`, the `tandem`/`tasks` loggers through
+PREFECT_LOGGING_EXTRA_LOGGERS), each training arm and evaluation unit has a progress artifact, the report is
+a markdown artifact holding the report itself, tasks and flows have timeouts.
 
 State lives in DVC and git, never on a worker's disk: with `push` the flow uploads the committed outputs to
 the DVC remote, with `publish` it commits dvc.lock to git and pushes it with the promotion tags (the
@@ -95,7 +96,9 @@ def is_current(name: str, sync: DvcSync, force: bool) -> bool:
 # Tasks (thin wrappers; the work is in tasks/)
 # --------------------------------------------------------------------------------------------------
 
-@task(name="stage", task_run_name="{spec.name}", cache_policy=NO_CACHE, retries=0)
+# log_prints off for whole stages: their stdout and stderr reach the run's logs through
+# `progress.stage_output`, which leaves `print` unpatched (see there why that matters)
+@task(name="stage", task_run_name="{spec.name}", cache_policy=NO_CACHE, retries=0, log_prints=False)
 def stage_task(params: Params, spec: StageSpec, sync: DvcSync, force: bool):
     """One DVC stage: `tasks.<group>.run` (or `run_arm(item)` for a foreach stage), then `dvc commit`."""
     view = progress.current()
@@ -104,7 +107,7 @@ def stage_task(params: Params, spec: StageSpec, sync: DvcSync, force: bool):
         return skipped(spec.name)
     mod = _stage(spec.group)
     inputs, outputs = mod.default_io(params)
-    with view.track(spec.group, spec.name):
+    with view.track(spec.group, spec.name), progress.stage_output(get_run_logger()):
         if spec.item is None:
             summary = mod.run(params, inputs, outputs)
         else:
