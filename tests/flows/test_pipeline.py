@@ -182,6 +182,10 @@ def test_dvc_sync_detection(project, tmp_path):
     assert DvcSync.detect("params.yaml", ".", "off").reason == "turned off"
     with pytest.raises(RuntimeError, match="impossible"):
         DvcSync.detect(other, ".", "on")
+    # adopt (a worker's own clone): the other params file becomes the project's params.yaml, sync stays on
+    adopted = DvcSync.detect(other, ".", "adopt")
+    assert adopted.root == project and "adopted" in adopted.reason
+    assert (project / "params.yaml").read_text() == "seed: 0\n"
 
 
 def _use_fakes(monkeypatch, rec):
