@@ -105,6 +105,8 @@ def _offline_defaults() -> None:
         "TRL_EXPERIMENTAL_SILENCE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        # the stages' own loggers reach the flow run's logs (and the UI), not only the terminal
+        "PREFECT_LOGGING_EXTRA_LOGGERS": "tandem,tasks,flows",
     }.items():
         os.environ.setdefault(key, value)
 

@@ -35,8 +35,17 @@ def runner_deployment(name: str, path: Path = PREFECT_YAML):
     flow = getattr(pipeline, spec["entrypoint"].split(":")[1])
     schedules = [Cron(s["cron"], timezone=s.get("timezone")) for s in spec.get("schedules", [])
                  if s.get("active", True)]
-    return flow.to_deployment(name=f"{name}-local", parameters=spec.get("parameters", {}), schedules=schedules,
-                              tags=list(spec.get("tags", [])) + ["served"], description=spec.get("description"))
+    limit = spec.get("concurrency_limit")
+    if isinstance(limit, dict):
+        from prefect.client.schemas.objects import ConcurrencyLimitConfig
+
+        limit = ConcurrencyLimitConfig(**limit)
+    # served in this process, in this checkout: the workspace is the developer's, so DVC sync is `auto`
+    # (never adopt a params file over their params.yaml) and nothing is published to git
+    parameters = {**spec.get("parameters", {}), "dvc": "auto", "publish": False}
+    return flow.to_deployment(name=f"{name}-local", parameters=parameters, schedules=schedules,
+                              tags=list(spec.get("tags", [])) + ["served"], description=spec.get("description"),
+                              concurrency_limit=limit)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,21 +1,36 @@
-"""Keep DVC in step with a Prefect run: after each stage, `dvc commit` records what the flow produced.
+"""Keep DVC and git in step with a Prefect run, and read the pipeline's stage graph from dvc.yaml.
+
+`pipeline_stages` turns dvc.yaml into the flow's stages (foreach stages expanded, topological order from
+outs -> deps), so the flow composes exactly the stages `dvc repro` runs. After each stage, `dvc commit`
+records what the flow produced.
 
 A stage run by the flow produces exactly what `dvc repro` would (same `tasks/<stage>.run`, same paths), so
 committing it makes `dvc.lock` describe the outputs and `dvc status` report the pipeline up to date, with
 the outputs in the DVC cache (ready for `dvc push`). This only makes sense when the run *is* the DVC
 project's run: the params file is the project's `params.yaml` and `out_root` is the project root.
-Otherwise (a tiny config in a temporary folder, a test) syncing is off and `reason` says why.
+Otherwise (a tiny config in a temporary folder, a test) syncing is off and `reason` says why. Mode
+`adopt` is for a worker's own fresh clone: it copies the run's params file onto the project's params.yaml
+first, so any params file (params.paper.yaml on the GPU deployment) can be the DVC project's run.
+
+`push` uploads the committed outputs to the DVC remote; `git_commit` + `git_push` commit dvc.lock, params.yaml
+and the metrics to git and push them with the promotion tags, so a later worker's clone + `dvc pull` sees
+this run's results.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 _LOCK = threading.Lock()  # dvc takes a repo lock; commits from concurrent task threads would collide
 
@@ -40,11 +55,17 @@ class DvcSync:
     @classmethod
     def detect(cls, params_path: str | os.PathLike, out_root: str | os.PathLike, mode: str = "auto") -> "DvcSync":
         """`mode`: 'auto' (sync when this run is the project's run), 'off', or 'on' (raise if it cannot)."""
-        if mode not in ("auto", "on", "off"):
-            raise ValueError(f"dvc sync mode must be auto, on or off, got {mode!r}")
+        if mode not in ("auto", "on", "off", "adopt"):
+            raise ValueError(f"dvc sync mode must be auto, on, off or adopt, got {mode!r}")
         if mode == "off":
             return cls(None, "turned off")
         root = find_project(Path.cwd().resolve())
+        adopted = ""
+        if mode == "adopt" and root is not None and Path(params_path).resolve() != (root / "params.yaml").resolve():
+            # the workspace is this run's own clone: its params.yaml may become the run's params file
+            shutil.copyfile(params_path, root / "params.yaml")
+            adopted = f" (params.yaml adopted from {params_path})"
+            params_path = root / "params.yaml"
         why = None
         if root is None:
             why = f"no DVC project (dvc.yaml + .dvc/) at or above {Path.cwd()}"
@@ -53,8 +74,8 @@ class DvcSync:
         elif Path(out_root).resolve() != root:
             why = f"out_root {out_root} is not the DVC project root {root}"
         if why is None:
-            return cls(root, f"committing stages to {root / 'dvc.lock'}")
-        if mode == "on":
+            return cls(root, f"committing stages to {root / 'dvc.lock'}{adopted}")
+        if mode in ("on", "adopt"):
             raise RuntimeError(f"DVC sync requested but impossible: {why}")
         return cls(None, why)
 
@@ -98,3 +119,118 @@ class DvcSync:
                                  env={**os.environ, "DVC_NO_ANALYTICS": "1"})
         if res.returncode != 0:
             raise RuntimeError(f"`dvc push` failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()[-2000:]}")
+
+    def pull(self, timeout: float = 3600) -> str:
+        """`dvc pull --allow-missing`: fetch what dvc.lock references and the remote holds (a fresh clone's
+        inputs and the outputs of earlier runs); outputs never pushed stay missing and their stages rerun."""
+        if self.root is None:
+            raise RuntimeError("DVC pull needs a DVC project run (see DvcSync.reason)")
+        return _dvc(self.root, ["pull", "--allow-missing"], timeout)
+
+    def git_commit(self, message: str) -> str | None:
+        """Commit dvc.lock, params.yaml and the metrics (small, `cache: false`, kept in git) to the current
+        branch; returns the new commit, or None when nothing changed."""
+        if self.root is None:
+            raise RuntimeError("publishing results needs a DVC project run (see DvcSync.reason)")
+        files = [f for f in ("dvc.lock", "params.yaml", "dvc.yaml", "metrics") if (self.root / f).exists()]
+        git(self.root, "add", "--", *files)
+        if git(self.root, "diff", "--cached", "--quiet", check=False).returncode == 0:
+            return None
+        git(self.root, "-c", "user.name=tandem-pipeline", "-c", "user.email=tandem@localhost",
+            "commit", "-q", "-m", message)
+        return git(self.root, "rev-parse", "HEAD").stdout.strip()
+
+    def git_push(self, timeout: float = 600) -> str:
+        """Push the branch and the promotion tags to `origin`. A branch that moved meanwhile is rebased once
+        (a dvc.lock conflict is a real conflict: the push then fails and says so)."""
+        if self.root is None:
+            raise RuntimeError("publishing results needs a DVC project run (see DvcSync.reason)")
+        branch = git(self.root, "rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
+        if git(self.root, "push", "-q", "origin", f"HEAD:{branch}", check=False, timeout=timeout).returncode:
+            git(self.root, "-c", "user.name=tandem-pipeline", "-c", "user.email=tandem@localhost",
+                "pull", "-q", "--rebase", "origin", branch, timeout=timeout)
+            git(self.root, "push", "-q", "origin", f"HEAD:{branch}", timeout=timeout)
+        git(self.root, "push", "-q", "origin", "--tags", timeout=timeout)
+        return branch
+
+
+def git(repo: Path, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"`git {' '.join(args)}` failed (exit {res.returncode}): {res.stderr.strip()[-2000:]}")
+    return res
+
+
+def _dvc(root: Path, args: list[str], timeout: float) -> str:
+    res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, text=True,
+                         timeout=timeout, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    if res.returncode != 0:
+        raise RuntimeError(f"`dvc {' '.join(args)}` failed (exit {res.returncode}): "
+                           f"{(res.stderr or res.stdout).strip()[-2000:]}")
+    return (res.stdout or "") + (res.stderr or "")
+
+
+# --------------------------------------------------------------------------------------------------
+# The stage graph of dvc.yaml
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One DVC stage as the flow runs it: `name` as DVC calls it (train@tandem), `group` = the tasks/ module,
+    `item` = the foreach item (None for a plain stage), `after` = the stages whose outputs it reads."""
+
+    name: str
+    group: str
+    item: Any = None
+    deps: tuple[str, ...] = ()
+    outs: tuple[str, ...] = ()
+    after: tuple[str, ...] = field(default=())
+
+
+def _paths(entries: list) -> list[str]:
+    return [str(Path(e if isinstance(e, str) else next(iter(e)))) for e in entries or []]
+
+
+def _lookup(ref: str, params: dict) -> Any:
+    value: Any = params
+    for part in ref.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(f"dvc.yaml: ${{{ref}}} is not a params key")
+        value = value[part]
+    return value
+
+
+def _inside(a: str, b: str) -> bool:
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def pipeline_stages(dvc_yaml: str | os.PathLike, params: dict) -> list[StageSpec]:
+    """dvc.yaml's stages in an order `dvc repro` could run them: `foreach` over a params list expanded into
+    `group@item` stages (what `dvc stage list` shows), then sorted so every stage comes after the stages whose
+    outputs it depends on (file order among independent ones)."""
+    doc = yaml.safe_load(Path(dvc_yaml).read_text()) or {}
+    specs: list[StageSpec] = []
+    for group, st in (doc.get("stages") or {}).items():
+        if "foreach" in st:
+            m = re.fullmatch(r"\$\{\s*([\w.]+)\s*\}", str(st["foreach"]).strip())
+            items = _lookup(m.group(1), params) if m else st["foreach"]
+            for item in items:
+                body = yaml.safe_load(yaml.safe_dump(st["do"]).replace("${item}", str(item)))
+                specs.append(StageSpec(f"{group}@{item}", group, item, tuple(_paths(body.get("deps"))),
+                                       tuple(_paths(body.get("outs")) + _paths(body.get("metrics"))
+                                             + _paths(body.get("plots")))))
+        else:
+            specs.append(StageSpec(group, group, None, tuple(_paths(st.get("deps"))),
+                                   tuple(_paths(st.get("outs")) + _paths(st.get("metrics")) + _paths(st.get("plots")))))
+    after = {s.name: tuple(o.name for o in specs if o.name != s.name
+                           and any(_inside(d, out) for d in s.deps for out in o.outs)) for s in specs}
+    ordered: list[StageSpec] = []
+    done: set[str] = set()
+    while len(ordered) < len(specs):
+        ready = [s for s in specs if s.name not in done and set(after[s.name]) <= done]
+        if not ready:
+            raise ValueError(f"dvc.yaml: cycle among stages {sorted(set(after) - done)}")
+        s = ready[0]
+        ordered.append(StageSpec(s.name, s.group, s.item, s.deps, s.outs, after[s.name]))
+        done.add(s.name)
+    return ordered

@@ -1,19 +1,25 @@
-"""The `tandem-pipeline` Prefect flow: prepare -> base -> train (per arm) -> evaluate (mapped) -> analyze -> report.
+"""The tandem Prefect flows, composed from dvc.yaml: `tandem-pipeline`, `tandem-training`, `tandem-evaluation`.
 
-Orchestration only: every task calls a `tasks/<stage>` function on the paths `default_io` declares (the same
-calls `dvc repro` makes through `tandem stage <name>`), then `dvc commit`s the stage (flows/dvc_sync.py) so
-that after a flow run `dvc status` is clean and `dvc.lock` describes what the flow produced. A stage that
-`dvc.lock` already records as current is skipped, as `dvc repro` would skip it: a scheduled rerun with
-nothing changed trains nothing. Evaluation is mapped over `tasks.evaluate.plan` units, one task run per
-(arm, checkpoint, mode), each publishing a table artifact of pass@k per benchmark; the report task
-publishes a markdown artifact linking the HTML report.
+One pipeline definition: the stages, their order and the per-arm fan-out come from dvc.yaml
+(`flows.dvc_sync.pipeline_stages`), and every DVC stage (prepare, base, train@<arm>, evaluate, analyze,
+report) is one task run calling `tasks/<stage>` on the paths its `default_io` declares, the same call
+`tandem stage <name>` makes for `dvc repro`. After each stage the flow `dvc commit`s it; a stage DVC
+reports up to date is a task run in the "Skipped" state. The evaluate stage fans out over
+`tasks.evaluate.plan` units (one task run per arm x checkpoint x mode) in a subflow whose task runner is
+chosen by the `eval_runner` parameter: threads on this machine, or a Dask cluster (`dask` = a local one,
+`tcp://host:8786` = an existing scheduler).
+
+The UI shows the work: stage output goes to the run's logs (a stage's stdout and stderr through
+`progress.stage_output`, other tasks' prints through `log_prints`, the `tandem`/`tasks` loggers through
+PREFECT_LOGGING_EXTRA_LOGGERS), each training arm and evaluation unit has a progress artifact, the report is
+a markdown artifact holding the report itself, tasks and flows have timeouts.
+
+State lives in DVC and git, never on a worker's disk: with `push` the flow uploads the committed outputs to
+the DVC remote, with `publish` it commits dvc.lock to git and pushes it with the promotion tags (the
+registry, tasks/promotion.py), so the next worker's clone + `dvc pull` starts where this one ended.
 
 Retries only where a failure can be transient: the base stage when it downloads from the hub, and the DVC
-push to remote storage. Training never retries (a retry would silently redo minutes to hours of work; it
-resumes from its last complete checkpoint when rerun on purpose).
-
-`tandem-evaluation` reruns evaluate -> analyze -> report on whatever checkpoints exist (new checkpoints
-from elsewhere), without training. Both flows are deployed by infra/prefect.yaml.
+push. Training never retries (it resumes from its last complete checkpoint when rerun on purpose).
 """
 
 from __future__ import annotations
@@ -26,19 +32,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import progress
-from flows.dvc_sync import DvcSync
+from flows.dvc_sync import DvcSync, StageSpec, find_project, pipeline_stages
 from tandem.config import Params
 from tandem.workspace import workspace_lock
 from tasks.common import load_params
 
-# The pipeline's stages in order; dvc.yaml must list the same (tests/flows/test_pipeline.py checks).
-STAGES = ("prepare", "base", "train", "evaluate", "analyze", "report")
+CODE_ROOT = Path(__file__).resolve().parents[1]
+# The stage groups of dvc.yaml in file order (tasks/<group>.py each); the flow reads dvc.yaml itself.
+STAGES = tuple(yaml.safe_load((CODE_ROOT / "dvc.yaml").read_text())["stages"])
+
+HOUR = 3600
+# Wall-clock limits: generous for the paper's model on GPUs, so only a hung task trips them.
+TIMEOUTS = {"prepare": 2 * HOUR, "base": 12 * HOUR, "train": 72 * HOUR, "evaluate-unit": 12 * HOUR,
+            "evaluate": 2 * HOUR, "analyze": 12 * HOUR, "report": 2 * HOUR, "promote": 600, "sync": 4 * HOUR}
+FLOW_TIMEOUT = 7 * 24 * HOUR
 
 
 def eval_workers() -> int:
@@ -59,62 +74,66 @@ def _artifact_key(*parts: Any) -> str:
     return re.sub(r"[^a-z0-9]+", "-", "-".join(str(p) for p in parts).lower()).strip("-")
 
 
+def _group() -> str:
+    """The pipeline run's name: the W&B group of every run it opens."""
+    from prefect.runtime import flow_run
+
+    return str(flow_run.name or "local")
+
+
+def skipped(name: str) -> Completed:
+    return Completed(message=f"{name}: up to date in dvc.lock", name="Skipped", data={"skipped": True})
+
+
 def is_current(name: str, sync: DvcSync, force: bool) -> bool:
-    """Whether dvc.lock already records stage `name` as up to date (then it is skipped, as by dvc repro)."""
+    """Whether DVC reports stage `name` up to date (then it is skipped, as by `dvc repro`)."""
     if force or not sync.enabled or not sync.up_to_date(name):
         return False
     get_run_logger().info("%s: up to date in dvc.lock, skipped", name)
     return True
 
 
-def run_stage(name: str, params: Params, sync: DvcSync, force: bool) -> dict:
-    """One whole stage: `tasks.<name>.run` on its declared paths, then `dvc commit <name>`."""
-    view = progress.current()
-    if is_current(name, sync, force):
-        view.set_state(name, name, "skipped")
-        return {"skipped": True}
-    mod = _stage(name)
-    inputs, outputs = mod.default_io(params)
-    with view.track(name, name):
-        summary = mod.run(params, inputs, outputs)
-        sync.commit(name)
-    return summary or {}
-
-
 # --------------------------------------------------------------------------------------------------
 # Tasks (thin wrappers; the work is in tasks/)
 # --------------------------------------------------------------------------------------------------
 
-@task(name="prepare", task_run_name="prepare", cache_policy=NO_CACHE)
-def prepare_task(params: Params, sync: DvcSync, force: bool) -> dict:
-    return run_stage("prepare", params, sync, force)
-
-
-@task(name="base", task_run_name="base", cache_policy=NO_CACHE, retry_delay_seconds=[10, 60])
-def base_task(params: Params, sync: DvcSync, force: bool) -> dict:
-    return run_stage("base", params, sync, force)
-
-
-@task(name="train", task_run_name="train-{arm}", cache_policy=NO_CACHE, retries=0)
-def train_arm_task(params: Params, arm: str) -> dict:
-    mod = _stage("train")
+# log_prints off for whole stages: their stdout and stderr reach the run's logs through
+# `progress.stage_output`, which leaves `print` unpatched (see there why that matters)
+@task(name="stage", task_run_name="{spec.name}", cache_policy=NO_CACHE, retries=0, log_prints=False)
+def stage_task(params: Params, spec: StageSpec, sync: DvcSync, force: bool):
+    """One DVC stage: `tasks.<group>.run` (or `run_arm(item)` for a foreach stage), then `dvc commit`."""
+    view = progress.current()
+    if is_current(spec.name, sync, force):
+        view.set_state(spec.group, spec.name, "skipped")
+        return skipped(spec.name)
+    mod = _stage(spec.group)
     inputs, outputs = mod.default_io(params)
-    with progress.current().track("train", f"train-{arm}"):
-        return mod.run_arm(params, arm, inputs, outputs) or {}
-
-
-@task(name="train-commit", task_run_name="train-commit", cache_policy=NO_CACHE)
-def train_commit_task(params: Params, sync: DvcSync) -> dict:
-    """After every arm: the stage's own aggregation when it has one (`collect`), then `dvc commit train`."""
-    mod = _stage("train")
-    inputs, outputs = mod.default_io(params)
-    with progress.current().track("train", "train-commit"):
-        summary = mod.collect(params, inputs, outputs) if hasattr(mod, "collect") else {}
-        sync.commit("train")
+    with view.track(spec.group, spec.name), progress.stage_output(get_run_logger()):
+        if spec.item is None:
+            summary = mod.run(params, inputs, outputs)
+        else:
+            summary = _run_item(params, spec, mod, inputs, outputs)
+        sync.commit(spec.name)
+    get_run_logger().info("%s: done", spec.name)
     return summary or {}
 
 
-@task(name="evaluate-plan", task_run_name="evaluate-plan", cache_policy=NO_CACHE)
+def _run_item(params: Params, spec: StageSpec, mod, inputs: dict, outputs: dict) -> dict:
+    """A foreach instance (one training arm): W&B run of the arm, progress artifact fed by its checkpoints."""
+    from tasks import tracking
+
+    arm = spec.item
+    key = _artifact_key(spec.group, arm, "progress")
+    watch_dir = Path(outputs["checkpoints"]) / str(arm) if "checkpoints" in outputs else None
+    total = getattr(getattr(params, spec.group, None), "steps", None)
+    with tracking.arm_run(params, arm, _group()) as run_id, \
+            progress.artifact(key, f"{spec.name}: training steps saved as checkpoints", watch_dir, total):
+        if run_id:
+            get_run_logger().info("%s: W&B run %s (group %s)", spec.name, run_id, _group())
+        return mod.run_arm(params, arm, inputs, outputs) or {}
+
+
+@task(name="evaluate-plan", task_run_name="evaluate-plan", cache_policy=NO_CACHE, timeout_seconds=TIMEOUTS["evaluate"])
 def evaluate_plan_task(params: Params) -> list[dict]:
     mod = _stage("evaluate")
     inputs, _ = mod.default_io(params)
@@ -125,12 +144,15 @@ def unit_label(unit: dict) -> str:
     return f"evaluate-{unit['arm']}-step-{unit['step']}-{unit['mode']}"
 
 
-@task(name="evaluate", task_run_name="evaluate-{unit[arm]}-step-{unit[step]}-{unit[mode]}", cache_policy=NO_CACHE)
+@task(name="evaluate-unit", task_run_name="evaluate-{unit[arm]}-step-{unit[step]}-{unit[mode]}",
+      cache_policy=NO_CACHE, timeout_seconds=TIMEOUTS["evaluate-unit"])
 def evaluate_unit_task(params: Params, unit: dict) -> dict:
     """One (arm, checkpoint, mode) unit on every benchmark; publishes its pass@k table as an artifact."""
     mod = _stage("evaluate")
     inputs, outputs = mod.default_io(params)
-    with progress.current().track("evaluate", unit_label(unit)):
+    label = unit_label(unit)
+    with progress.current().track("evaluate", label), \
+            progress.artifact(_artifact_key(label, "progress"), f"{label}: benchmarks of this unit"):
         summaries = mod.run_unit(params, unit, inputs, outputs)
     ks = params.evaluate.ks
     rows = [{"benchmark": b, "problems": s.get("n_problems"), **{f"pass@{k}": s.get(f"pass@{k}") for k in ks},
@@ -140,38 +162,50 @@ def evaluate_unit_task(params: Params, unit: dict) -> dict:
         key=_artifact_key("eval", unit["arm"], "step", unit["step"], unit["mode"]), table=rows,
         description=f"pass@k per benchmark: {unit['arm']} step {unit['step']}, {unit['mode']} mode "
                     f"({params.evaluate.n_samples} samples per problem)")
+    get_run_logger().info("%s: %s", label, {r["benchmark"]: r.get(f"pass@{ks[0]}") for r in rows})
     return summaries
 
 
-@task(name="evaluate-collect", task_run_name="evaluate-collect", cache_policy=NO_CACHE)
+@task(name="stage", task_run_name="evaluate", cache_policy=NO_CACHE, timeout_seconds=TIMEOUTS["evaluate"])
 def evaluate_collect_task(params: Params, sync: DvcSync) -> dict:
+    """The evaluate stage's own task run: assemble metrics/eval.json from the units, `dvc commit evaluate`,
+    log the results to W&B (job type `evaluate`, same group as the training arms)."""
+    from tasks import tracking
+
     mod = _stage("evaluate")
     inputs, outputs = mod.default_io(params)
-    with progress.current().track("evaluate", "evaluate-collect"):
+    with progress.current().track("evaluate", "evaluate"):
         summary = mod.collect(params, inputs, outputs)
         sync.commit("evaluate")
+    if (run_id := tracking.log_evaluation(params, _group())):
+        get_run_logger().info("evaluate: results logged to W&B run %s", run_id)
     return summary or {}
 
 
-@task(name="analyze", task_run_name="analyze", cache_policy=NO_CACHE)
-def analyze_task(params: Params, sync: DvcSync, force: bool) -> dict:
-    return run_stage("analyze", params, sync, force)
+@flow(name="tandem-evaluate-units", persist_result=False, log_prints=True, timeout_seconds=FLOW_TIMEOUT)
+def evaluate_units(params: Params, units: list[dict]) -> list[dict]:
+    """The evaluation fan-out on the task runner the parent chose (threads or a Dask cluster)."""
+    return evaluate_unit_task.map(unmapped(params), units).result()  # raises if any unit failed
 
 
-@task(name="report", task_run_name="report", cache_policy=NO_CACHE)
-def report_task(params: Params, sync: DvcSync, force: bool) -> dict:
-    mod = _stage("report")
-    summary = run_stage("report", params, sync, force)
-    if summary.get("skipped"):  # the report on disk is current: publish it again for this run
-        summary = {**mod.existing_summary(params), "skipped": True}
-    create_markdown_artifact(key="tandem-report", markdown=mod.artifact_markdown(params, summary),
-                             description="Tandem RL results report")
-    return summary
+def task_runner(spec: str):
+    """`threads` (TANDEM_EVAL_WORKERS at once), `dask` (a local Dask cluster, one worker with that many threads)
+    or a Dask scheduler address (`tcp://host:8786`: an existing cluster, e.g. dask-kubernetes)."""
+    if spec == "threads":
+        return ThreadPoolTaskRunner(max_workers=eval_workers())
+    if spec == "dask" or spec.startswith(("tcp://", "tls://")):
+        from prefect_dask import DaskTaskRunner
+
+        if spec == "dask":
+            return DaskTaskRunner(cluster_kwargs={"n_workers": 1, "processes": False,
+                                                  "threads_per_worker": eval_workers(), "dashboard_address": None})
+        return DaskTaskRunner(address=spec)
+    raise ValueError(f"eval_runner must be 'threads', 'dask' or a Dask scheduler address (tcp://...), got {spec!r}")
 
 
-@task(name="promote", task_run_name="promote", cache_policy=NO_CACHE)
-def promote_task(params: Params, sync: DvcSync, tag: bool) -> dict:
-    """Promote this run's best checkpoint when the regression gate passes (scheduled retraining)."""
+@task(name="promote", task_run_name="promote", cache_policy=NO_CACHE, timeout_seconds=TIMEOUTS["promote"])
+def promote_task(params: Params, sync: DvcSync) -> dict:
+    """Promote this run's best checkpoint when the regression gate passes: GTO tags in git (tasks/promotion.py)."""
     from prefect.runtime import flow_run
 
     from tasks import promotion
@@ -182,21 +216,55 @@ def promote_task(params: Params, sync: DvcSync, tag: bool) -> dict:
     if not decision.promote:
         logger.info("promotion: keeping the promoted checkpoint: %s", decision.reason)
         return decision.to_dict()
-    rec = promotion.record(params, decision, run_id=str(flow_run.id or ""),
-                           tag_repo=(sync.root if tag and sync.enabled else None),
-                           provenance={"dvc_sync": sync.reason})
-    logger.info("promotion: promoted %s/step-%s (%s)%s", decision.candidate.arm, decision.candidate.step,
-                decision.reason, f", tagged {rec['git_tag']}" if rec.get("git_tag") else "")
+    if promotion.git_root(params) is None:
+        logger.warning("promotion: gate passes (%s) but %s is no git work tree with a commit: nothing recorded",
+                       decision.reason, params.out_root)
+        return {**decision.to_dict(), "recorded": False}
+    rec = promotion.record(params, decision, run_id=str(flow_run.id or ""), provenance={"dvc_sync": sync.reason})
+    logger.info("promotion: promoted %s/step-%s (%s) as %s", decision.candidate.arm, decision.candidate.step,
+                decision.reason, rec["git_tag"])
     return {**decision.to_dict(), "record": rec}
 
 
-@task(name="dvc-push", task_run_name="dvc-push", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[10, 60, 300])
+@task(name="report-artifact", task_run_name="report-artifact", cache_policy=NO_CACHE, timeout_seconds=600)
+def report_artifact_task(params: Params, summary: dict) -> None:
+    """The report as a markdown artifact: readable in the UI without the worker's disk."""
+    mod = _stage("report")
+    if not summary or summary.get("skipped"):  # the report on disk is current: publish it for this run too
+        summary = {**mod.existing_summary(params), "skipped": True}
+    create_markdown_artifact(key="tandem-report", markdown=mod.artifact_markdown(params, summary),
+                             description="Tandem RL results report")
+
+
+@task(name="dvc-pull", task_run_name="dvc-pull", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[10, 60, 300],
+      timeout_seconds=TIMEOUTS["sync"])
+def pull_task(sync: DvcSync) -> None:
+    get_run_logger().info("dvc pull: %s", sync.pull().strip()[-2000:] or "nothing to fetch")
+
+
+@task(name="dvc-push", task_run_name="dvc-push", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[10, 60, 300],
+      timeout_seconds=TIMEOUTS["sync"])
 def push_task(sync: DvcSync, remote: str | None) -> None:
     sync.push(remote)
 
 
+@task(name="git-commit", task_run_name="git-commit", cache_policy=NO_CACHE, timeout_seconds=600)
+def git_commit_task(sync: DvcSync, message: str) -> str | None:
+    commit = sync.git_commit(message)
+    get_run_logger().info("git: %s", f"committed {commit}" if commit else "dvc.lock and metrics unchanged")
+    return commit
+
+
+@task(name="git-push", task_run_name="git-push", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[10, 60],
+      timeout_seconds=TIMEOUTS["sync"])
+def git_push_task(sync: DvcSync) -> str:
+    branch = sync.git_push()
+    get_run_logger().info("git: pushed %s and the promotion tags to origin", branch)
+    return branch
+
+
 # --------------------------------------------------------------------------------------------------
-# Flows
+# Composition
 # --------------------------------------------------------------------------------------------------
 
 def _live_view(live: bool | None) -> bool:
@@ -207,55 +275,103 @@ def _live_view(live: bool | None) -> bool:
     return sys.stderr.isatty() and deployment.id is None and os.environ.get("CI") is None
 
 
-def _train(params: Params, sync: DvcSync, view: progress.ProgressView, force: bool) -> dict:
-    arms = list(params.train.arms)
-    if is_current("train", sync, force):
-        for a in arms:
-            view.set_state("train", f"train-{a}", "skipped")
-        view.set_state("train", "train-commit", "skipped")
-        return {"skipped": True}
-    # Arms run one after another: each needs the whole machine (cores or GPU), and trl's accelerate state
-    # is process-wide.
-    out = {a: train_arm_task(params, a) for a in arms}
-    out["commit"] = train_commit_task(params, sync)
-    return out
+SECRET_BLOCKS = {"wandb-api-key": "WANDB_API_KEY", "hf-token": "HF_TOKEN"}
 
 
-def _evaluate_analyze_report(params: Params, sync: DvcSync, view: progress.ProgressView, force: bool) -> dict:
-    out: dict[str, Any] = {}
-    current = is_current("evaluate", sync, force)
-    units = [] if current else evaluate_plan_task(params)
-    for name in [unit_label(u) for u in units] + ["evaluate-collect"]:
-        view.expect("evaluate", name)
-    for name in ("analyze", "report"):
-        view.expect(name, name)
-    if current:
-        view.set_state("evaluate", "evaluate-collect", "skipped")
-        out["evaluate"] = {"skipped": True}
-    else:
-        evaluate_unit_task.map(unmapped(params), units).result()  # raises if any unit failed
-        out["evaluate"] = evaluate_collect_task(params, sync)
-    out["analyze"] = analyze_task(params, sync, force)
-    out["report"] = report_task(params, sync, force)
-    return out
+def _secrets_from_blocks() -> list[str]:
+    """Secrets by reference: a Prefect Secret block named like a key of SECRET_BLOCKS fills its environment
+    variable for this run when the worker's environment (or a Kubernetes secret) has not set it already."""
+    from prefect.blocks.system import Secret
+
+    found = []
+    for block, var in SECRET_BLOCKS.items():
+        if os.environ.get(var):
+            continue
+        try:
+            os.environ[var] = Secret.load(block).get()
+            found.append(var)
+        except (ValueError, RuntimeError):  # no such block: the variable stays unset
+            continue
+    return found
 
 
-def _setup(params_path: str, dvc: str, push: bool) -> tuple[Params, DvcSync]:
+def _setup(params_path: str, dvc: str, push: bool, publish: bool) -> tuple[Params, DvcSync, list[StageSpec]]:
     params = load_params(params_path)
     sync = DvcSync.detect(params_path, params.out_root, dvc)
-    if push and not sync.enabled:
-        raise RuntimeError(f"push=True needs DVC sync, which is off: {sync.reason}")
+    if (push or publish) and not sync.enabled:
+        raise RuntimeError(f"push/publish need DVC sync, which is off: {sync.reason}")
     get_run_logger().info("DVC sync: %s", sync.reason)
-    return params, sync
+    if (found := _secrets_from_blocks()):
+        get_run_logger().info("secrets from Prefect blocks: %s", ", ".join(found))
+    root = sync.root or find_project(Path.cwd().resolve()) or CODE_ROOT
+    specs = pipeline_stages(Path(root) / "dvc.yaml", params.to_dict())
+    return params, sync, specs
+
+
+def _value(result: Any) -> Any:
+    """A task called directly returns the State it returned (a Skipped stage): its data, like any other result."""
+    return result.result() if isinstance(result, State) else result
+
+
+def _closure(specs: list[StageSpec], groups: set[str], downstream: bool) -> list[StageSpec]:
+    """The stages of `groups` with every stage after them (downstream) or every stage they need (upstream)."""
+    keep = {s.name for s in specs if s.group in groups}
+    for _ in specs:  # a fixed point within len(specs) rounds
+        for s in specs:
+            if downstream and set(s.after) & keep:
+                keep.add(s.name)
+            elif not downstream and s.name in keep:
+                keep |= set(s.after)
+    return [s for s in specs if s.name in keep]
+
+
+def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bool, eval_runner: str) -> dict:
+    view = progress.current()
+    for s in specs:
+        view.expect(s.group, s.name)
+    out: dict[str, Any] = {}
+    for s in specs:
+        if s.group == "evaluate":
+            out[s.name] = _evaluate(params, sync, force, eval_runner)
+            continue
+        run = stage_task.with_options(timeout_seconds=TIMEOUTS.get(s.group, 12 * HOUR),
+                                      retries=2 if (s.group == "base" and params.model.source == "hub") else 0,
+                                      retry_delay_seconds=[10, 60])
+        out[s.name] = _value(run(params, s, sync, force))
+        if s.group == "report":
+            report_artifact_task(params, out[s.name])
+    return out
+
+
+def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str) -> dict:
+    if is_current("evaluate", sync, force):
+        progress.current().set_state("evaluate", "evaluate", "skipped")
+        return _value(stage_task.with_options(timeout_seconds=60)(params, StageSpec("evaluate", "evaluate"), sync, False))
+    units = evaluate_plan_task(params)
+    for u in units:
+        progress.current().expect("evaluate", unit_label(u))
+    evaluate_units.with_options(task_runner=task_runner(eval_runner))(params, units)
+    return evaluate_collect_task(params, sync)
 
 
 def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summaries: dict, t0: float,
-            promote: bool, tag: bool, push: bool, remote: str | None) -> dict:
-    if promote:
-        summaries["promotion"] = promote_task(params, sync, tag)
+            promote: bool, push: bool, publish: bool, remote: str | None, what: str) -> dict:
+    """Outputs to the DVC remote, dvc.lock and metrics to a git commit, the promotion as tags on that commit
+    (whose dvc.lock pins the checkpoint), then branch and tags to origin."""
+    from prefect.runtime import flow_run
+
     if push:
         push_task(sync, remote)
+    if publish:
+        ran = [k for k, v in summaries.items() if not (isinstance(v, dict) and v.get("skipped"))]
+        summaries["git_commit"] = git_commit_task(sync, f"{what}: dvc.lock and metrics of flow run "
+                                                        f"{flow_run.name or ''} (ran: {', '.join(ran) or 'nothing'})")
+    if promote and "evaluate" in summaries:
+        summaries["promotion"] = promote_task(params, sync)
+    if publish:
+        git_push_task(sync)
     report = summaries.get("report", {}) or {}
+    report = report if isinstance(report, dict) else {}
     html = str(Path(report["html"]).resolve()) if report.get("html") else None
     md = str(Path(report["markdown"]).resolve()) if report.get("markdown") else None
     result = {"report": html, "markdown": md, "stages": summaries,
@@ -266,50 +382,63 @@ def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summarie
     return result
 
 
-@flow(name="tandem-pipeline", task_runner=ThreadPoolTaskRunner(max_workers=eval_workers()), persist_result=False,
-      log_prints=False)
-def tandem_pipeline(params_path: str = "params.yaml", dvc: str = "auto", force: bool = False, promote: bool = False,
-                    tag: bool = False, push: bool = False, remote: str | None = None,
-                    live: bool | None = None) -> dict:
-    """Run every stage on `params_path` and return {'report': html path, 'stages': summaries, ...}.
-
-    dvc: 'auto' commits each stage to dvc.lock when this run is the DVC project's run (and skips stages
-    dvc.lock records as current), 'on' insists on that, 'off' never touches DVC. force: run every stage.
-    promote/tag: scheduled retraining (promote the best checkpoint if no regression; also git-tag it).
-    push: `dvc push` the results (to `remote`, default the project's default remote), with retries.
-    live: terminal progress view (default: on when attached to a terminal and not under a deployment).
-    """
+def _pipeline(what: str, params_path: str, dvc: str, force: bool, promote: bool, push: bool, publish: bool,
+              pull: bool, remote: str | None, live: bool | None, eval_runner: str, select) -> dict:
     t0 = time.perf_counter()
-    params, sync = _setup(params_path, dvc, push)
-    view = progress.ProgressView(f"tandem-pipeline ({params_path})", live=_live_view(live))
-    summaries: dict[str, Any] = {}
+    params, sync, specs = _setup(params_path, dvc, push, publish)
     # one run per output root (re-entrant: `tandem run` already holds it when it started this flow)
-    with workspace_lock(params.out_root, command="tandem-pipeline flow"):
+    with workspace_lock(params.out_root, command=f"{what} flow"):
+        if pull:
+            pull_task(sync)
+        specs = select(specs)
+        get_run_logger().info("stages (from dvc.yaml): %s", ", ".join(s.name for s in specs))
+        view = progress.ProgressView(f"{what} ({params_path})", live=_live_view(live))
         with progress.activate(view):
-            for stage, name in [("prepare", "prepare"), ("base", "base")] + \
-                    [("train", f"train-{a}") for a in params.train.arms] + [("train", "train-commit")]:
-                view.expect(stage, name)
-            summaries["prepare"] = prepare_task(params, sync, force)
-            base = base_task.with_options(retries=2 if params.model.source == "hub" else 0)
-            summaries["base"] = base(params, sync, force)
-            summaries["train"] = _train(params, sync, view, force)
-            summaries.update(_evaluate_analyze_report(params, sync, view, force))
-        return _finish(params, sync, view, summaries, t0, promote, tag, push, remote)
+            summaries = _run_stages(params, sync, specs, force, eval_runner)
+        return _finish(params, sync, view, summaries, t0, promote, push, publish, remote, what)
 
 
-@flow(name="tandem-evaluation", task_runner=ThreadPoolTaskRunner(max_workers=eval_workers()), persist_result=False,
-      log_prints=False)
+_COMMON_DOC = """
+    dvc: 'auto' commits each stage to dvc.lock when this run is the DVC project's run (and skips stages DVC
+    reports up to date), 'on' insists on that, 'adopt' (a worker's own clone) first copies `params_path` onto
+    params.yaml, 'off' never touches DVC. force: run every stage. pull: `dvc pull` first (what dvc.lock names
+    and the remote holds). promote: promote the best checkpoint if it does not regress (git tags).
+    push: `dvc push` the outputs (to `remote`, default the project's). publish: commit dvc.lock and push it
+    and the promotion tags to git `origin`. eval_runner: 'threads', 'dask' or a Dask scheduler address.
+    live: terminal progress view (default: on when attached to a terminal and not under a deployment).
+"""
+
+
+@flow(name="tandem-pipeline", persist_result=False, log_prints=True, timeout_seconds=FLOW_TIMEOUT)
+def tandem_pipeline(params_path: str = "params.yaml", dvc: str = "auto", force: bool = False, promote: bool = False,
+                    push: bool = False, publish: bool = False, pull: bool = False, remote: str | None = None,
+                    live: bool | None = None, eval_runner: str = "threads") -> dict:
+    """Every stage of dvc.yaml; returns {'report': html path, 'stages': summaries, ...}."""
+    return _pipeline("tandem-pipeline", params_path, dvc, force, promote, push, publish, pull, remote, live,
+                     eval_runner, lambda specs: specs)
+
+
+@flow(name="tandem-training", persist_result=False, log_prints=True, timeout_seconds=FLOW_TIMEOUT)
+def tandem_training(params_path: str = "params.yaml", dvc: str = "auto", force: bool = False, push: bool = False,
+                    publish: bool = False, pull: bool = False, remote: str | None = None,
+                    live: bool | None = None) -> dict:
+    """The train stages and what they need (prepare, base): checkpoints for a later evaluation run."""
+    return _pipeline("tandem-training", params_path, dvc, force, False, push, publish, pull, remote, live,
+                     "threads", lambda specs: _closure(specs, {"train"}, downstream=False))
+
+
+@flow(name="tandem-evaluation", persist_result=False, log_prints=True, timeout_seconds=FLOW_TIMEOUT)
 def tandem_evaluation(params_path: str = "params.yaml", dvc: str = "auto", force: bool = False,
-                      promote: bool = False, tag: bool = False, push: bool = False, remote: str | None = None,
-                      live: bool | None = None) -> dict:
-    """Evaluate whatever checkpoints exist (new ones included), then analyze and report; no training."""
-    t0 = time.perf_counter()
-    params, sync = _setup(params_path, dvc, push)
-    view = progress.ProgressView(f"tandem-evaluation ({params_path})", live=_live_view(live))
-    with workspace_lock(params.out_root, command="tandem-evaluation flow"):
-        with progress.activate(view):
-            summaries = _evaluate_analyze_report(params, sync, view, force)
-        return _finish(params, sync, view, summaries, t0, promote, tag, push, remote)
+                      promote: bool = False, push: bool = False, publish: bool = False, pull: bool = False,
+                      remote: str | None = None, live: bool | None = None, eval_runner: str = "threads") -> dict:
+    """Evaluate whatever checkpoints exist, then every stage after evaluate (analyze, report); no training."""
+    return _pipeline("tandem-evaluation", params_path, dvc, force, promote, push, publish, pull, remote, live,
+                     eval_runner, lambda specs: _closure(specs, {"evaluate"}, downstream=True))
+
+
+for _f in (tandem_pipeline, tandem_training, tandem_evaluation):
+    _f.fn.__doc__ = (_f.fn.__doc__ or "") + "\n" + _COMMON_DOC
+    _f.__doc__ = _f.fn.__doc__
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,12 +8,14 @@ print through the view's console, so log lines scroll above the table instead of
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 _ICONS = {"pending": "[dim]·[/dim]", "running": "[yellow]…[/yellow]", "done": "[green]✓[/green]",
@@ -149,3 +151,117 @@ def activate(view: ProgressView) -> Iterator[ProgressView]:
             yield view
     finally:
         _CURRENT = prev
+
+
+# --------------------------------------------------------------------------------------------------
+# Progress artifacts in the Prefect UI
+# --------------------------------------------------------------------------------------------------
+
+def _saved_steps(arm_dir: Path) -> int:
+    """The highest `step-<N>` checkpoint directory under `arm_dir` (0 when none)."""
+    steps = [int(p.name[5:]) for p in arm_dir.glob("step-*") if p.name[5:].isdigit()] if arm_dir.is_dir() else []
+    return max(steps, default=0)
+
+
+@contextmanager
+def artifact(key: str, description: str, watch_dir: Path | None = None, total: int | None = None,
+             every: float = 5.0) -> Iterator[None]:
+    """A Prefect progress artifact for the enclosed work: 0 % at the start, 100 % at the end, and in between
+    (when `watch_dir` and `total` are given) the share of `total` steps already saved as `step-<N>` checkpoints,
+    polled every `every` seconds, so a long training arm shows how far it is without hooks in its loop."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    log = logging.getLogger("flows.progress")
+    try:
+        art_id = create_progress_artifact(progress=0.0, key=key, description=description)
+    except Exception as e:  # the UI is a view: never fail the work for it
+        log.warning("progress artifact %s not created: %s", key, e)
+        yield
+        return
+    stop = threading.Event()
+
+    def poll() -> None:
+        last = -1.0
+        while not stop.wait(every):
+            pct = min(100.0, 100.0 * _saved_steps(watch_dir) / total)
+            if pct != last:
+                try:
+                    update_progress_artifact(artifact_id=art_id, progress=pct)
+                    last = pct
+                except Exception as e:  # noqa: BLE001 - transient API trouble: try again next tick
+                    log.debug("progress update failed: %s", e)
+
+    watcher = None
+    if watch_dir is not None and total:
+        watcher = threading.Thread(target=poll, name=f"progress-{key}", daemon=True)
+        watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join(timeout=30)
+    update_progress_artifact(artifact_id=art_id, progress=100.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stage output into the run's logs
+# --------------------------------------------------------------------------------------------------
+
+class _LogStream(io.TextIOBase):
+    """A text stream that sends each complete line to `logger` (a carriage-return progress bar as its final
+    state only). Writes made while it is already logging go to `fallback`, so a log handler that writes to
+    the current sys.stderr cannot loop back into it."""
+
+    def __init__(self, logger: logging.Logger, level: int, fallback):
+        self._logger, self._level, self._fallback = logger, level, fallback
+        self._buf = ""
+        self._busy = threading.local()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        if getattr(self._busy, "on", False):
+            return self._fallback.write(s)
+        self._buf += s
+        while "\n" in self._buf:
+            line, self._buf = self._buf.split("\n", 1)
+            self._emit(line.rsplit("\r", 1)[-1])
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def close_line(self) -> None:
+        if self._buf.strip():
+            self._emit(self._buf.rsplit("\r", 1)[-1])
+        self._buf = ""
+
+    def _emit(self, line: str) -> None:
+        if not line.strip():
+            return
+        self._busy.on = True
+        try:
+            self._logger.log(self._level, line.rstrip())
+        finally:
+            self._busy.on = False
+
+
+@contextmanager
+def stage_output(logger) -> Iterator[None]:
+    """Route what a stage writes to stdout and stderr (its summaries, validation reports, warnings) into the
+    run's logs for the duration of the stage.
+
+    Used instead of Prefect's `log_prints` for whole stages: `log_prints` patches `print` itself, so a print
+    to a redirected `sys.stdout` (dill's globals detection captures `dis` output that way while `datasets`
+    hashes a training set) is logged instead of reaching the redirect. Redirecting the streams leaves
+    `print` alone. Stages run one at a time, so swapping the process-wide streams is safe here."""
+    out = _LogStream(logger, logging.INFO, sys.__stdout__ or sys.stdout)
+    err = _LogStream(logger, logging.WARNING, sys.__stderr__ or sys.stderr)
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            yield
+        finally:
+            out.close_line()
+            err.close_line()

@@ -1,11 +1,14 @@
-"""Promotion registry for scheduled retraining: read the last promoted checkpoint, record a new one, tag it.
+"""Promotion registry for scheduled retraining, kept in git: GTO-style tags on the commit whose dvc.lock
+holds the promoted checkpoint.
 
-The comparison itself is pure (`tandem.report.promotion`); this module holds the I/O around it:
-`registry/promoted.json` under `out_root` (the current promoted checkpoint, with its scores and the
-evaluation settings' fingerprint) and `registry/history.jsonl` (every promotion, append-only). The registry
-is deliberately not a DVC output: it records decisions across runs, so no stage may depend on it for
-reproducibility. Optionally the promotion is also a git tag `tandem-model@v<N>.0.0` (the GTO/DVC artifact
-convention) whose message holds the record.
+The comparison itself is pure (`tandem.report.promotion`); this module holds the I/O around it. A promotion
+is two annotated git tags at HEAD, in the naming GTO reads for the `tandem-model` artifact that dvc.yaml's
+`artifacts:` section declares: the version `tandem-model@v<N>.0.0` (its message holds the record as JSON:
+candidate, scores, previous, deltas, run id) and the stage assignment `tandem-model#prod#<N>`. The tagged
+commit's dvc.lock pins the checkpoint's content, so `git checkout tandem-model@v3.0.0 && dvc pull
+models/checkpoints` restores it on any machine, and `gto show tandem-model` lists the history. Nothing is
+kept on a worker's disk: a fresh clone (with its tags) sees every promotion. A run outside a git work tree
+with a commit cannot promote (the registry would have nowhere to live); `decision_for` still reports.
 """
 
 from __future__ import annotations
@@ -17,25 +20,63 @@ from pathlib import Path
 
 from tandem.config import Params
 from tandem.report.promotion import Candidate, Decision, best_checkpoint, decide
-from tasks.common import Layout, read_json, write_json
+from tasks.common import Layout
 from tandem.errors import BadInputError
 
-TAG_PREFIX = "tandem-model@v"
+ARTIFACT = "tandem-model"
+TAG_PREFIX = f"{ARTIFACT}@v"
+STAGE = "prod"
 
 
-def registry_dir(params: Params) -> Path:
-    return Layout.of(params).root / "registry"
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60)
+
+
+def git_root(params: Params) -> Path | None:
+    """The git work tree holding `out_root`, when it has a commit (tags need one)."""
+    root = Layout.of(params).root
+    if not root.exists():
+        return None
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top.returncode != 0 or _git(root, "rev-parse", "--verify", "-q", "HEAD").returncode != 0:
+        return None
+    return Path(top.stdout.strip())
+
+
+def _version(tag: str) -> int | None:
+    head = tag[len(TAG_PREFIX):].split(".")[0] if tag.startswith(TAG_PREFIX) else ""
+    return int(head) if head.isdigit() else None
+
+
+def history(params: Params) -> list[dict]:
+    """Every promotion record, oldest first (from the version tags' messages)."""
+    repo = git_root(params)
+    if repo is None:
+        return []
+    out = _git(repo, "tag", "--list", f"{TAG_PREFIX}*")
+    tags = sorted((v, t) for t in out.stdout.split() if (v := _version(t)) is not None)
+    records = []
+    for _, tag in tags:
+        msg = _git(repo, "tag", "--list", "--format=%(contents)", tag).stdout
+        body = msg[msg.find("{"):] if "{" in msg else ""
+        try:
+            rec = json.loads(body[: body.rfind("}") + 1])
+        except ValueError as e:
+            raise ValueError(f"promotion tag {tag} holds no readable record ({e}); delete the tag "
+                             f"(git tag -d {tag}; git push origin :refs/tags/{tag}) to start over") from e
+        records.append({**rec, "git_tag": tag})
+    return records
 
 
 def load_promoted(params: Params) -> Candidate | None:
     """The last promoted checkpoint, or None before the first promotion."""
-    p = registry_dir(params) / "promoted.json"
-    if not p.exists():
+    recs = history(params)
+    if not recs:
         return None
     try:
-        return Candidate.from_dict(read_json(p)["candidate"])
+        return Candidate.from_dict(recs[-1]["candidate"])
     except (KeyError, TypeError, ValueError) as e:
-        raise BadInputError(f"promotion registry {p} is unreadable ({e}); fix or delete it to start over") from e
+        raise BadInputError(f"promotion tag {recs[-1]['git_tag']} is unreadable ({e})") from e
 
 
 def decision_for(params: Params, eval_data: dict) -> Decision:
@@ -52,48 +93,38 @@ def decision_for(params: Params, eval_data: dict) -> Decision:
     return d
 
 
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60)
-
-
 def next_tag(repo: Path) -> str:
     """`tandem-model@v<N>.0.0` with N one above the highest existing such tag."""
     out = _git(repo, "tag", "--list", f"{TAG_PREFIX}*")
-    nums = []
-    for t in out.stdout.split():
-        head = t[len(TAG_PREFIX):].split(".")[0]
-        if head.isdigit():
-            nums.append(int(head))
+    nums = [v for t in out.stdout.split() if (v := _version(t)) is not None]
     return f"{TAG_PREFIX}{max(nums, default=0) + 1}.0.0"
 
 
-def git_tag(repo: Path, record: dict) -> str | None:
-    """Create an annotated tag at HEAD holding `record`; None when `repo` is not a git work tree with a commit."""
-    if _git(repo, "rev-parse", "--verify", "-q", "HEAD").returncode != 0:
-        return None
-    name = next_tag(repo)
-    msg = f"promote {record['candidate']['arm']}/step-{record['candidate']['step']}\n\n" + \
-        json.dumps(record, indent=2, sort_keys=True)
+def _tag(repo: Path, name: str, message: str) -> None:
     res = _git(repo, "-c", "user.name=tandem-pipeline", "-c", "user.email=tandem@localhost",
-               "tag", "-a", name, "-m", msg)
+               "tag", "-a", name, "-m", message)
     if res.returncode != 0:
         raise RuntimeError(f"git tag {name} failed: {res.stderr.strip()}")
-    return name
 
 
-def record(params: Params, decision: Decision, *, run_id: str = "", tag_repo: Path | None = None,
-           provenance: dict | None = None) -> dict:
-    """Write the promotion (registry files, optional git tag) and return the record. Requires `promote`."""
+def record(params: Params, decision: Decision, *, run_id: str = "", provenance: dict | None = None) -> dict:
+    """Tag HEAD as the new promoted version (and assign it the `prod` stage); returns the record.
+
+    Requires a passing decision and a git work tree with a commit. Pushing the tags (with the commit of the
+    run's dvc.lock) is the caller's job: `flows.dvc_sync.DvcSync.publish`."""
     if not decision.promote or decision.candidate is None:
         raise BadInputError(f"refusing to record a promotion the gate rejected: {decision.reason}")
+    repo = git_root(params)
+    if repo is None:
+        raise BadInputError(f"promotion needs a git work tree with a commit at {Layout.of(params).root}: "
+                            "the registry is its tags")
     rec = {"promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_id": run_id,
            "reason": decision.reason, "candidate": decision.candidate.to_dict(),
            "previous": decision.previous.to_dict() if decision.previous else None,
            "deltas": decision.deltas, "provenance": provenance or {}}
-    if tag_repo is not None:
-        rec["git_tag"] = git_tag(Path(tag_repo), rec)
-    d = registry_dir(params)
-    write_json(d / "promoted.json", rec)
-    with open(d / "history.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(rec, sort_keys=True) + "\n")
-    return rec
+    name = next_tag(repo)
+    n = _version(name)
+    cand = rec["candidate"]
+    _tag(repo, name, f"promote {cand['arm']}/step-{cand['step']}\n\n" + json.dumps(rec, indent=2, sort_keys=True))
+    _tag(repo, f"{ARTIFACT}#{STAGE}#{n}", f"assign {STAGE} to {name}")
+    return {**rec, "git_tag": name}

@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -286,22 +287,26 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
 
 
 def artifact_markdown(params: Params, summary: dict) -> str:
-    """The Prefect markdown artifact: links to the HTML and Markdown reports, headline numbers, promotion."""
+    """The Prefect markdown artifact: the report itself (headline numbers, promotion, every table), readable
+    in the UI without access to the machine that ran the flow. Figures are only in the HTML report, which is
+    a DVC output (`dvc pull reports` fetches it anywhere)."""
     from tandem.report.build import summary_lines
     from tandem.report.render import md_escape
 
-    html_path, md_path = Path(summary["html"]).resolve(), Path(summary["markdown"]).resolve()
+    md_path = Path(summary["markdown"])
     L = Layout.of(params)
     eval_data = _read_optional(L.metrics / "eval.json")
     analysis = _read_optional(L.metrics / "analysis.json")
-    lines = [f"# {md_escape(params.report.title)}", "",
-             f"- HTML report (self-contained): [{md_escape(html_path.name)}]({html_path.as_uri()})",
-             f"- Markdown report: [{md_escape(md_path.name)}]({md_path.as_uri()})",
-             f"- Path on the machine that ran the flow: `{str(html_path).replace('`', '')}`", ""]
+    lines = [f"# {md_escape(params.report.title)}", ""]
     lines += [f"- {md_escape(s)}" for s in summary_lines(eval_data, analysis)]
     lines += ["", f"**Promotion gate**: {'passes' if summary.get('promote') else 'does not pass'}: "
-                  f"{md_escape(summary.get('promotion_reason', ''))}"]
-    return "\n".join(lines) + "\n"
+                  f"{md_escape(summary.get('promotion_reason', ''))}", "",
+              "Figures: in the self-contained HTML report, a DVC output of the report stage "
+              "(`dvc pull reports && open reports/report.html`).", "", "---", ""]
+    body = md_path.read_text() if md_path.exists() else "(reports/report.md is missing)"
+    # image links point at files on the worker's disk: name the figure instead
+    body = re.sub(r"!\[([^\]]*)\]\([^)]*\)", lambda m: f"*(figure: {m.group(1) or 'see the HTML report'})*", body)
+    return "\n".join(lines) + "\n" + body
 
 
 def existing_summary(params: Params) -> dict:

@@ -27,7 +27,7 @@ def _prefect_yaml() -> dict:
 
 def test_deployments_name_existing_flows_and_parameters():
     deps = {d["name"]: d for d in _prefect_yaml()["deployments"]}
-    assert set(deps) == {"scheduled-retraining", "retraining-gpu", "evaluate-checkpoints"}
+    assert set(deps) == {"scheduled-retraining", "training", "evaluation", "retraining-gpu", "evaluate-checkpoints"}
     for d in deps.values():
         path, func = d["entrypoint"].split(":")
         assert (REPO / path).exists(), path
@@ -40,6 +40,100 @@ def test_deployments_name_existing_flows_and_parameters():
     assert deps["scheduled-retraining"]["parameters"]["promote"] is True
 
 
+def _secret_name(key: str) -> bool:
+    return key.endswith(("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")) or key.startswith("AWS_")
+
+
+def test_deployments_are_stateless_and_limited():
+    """Every deployment clones the code at a ref, fetches tags and `dvc pull`s; writes state back (push and
+    publish); runs one at a time; a GPU run on another params file adopts it (DVC sync stays on)."""
+    for d in _prefect_yaml()["deployments"]:
+        steps = [next(iter(s)) for s in d["pull"]]
+        assert steps[0] == "prefect.deployments.steps.git_clone", d["name"]
+        assert d["pull"][0]["prefect.deployments.steps.git_clone"]["branch"] == "{{ $TANDEM_GIT_REF }}"
+        scripts = [next(iter(s.values())).get("script", "") for s in d["pull"]]
+        assert any("dvc pull" in s for s in scripts) and any("fetch" in s and "--tags" in s for s in scripts)
+        assert d["concurrency_limit"]["limit"] == 1, d["name"]
+        p = d["parameters"]
+        assert p["push"] and p["publish"] and p["dvc"] == "adopt", d["name"]
+        env = d["work_pool"]["job_variables"]["env"]
+        assert not any(_secret_name(k) for k in env), "secrets by reference only"
+        assert "tasks" in env["PREFECT_LOGGING_EXTRA_LOGGERS"]
+    gpu = next(d for d in _prefect_yaml()["deployments"] if d["name"] == "retraining-gpu")
+    assert gpu["parameters"]["params_path"] == "params.paper.yaml"
+    token = gpu["pull"][0]["prefect.deployments.steps.git_clone"]["access_token"]
+    assert token.startswith("{{ prefect.blocks.secret.")
+
+
+def _gpu_template() -> dict:
+    return json.loads((INFRA / "work-pools" / "gpu-kubernetes.json").read_text())
+
+
+def test_gpu_template_fits_the_kubernetes_workers_schema():
+    """Checked against prefect-kubernetes' own default template and job configuration model."""
+    from prefect_kubernetes.worker import KubernetesWorker, KubernetesWorkerJobConfiguration
+
+    default = KubernetesWorker.get_default_base_job_template()
+    t = _gpu_template()
+    assert set(default["job_configuration"]) == set(t["job_configuration"])
+    fields = set(KubernetesWorkerJobConfiguration.model_fields)
+    assert set(t["job_configuration"]) <= fields, set(t["job_configuration"]) - fields
+    # every variable the worker itself sets or reads keeps its type
+    for k in ("name", "env", "labels", "command", "namespace", "image", "image_pull_policy", "finished_job_ttl",
+              "stream_output", "annotations"):
+        ours, theirs = _types(t["variables"]["properties"][k]), _types(default["variables"]["properties"][k])
+        assert ours and ours <= theirs, (k, ours, theirs)
+
+
+def _types(prop: dict) -> set[str]:
+    """JSON-schema types a variable accepts (null aside), from `type` or `anyOf`."""
+    found = {prop["type"]} if "type" in prop else {a.get("type") for a in prop.get("anyOf", [])}
+    if "additionalProperties" in prop:
+        found.add("object")
+    return found - {None, "null"}
+
+
+def _render(deployment: str, flow_name: str) -> dict:
+    """The Job manifest the Kubernetes worker would submit for a run of `deployment` (no cluster needed)."""
+    import asyncio
+    import uuid
+
+    import jsonschema
+    from prefect.client.schemas.objects import Flow, FlowRun
+    from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
+
+    t = _gpu_template()
+    d = next(x for x in _prefect_yaml()["deployments"] if x["name"] == deployment)
+    job_vars = json.loads(json.dumps(d["work_pool"]["job_variables"]).replace("{{ $TANDEM_IMAGE }}",
+                                                                              "registry.example.com/tandem:abc"))
+    schema = {k: v for k, v in t["variables"].items() if k != "definitions"}
+    jsonschema.validate(job_vars, {**schema, "definitions": t["variables"].get("definitions", {})})
+    values = {k: v["default"] for k, v in t["variables"]["properties"].items() if "default" in v}
+    values.update(job_vars)
+    cfg = asyncio.run(KubernetesWorkerJobConfiguration.from_template_and_values(t, values))
+    run = FlowRun(id=uuid.uuid4(), name="brave-otter", flow_id=uuid.uuid4(), deployment_id=uuid.uuid4())
+    cfg.prepare_for_flow_run(run, flow=Flow(id=run.flow_id, name=flow_name))
+    return cfg.job_manifest
+
+
+def test_rendered_gpu_job_manifest(prefect_api):  # rendering resolves block references through an API
+    m = _render("retraining-gpu", "tandem-pipeline")
+    assert m["kind"] == "Job" and m["spec"]["backoffLimit"] == 0
+    (c,) = m["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == "registry.example.com/tandem:abc"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8 and c["resources"]["requests"]["nvidia.com/gpu"] == 8
+    assert c["args"][:3] == ["prefect", "flow-run", "execute"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["PREFECT__FLOW_RUN_ID"] and env["WANDB_MODE"] == "online" and env["TANDEM_EVAL_WORKERS"] == "4"
+    assert not any(_secret_name(k) for k in env)  # secrets: only through the secret reference
+    assert c["envFrom"] == [{"secretRef": {"name": "tandem-secrets", "optional": False}}]
+    vols = {v["name"]: v for v in m["spec"]["template"]["spec"]["volumes"]}
+    assert "emptyDir" in vols["workspace"] and c["workingDir"] == "/workspace"
+    assert m["metadata"]["labels"]["prefect.io/flow-name"] == "tandem-pipeline"
+    one = _render("evaluate-checkpoints", "tandem-evaluation")
+    assert one["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
 def test_schedule_is_a_valid_cron():
     import cronsim
 
@@ -50,7 +144,7 @@ def test_schedule_is_a_valid_cron():
 
 
 def test_gpu_template_declares_every_placeholder_and_requests_gpus():
-    t = json.loads((INFRA / "work-pools" / "gpu-kubernetes.json").read_text())
+    t = _gpu_template()
     used = set(re.findall(r"\{\{\s*([a-z_]+)\s*\}\}", json.dumps(t["job_configuration"])))
     assert used <= set(t["variables"]["properties"]), used - set(t["variables"]["properties"])
     (container,) = t["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"]
@@ -97,9 +191,10 @@ def test_served_deployments_mirror_prefect_yaml():
 
     d = runner_deployment("scheduled-retraining")
     assert d.entrypoint == "flows/pipeline.py:tandem_pipeline"
-    assert d.parameters == deployment_spec("scheduled-retraining")["parameters"]
+    assert d.parameters == {**deployment_spec("scheduled-retraining")["parameters"], "dvc": "auto", "publish": False}
     (s,) = d.schedules
     assert (s.schedule.cron, s.schedule.timezone) == ("0 3 * * 1", "UTC")
     assert runner_deployment("evaluate-checkpoints").schedules == []
+    assert d.concurrency_limit == 1 and d.parameters["dvc"] == "auto" and d.parameters["publish"] is False
     with pytest.raises(KeyError, match="no deployment"):
         deployment_spec("nope")

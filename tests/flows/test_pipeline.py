@@ -28,6 +28,33 @@ def test_stage_list_matches_dvc_yaml():
     assert list(fp.STAGES) == stages
 
 
+@pytest.mark.integration
+def test_flow_stages_are_dvcs_own_stage_graph(tmp_path):
+    """The flow's stages, foreach expansion and order come from dvc.yaml exactly as DVC reads it."""
+    from dvc.repo import Repo
+
+    from flows.dvc_sync import pipeline_stages
+    from tandem.config import params_from_dict
+
+    for name in ("dvc.yaml", "params.yaml"):
+        (tmp_path / name).write_text((REPO / name).read_text())
+    assert _dvc(tmp_path, "init", "--no-scm", "-q").returncode == 0
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    specs = pipeline_stages(tmp_path / "dvc.yaml", params_from_dict({**raw, "out_root": "."}).to_dict())
+    with Repo(str(tmp_path)) as repo:
+        graph = repo.index.graph
+        dvc_names = {s.name for s in repo.index.stages}
+        edges = {(a.name, b.name) for a, b in graph.edges}  # a depends on b
+    assert {s.name for s in specs} == dvc_names
+    pos = {s.name: i for i, s in enumerate(specs)}
+    assert all(pos[b] < pos[a] for a, b in edges), "a stage runs before one it depends on"
+    direct = {(s.name, a) for s in specs for a in s.after}
+    assert edges <= direct
+    assert [s.name for s in fp._closure(specs, {"evaluate"}, downstream=True)] == ["evaluate", "analyze", "report"]
+    assert [s.name for s in fp._closure(specs, {"train"}, downstream=False)] == \
+        ["prepare", "base"] + [f"train@{a}" for a in raw["train"]["arms"]]
+
+
 def _expand(stage: dict, raw_params: dict) -> list[dict]:
     """A `foreach` stage as its instances (`${item}` substituted); a plain stage as itself."""
     if "foreach" not in stage:
@@ -100,11 +127,27 @@ def test_every_stage_has_its_module_contract():
     assert callable(evaluate.plan) and callable(evaluate.run_unit) and callable(evaluate.collect)
 
 
-def test_retries_only_where_transient():
-    assert fp.train_arm_task.retries == 0
-    for t in (fp.prepare_task, fp.evaluate_unit_task, fp.analyze_task, fp.report_task, fp.base_task):
-        assert not t.retries, t.name  # base gets retries only for a hub download, set per run
-    assert fp.push_task.retries == 3
+def test_retries_only_where_transient_and_every_task_has_a_timeout():
+    assert fp.stage_task.retries == 0  # base gets retries only for a hub download, set per run
+    assert not fp.evaluate_unit_task.retries and not fp.evaluate_collect_task.retries
+    assert fp.push_task.retries == 3 and fp.pull_task.retries == 3
+    for t in (fp.evaluate_plan_task, fp.evaluate_unit_task, fp.evaluate_collect_task, fp.promote_task,
+              fp.report_artifact_task, fp.pull_task, fp.push_task, fp.git_commit_task, fp.git_push_task):
+        assert t.timeout_seconds, t.name
+    assert all(fp.TIMEOUTS.get(g) for g in fp.STAGES)  # stage_task gets its stage's timeout per call
+    for f in (fp.tandem_pipeline, fp.tandem_training, fp.tandem_evaluation, fp.evaluate_units):
+        assert f.timeout_seconds and f.log_prints, f.name
+
+
+def test_task_runner_choice():
+    from prefect.task_runners import ThreadPoolTaskRunner
+    from prefect_dask import DaskTaskRunner
+
+    assert isinstance(fp.task_runner("threads"), ThreadPoolTaskRunner)
+    assert isinstance(fp.task_runner("dask"), DaskTaskRunner)
+    assert fp.task_runner("tcp://10.0.0.5:8786").address == "tcp://10.0.0.5:8786"
+    with pytest.raises(ValueError, match="eval_runner"):
+        fp.task_runner("ray")
 
 
 def test_artifact_keys_are_valid():
@@ -139,11 +182,15 @@ def test_dvc_sync_detection(project, tmp_path):
     assert DvcSync.detect("params.yaml", ".", "off").reason == "turned off"
     with pytest.raises(RuntimeError, match="impossible"):
         DvcSync.detect(other, ".", "on")
+    # adopt (a worker's own clone): the other params file becomes the project's params.yaml, sync stays on
+    adopted = DvcSync.detect(other, ".", "adopt")
+    assert adopted.root == project and "adopted" in adopted.reason
+    assert (project / "params.yaml").read_text() == "seed: 0\n"
 
 
 def _use_fakes(monkeypatch, rec):
-    mods = fake_stages.modules(rec)
-    monkeypatch.setattr(fp, "_stage", lambda name: mods[name])
+    monkeypatch.setattr(fake_stages, "ACTIVE", fake_stages.modules(rec))
+    monkeypatch.setattr(fp, "_stage", fake_stages.stage)
 
 
 def _task_runs(flow_run_id):
@@ -152,6 +199,15 @@ def _task_runs(flow_run_id):
 
     with get_client(sync_client=True) as client:
         return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+
+def _subflow_runs(parent_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id])))
 
 
 def _artifact_keys(flow_run_id):
@@ -169,7 +225,7 @@ def test_flow_wiring_and_dvc_agreement(project, monkeypatch, prefect_api):
     rec = fake_stages.Recorder()
     _use_fakes(monkeypatch, rec)
     before = json.loads(_dvc(project, "status", "--json").stdout or "{}")
-    assert set(before) == set(fp.STAGES)  # nothing recorded yet: DVC sees every stage as changed
+    assert set(before) == {"prepare", "base", "train@tandem", "train@grpo", "evaluate", "analyze", "report"}
 
     state = fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True)
     assert state.is_completed(), state
@@ -177,7 +233,7 @@ def test_flow_wiring_and_dvc_agreement(project, monkeypatch, prefect_api):
     assert result["report"].endswith("reports/report.html") and Path(result["report"]).exists()
     assert "committing stages" in result["dvc"]
 
-    # order: whole stages in sequence, one training run per arm, every unit before collect
+    # order: whole stages in sequence, one training run per arm, every unit before the evaluate stage task
     units = [c for c in rec.calls if c.startswith("unit-")]
     assert rec.calls[:4] == ["prepare", "base", "train-tandem", "train-grpo"]
     assert rec.calls[4:4 + len(units)] == units
@@ -185,19 +241,27 @@ def test_flow_wiring_and_dvc_agreement(project, monkeypatch, prefect_api):
     assert sorted(units) == sorted(["unit-tandem-0-solo", "unit-tandem-0-step", "unit-tandem-2-solo",
                                     "unit-tandem-2-step", "unit-grpo-2-solo", "unit-grpo-2-step"])
 
-    # the Prefect view: one completed task run per unit, a table artifact each, the report artifact
+    # the Prefect view: one task run per DVC stage; the units (in the evaluation subflow) one each, with a
+    # table and a progress artifact; a progress artifact per arm; the report artifact holds the report
     runs = _task_runs(state.state_details.flow_run_id)
-    evals = {r.name: r for r in runs if r.name.startswith("evaluate-") and "step-" in r.name}
+    names = {r.name for r in runs}
+    assert {"prepare", "base", "train@tandem", "train@grpo", "evaluate", "analyze", "report"} <= names
+    sub = _subflow_runs(state.state_details.flow_run_id)
+    assert len(sub) == 1
+    evals = {r.name: r for r in _task_runs(sub[0].id)}
     assert len(evals) == 6 and all(r.state.is_completed() for r in evals.values())
-    assert {r.name for r in runs if r.name.startswith("train-")} == {"train-tandem", "train-grpo", "train-commit"}
-    arts = _artifact_keys(state.state_details.flow_run_id)
+    arts = {**_artifact_keys(state.state_details.flow_run_id), **_artifact_keys(sub[0].id)}
     assert "eval-grpo-step-2-solo" in arts and arts["eval-grpo-step-2-solo"].type == "table"
-    assert arts["tandem-report"].type == "markdown" and "file://" in arts["tandem-report"].data
+    assert arts["train-grpo-progress"].type == "progress" and arts["train-grpo-progress"].data == 100.0
+    assert arts["evaluate-grpo-step-2-solo-progress"].type == "progress"
+    assert arts["tandem-report"].type == "markdown" and "file://" not in arts["tandem-report"].data
+    assert "# r" in arts["tandem-report"].data
 
     # DVC agrees: dvc.lock records every stage and nothing is out of date
     status = _dvc(project, "status", "--json")
     assert status.returncode == 0 and json.loads(status.stdout or "{}") == {}, status.stdout + status.stderr
-    assert set(yaml.safe_load((project / "dvc.lock").read_text())["stages"]) == set(fp.STAGES)
+    assert set(yaml.safe_load((project / "dvc.lock").read_text())["stages"]) == \
+        {"prepare", "base", "train@tandem", "train@grpo", "evaluate", "analyze", "report"}
 
 
 @pytest.mark.slow
@@ -208,7 +272,7 @@ def test_training_failure_is_not_retried_and_not_committed(project, monkeypatch,
     assert state.is_failed()
     assert rec.calls == ["prepare", "base", "train-tandem", "train-grpo"]  # one attempt, nothing after it
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
-    assert set(lock) == {"prepare", "base"}
+    assert set(lock) == {"prepare", "base", "train@tandem"}  # each arm is its own DVC stage
 
 
 @pytest.mark.slow
@@ -232,9 +296,30 @@ def test_a_rerun_with_nothing_changed_runs_nothing(project, monkeypatch, prefect
     assert state.is_completed()
     assert rec.calls == first  # dvc.lock says every stage is current: nothing ran again
     assert (project / "dvc.lock").read_text() == lock
-    assert all(v == {"skipped": True} for k, v in state.result()["stages"].items() if k != "report")
+    assert all(v == {"skipped": True} for v in state.result()["stages"].values()), state.result()["stages"]
+    # every stage is a task run, in the "Skipped" state
+    runs = {r.name: r.state for r in _task_runs(state.state_details.flow_run_id)}
+    for name in ("prepare", "base", "train@tandem", "train@grpo", "evaluate", "analyze", "report"):
+        assert runs[name].name == "Skipped" and runs[name].is_completed(), (name, runs[name])
     # a changed parameter makes its stage and everything downstream stale again (as for dvc repro)
     (project / "params.yaml").write_text(fake_stages.PARAMS_YAML.replace("\n  steps: 2\n", "\n  steps: 3\n"))
     assert fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True).is_completed()
     assert rec.calls[len(first):][:2] == ["train-tandem", "train-grpo"]
     assert "prepare" not in rec.calls[len(first):] and "base" not in rec.calls[len(first):]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_evaluation_units_on_a_local_dask_cluster(project, monkeypatch, prefect_api):
+    """eval_runner='dask': the units run on a Dask cluster (local, one in-process worker) through
+    prefect-dask, still one task run each, then the evaluate stage task and the rest as usual."""
+    rec = fake_stages.Recorder()
+    _use_fakes(monkeypatch, rec)
+    state = fp.tandem_pipeline(params_path="params.yaml", live=False, eval_runner="dask", return_state=True)
+    assert state.is_completed(), state
+    (sub,) = _subflow_runs(state.state_details.flow_run_id)
+    units = _task_runs(sub.id)
+    assert len(units) == 6 and all(r.state.is_completed() for r in units)
+    assert sorted(c for c in rec.calls if c.startswith("unit-")) == sorted(
+        f"unit-{r.name.split('-')[1]}-{r.name.split('-')[3]}-{r.name.split('-')[4]}" for r in units)
+    assert rec.calls[-3:] == ["evaluate-collect", "analyze", "report"]

@@ -81,3 +81,34 @@ def test_live_view_borrows_and_returns_log_consoles():
         assert handler.console is original
     finally:
         logger.removeHandler(handler)
+
+
+def test_stage_output_logs_lines_and_leaves_inner_redirects_alone():
+    import contextlib
+    import io
+    import logging
+    import sys
+
+    from flows.progress import stage_output
+
+    records: list[tuple[int, str]] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record):
+            records.append((record.levelno, record.getMessage()))
+
+    logger = logging.getLogger("test.stage_output")
+    logger.propagate = False
+    logger.addHandler(Grab())
+    logger.setLevel(logging.DEBUG)
+    with stage_output(logger):
+        print("base: corpus 200 problems")
+        print("validation failed on row 3", file=sys.stderr)
+        sys.stderr.write("10%\r50%\r100%\n")
+        inner = io.StringIO()
+        with contextlib.redirect_stdout(inner):  # what dill does to read `dis` output
+            print("LOAD_GLOBAL pa")
+        print("no newline at the end", end="")
+    assert inner.getvalue() == "LOAD_GLOBAL pa\n"
+    assert records == [(logging.INFO, "base: corpus 200 problems"), (logging.WARNING, "validation failed on row 3"),
+                       (logging.WARNING, "100%"), (logging.INFO, "no newline at the end")]

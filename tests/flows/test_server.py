@@ -1,9 +1,21 @@
-"""The pipeline deployed on a real Prefect server: server, work pools, `prefect deploy` from
-infra/prefect.yaml, a process worker, one triggered run of the real stages on a tiny config.
+"""The deployments on a real Prefect server with real process workers that keep no state.
 
-The run happens in a scratch copy of the project (its own `.dvc/`, params.yaml = tests/flows/tiny_params.yaml)
-so the test also checks the two orchestrators agree: after the flow run, `dvc status` there is clean.
-Everything the test starts (server, worker, the worker's flow-run process) is stopped by process group.
+A bare git repository (`origin`) holds a copy of the project with a tiny params.yaml
+(tests/flows/tiny_params.yaml) and a local DVC remote. `prefect deploy` registers infra/prefect.yaml
+against it. Then three workers, each started in its own empty directory with its own PREFECT_HOME, each
+flow run in a fresh temporary directory (the process worker's default):
+
+1. runs the `training` deployment: its pull steps clone origin and `dvc pull` (nothing yet); it trains and
+   pushes the checkpoints to the DVC remote and dvc.lock + metrics to origin;
+2. runs the `evaluation` deployment: a fresh clone pulls those checkpoints, evaluates them (train stages are
+   not part of this flow), reports, promotes (GTO tags) and pushes;
+3. runs `scheduled-retraining`: a fresh clone sees every stage up to date (each a task run in the "Skipped"
+   state) and the promotion (the gate says "already promoted", the report artifact says so).
+
+Along the way: every stage has a task run, stage logs reach the run's logs, progress artifacts exist, the
+report artifact holds the report, every deployment carries a concurrency limit. Everything the test starts
+(workers and their flow-run processes) is stopped by process group; the server is the session's
+(tests/flows/conftest.py).
 """
 
 from __future__ import annotations
@@ -12,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +40,9 @@ BIN = Path(sys.executable).parent
 # What the copy leaves out: environments, VCS, generated outputs (top level only), caches (anywhere).
 _TOP = {".venv", ".git", ".dvc", "dvc.lock", "models", "results", "reports", "metrics", "runs", "wandb", "registry",
         "scratch", ".prefect", ".pytest_cache", "dvc-remote"}
+STAGES = ("prepare", "base", "train@tandem", "train@grpo", "evaluate", "analyze", "report")
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _ignore(directory: str, names: list[str]) -> set[str]:
@@ -39,14 +53,6 @@ def _ignore(directory: str, names: list[str]) -> set[str]:
     if rel == Path("data"):
         out |= {"prepared"} & set(names)
     return out
-
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -64,132 +70,181 @@ def _stop(proc: subprocess.Popen, timeout: float = 60) -> None:
         proc.wait(timeout=30)
 
 
-def _post(api: str, path: str, body: dict) -> list | dict:
-    r = httpx.post(f"{api}{path}", json=body, timeout=30)
-    r.raise_for_status()
-    return r.json()
-
-
-def _run(cmd: list[str], env: dict, cwd: Path, timeout: float = 120) -> str:
+def _run(cmd: list[str], env: dict, cwd: Path, timeout: float = 300) -> str:
     res = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    assert res.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res.stdout
 
 
+def _git(cwd: Path, *args: str) -> str:
+    return _run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], dict(os.environ), cwd)
+
+
+class Api:
+    def __init__(self, url: str):
+        self.url = url
+
+    def post(self, path: str, body: dict) -> list | dict:
+        r = httpx.post(f"{self.url}{path}", json=body, timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+    def get(self, path: str) -> dict:
+        r = httpx.get(f"{self.url}{path}", timeout=30)
+        r.raise_for_status()
+        return r.json()
+
+    def task_runs(self, flow_run_id: str) -> dict[str, dict]:
+        runs = self.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+        return {t["name"]: t for t in runs}
+
+    def subflows(self, flow_run_id: str) -> list[dict]:
+        return self.post("/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}})
+
+    def artifacts(self, *flow_run_ids: str) -> dict[str, dict]:
+        arts = self.post("/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": list(flow_run_ids)}}})
+        return {a["key"]: a for a in arts if a.get("key")}
+
+    def logs(self, flow_run_id: str) -> str:
+        out, offset = [], 0
+        while True:
+            page = self.post("/logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "offset": offset,
+                                              "limit": 200})
+            out += [entry["message"] for entry in page]
+            if len(page) < 200:
+                return "\n".join(out)
+            offset += 200
+
+
 @pytest.fixture
-def project(tmp_path) -> Path:
-    copy = tmp_path / "project"
-    shutil.copytree(REPO, copy, ignore=_ignore)
-    # every key resolved and written out: dvc.yaml may name any of them as a stage parameter
+def origin(tmp_path) -> tuple[Path, Path]:
+    """A bare git repository holding the project with a tiny params.yaml, and its local DVC remote."""
+    seed, bare, remote = tmp_path / "seed", tmp_path / "origin.git", tmp_path / "dvc-remote"
+    shutil.copytree(REPO, seed, ignore=_ignore)
     tiny = yaml.safe_load((REPO / "tests" / "flows" / "tiny_params.yaml").read_text())
-    params = params_from_dict({**tiny, "out_root": "."}).to_dict()
-    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    res = subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=copy, capture_output=True,
-                         text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return copy
+    # every key resolved and written out: dvc.yaml may name any of them as a stage parameter
+    (seed / "params.yaml").write_text(yaml.safe_dump(params_from_dict({**tiny, "out_root": "."}).to_dict(),
+                                                     sort_keys=False))
+    remote.mkdir()
+    _git(seed, "init", "-q", "-b", "main")
+    _run([sys.executable, "-m", "dvc", "init", "-q"], dict(os.environ), seed)
+    _run([sys.executable, "-m", "dvc", "config", "core.analytics", "false"], dict(os.environ), seed)
+    _run([sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(remote)], dict(os.environ), seed)
+    _git(seed, "add", "-A")
+    _git(seed, "commit", "-q", "-m", "tiny tandem project")
+    _git(tmp_path, "clone", "-q", "--bare", str(seed), str(bare))
+    return bare, remote
 
 
-def test_deployment_runs_the_tiny_pipeline_on_a_real_server(project, tmp_path):
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ,
-           "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-           "PREFECT_UI_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO",
-           # the deployment's pull step moves into the copy; the copy's code shadows the editable install
-           "TANDEM_PROJECT_DIR": str(project), "TANDEM_IMAGE": "registry.invalid/tandem:test",
-           "PYTHONPATH": str(project), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "DVC_NO_ANALYTICS": "1",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api):
+    from prefect.settings import PREFECT_API_URL
+
+    bare, remote = origin
+    api = Api(PREFECT_API_URL.value())
+    env = {**os.environ, "PREFECT_API_URL": api.url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_LOGGING_LEVEL": "INFO", "TANDEM_GIT_URL": bare.as_uri(), "TANDEM_GIT_REF": "main",
+           "TANDEM_IMAGE": "registry.invalid/tandem:test", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
+           "DVC_NO_ANALYTICS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("PYTHONPATH", None)  # the flow runs the code of its clone, nothing else
     prefect = str(BIN / "prefect")
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    started: list[subprocess.Popen] = []
-    try:
-        server = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                  env=env, cwd=tmp_path, stdout=open(logs / "server.log", "w"),
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-        started.append(server)
-        deadline = time.monotonic() + 180
-        while True:
-            assert server.poll() is None, (logs / "server.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{api}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server not healthy in 180 s"
-            time.sleep(1)
+    checkout = tmp_path / "deployer"
+    _git(tmp_path, "clone", "-q", bare.as_uri(), str(checkout))
 
-        _run([prefect, "work-pool", "create", "cpu", "--type", "process"], env, project)
-        # the GPU pool's template is validated by the server (every placeholder declared, etc.)
+    # pools and deployments (the GPU ones too: their pull steps and job variables must deploy). The GPU
+    # deployments' git token is a Secret block, which must exist to deploy and stays a reference.
+    from prefect.blocks.system import Secret
+
+    Secret(value="not-a-real-token").save("tandem-git-token", overwrite=True)
+    pools = {p["name"] for p in api.post("/work_pools/filter", {})}
+    if "cpu" not in pools:
+        _run([prefect, "work-pool", "create", "cpu", "--type", "process"], env, checkout)
+    if "gpu" not in pools:
         _run([prefect, "work-pool", "create", "gpu", "--type", "kubernetes", "--base-job-template",
-              "infra/work-pools/gpu-kubernetes.json"], env, project)
-        _run([prefect, "--no-prompt", "deploy", "--all", "--prefect-file", "infra/prefect.yaml"], env, project)
+              "infra/work-pools/gpu-kubernetes.json"], env, checkout)
+    _run([prefect, "--no-prompt", "deploy", "--all", "--prefect-file", "infra/prefect.yaml"], env, checkout)
+    deps = {d["name"]: d for d in api.post("/deployments/filter", {})}
+    expected = {"scheduled-retraining", "training", "evaluation", "retraining-gpu", "evaluate-checkpoints"}
+    assert expected <= set(deps)
+    for name in expected:  # one run at a time per deployment: each writes dvc.lock and the tags
+        d = deps[name]
+        limit = (d.get("global_concurrency_limit") or {}).get("limit", d.get("concurrency_limit"))
+        assert limit == 1, (name, d.get("concurrency_limit"), d.get("global_concurrency_limit"))
+        assert d["pull_steps"][0]["prefect.deployments.steps.git_clone"]["repository"] == bare.as_uri()
+    assert [s["schedule"]["cron"] for s in deps["scheduled-retraining"]["schedules"]] == ["0 3 * * 1"]
+    gpu_clone = deps["retraining-gpu"]["pull_steps"][0]["prefect.deployments.steps.git_clone"]
+    assert gpu_clone["access_token"] == "{{ prefect.blocks.secret.tandem-git-token }}"  # by reference
+    assert "not-a-real-token" not in json.dumps(deps["retraining-gpu"])
 
-        deps = {d["name"]: d for d in _post(api, "/deployments/filter", {})}
-        assert set(deps) == {"scheduled-retraining", "retraining-gpu", "evaluate-checkpoints"}
-        sched = deps["scheduled-retraining"]
-        assert [s["schedule"]["cron"] for s in sched["schedules"]] == ["0 3 * * 1"]
-        assert sched["work_pool_name"] == "cpu" and deps["evaluate-checkpoints"]["work_pool_name"] == "gpu"
-        assert sched["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]["directory"] == str(project)
+    def run_on_fresh_worker(deployment: str, label: str) -> dict:
+        """A new worker in an empty directory runs one flow run of `deployment`; returns the finished run."""
+        home, workdir = tmp_path / f"{label}-home", tmp_path / f"{label}-worker"
+        workdir.mkdir()
+        wenv = {**env, "PREFECT_HOME": str(home)}
+        run = api.post(f"/deployments/{deps[deployment]['id']}/create_flow_run", {})
+        log = tmp_path / f"{label}.log"
+        worker = subprocess.Popen([prefect, "worker", "start", "--pool", "cpu", "--name", label, "--limit", "1"],
+                                  env=wenv, cwd=workdir, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        try:
+            deadline = time.monotonic() + 600
+            while True:
+                state = api.get(f"/flow_runs/{run['id']}")["state"]
+                if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                    break
+                assert worker.poll() is None, log.read_text()[-4000:]
+                assert time.monotonic() < deadline, f"{deployment}: not finished in 600 s ({state['type']})"
+                time.sleep(3)
+        finally:
+            _stop(worker)
+        assert state["type"] == "COMPLETED", f"{deployment}: {state}\n{log.read_text()[-6000:]}"
+        assert not any(workdir.iterdir()), "the worker keeps nothing in its directory"
+        return api.get(f"/flow_runs/{run['id']}")
 
-        worker = subprocess.Popen([prefect, "worker", "start", "--pool", "cpu", "--name", "tandem-test",
-                                   "--limit", "1"], env=env, cwd=project, stdout=open(logs / "worker.log", "w"),
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-        started.append(worker)
-        out = _run([prefect, "deployment", "run", "tandem-pipeline/scheduled-retraining", "--param", "tag=false"],
-                   env, project)
-        assert "Created flow run" in out
+    # 1. training on a fresh worker: checkpoints to the DVC remote, dvc.lock and metrics to origin
+    train_run = run_on_fresh_worker("training", "w1")
+    runs = api.task_runs(train_run["id"])
+    for name in ("prepare", "base", "train@tandem", "train@grpo", "dvc-push", "git-commit", "git-push"):
+        assert runs[name]["state"]["type"] == "COMPLETED", (name, runs.get(name, {}).get("state"))
+    assert not any(n.startswith(("evaluate", "analyze", "report")) for n in runs)
+    logs = api.logs(train_run["id"])
+    assert "base: corpus" in logs and "train@grpo: done" in logs and "DVC sync: committing" in logs
+    arts = api.artifacts(train_run["id"])
+    assert {arts[f"train-{a}-progress"]["data"] for a in ("tandem", "grpo")} == {100.0}
+    lock = yaml.safe_load(_git(bare, "show", "main:dvc.lock"))["stages"]
+    assert set(lock) == {"prepare", "base", "train@tandem", "train@grpo"}
+    assert "metrics/train_grpo.json" in _git(bare, "ls-tree", "-r", "--name-only", "main")
+    assert sum(1 for p in remote.rglob("*") if p.is_file()) > 10  # checkpoints, base model, data pushed
 
-        # wait for the run to finish (a few minutes on 2 cores)
-        deadline = time.monotonic() + 900
-        while True:
-            runs = _post(api, "/flow_runs/filter", {"deployments": {"id": {"any_": [sched["id"]]}}})
-            state = runs[0]["state"]["type"] if runs else None
-            if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-                break
-            assert worker.poll() is None, (logs / "worker.log").read_text()[-4000:]
-            assert time.monotonic() < deadline, f"flow run not finished in 900 s (state {state})"
-            time.sleep(3)
-        run = runs[0]
-        assert state == "COMPLETED", (logs / "worker.log").read_text()[-6000:]
+    # 2. evaluation on a second fresh worker: pulls the checkpoints, evaluates, reports, promotes, pushes
+    eval_run = run_on_fresh_worker("evaluation", "w2")
+    runs = api.task_runs(eval_run["id"])
+    for name in ("evaluate-plan", "evaluate", "analyze", "report", "report-artifact", "promote", "git-push"):
+        assert runs[name]["state"]["type"] == "COMPLETED", (name, runs.get(name, {}).get("state"))
+    assert not any(n.startswith(("prepare", "base", "train")) for n in runs)  # no training here
+    (units_run,) = api.subflows(eval_run["id"])
+    units = api.task_runs(units_run["id"])
+    assert units and all(n.startswith("evaluate-") and "-step-" in n for n in units)
+    assert {u["state"]["type"] for u in units.values()} == {"COMPLETED"}
+    arts = api.artifacts(eval_run["id"], units_run["id"])
+    assert all(arts[f"{n}-progress"]["type"] == "progress" for n in units)
+    report = arts["tandem-report"]
+    assert report["type"] == "markdown" and "file://" not in report["data"]
+    assert "Promotion gate**: passes" in report["data"] and "|" in report["data"]  # the report's tables
+    tags = _git(bare, "tag", "--list").split()
+    assert {"tandem-model@v1.0.0", "tandem-model#prod#1"} <= set(tags)
+    lock = yaml.safe_load(_git(bare, "show", "main:dvc.lock"))["stages"]
+    assert {"evaluate", "analyze", "report"} <= set(lock)
+    assert "promotion: promoted" in api.logs(eval_run["id"])
 
-        # every evaluation unit of the plan is a completed task run of its own
-        task_runs = _post(api, "/task_runs/filter", {"flow_runs": {"id": {"any_": [run["id"]]}}})
-        by_name = {t["name"]: t["state"]["type"] for t in task_runs}
-        evals = {n: s for n, s in by_name.items() if n.startswith("evaluate-") and "-step-" in n}
-        plan = _plan_units(project, env)
-        assert sorted(evals) == sorted(f"evaluate-{u['arm']}-step-{u['step']}-{u['mode']}" for u in plan)
-        assert evals and set(evals.values()) == {"COMPLETED"}
-        for name in ("prepare", "base", "train-tandem", "train-grpo", "train-commit", "evaluate-collect",
-                     "analyze", "report", "promote"):
-            assert by_name.get(name) == "COMPLETED", (name, by_name)
-
-        arts = _post(api, "/artifacts/filter", {"flow_runs": {"id": {"any_": [run["id"]]}}})
-        keys = {a["key"]: a for a in arts}
-        assert keys["tandem-report"]["type"] == "markdown"
-        assert (project / "reports" / "report.html").resolve().as_uri() in keys["tandem-report"]["data"]
-        assert sum(a["type"] == "table" for a in arts) == len(plan)
-
-        # the outputs exist, promotion ran (first promotion), and DVC agrees with what the flow produced
-        assert (project / "reports" / "report.html").stat().st_size > 10_000
-        assert (project / "registry" / "promoted.json").exists()
-        status = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=project, env=env,
-                                capture_output=True, text=True, timeout=300)
-        assert status.returncode == 0 and json.loads(status.stdout or "{}") == {}, status.stdout + status.stderr
-        lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
-        groups = list(dict.fromkeys(name.split("@")[0] for name in lock))  # train@<arm> -> train
-        assert groups == list(yaml.safe_load((project / "dvc.yaml").read_text())["stages"])
-        assert [n for n in lock if n.startswith("train@")] == ["train@tandem", "train@grpo"]
-    finally:
-        for proc in reversed(started):
-            _stop(proc)
-    assert all(p.poll() is not None for p in started)
-
-
-def _plan_units(project: Path, env: dict) -> list[dict]:
-    code = ("import json; from tasks.common import load_params; from tasks import evaluate; "
-            "p = load_params('params.yaml'); print(json.dumps(evaluate.plan(p)))")
-    out = _run([sys.executable, "-c", code], env, project)
-    return json.loads(out.strip().splitlines()[-1])
+    # 3. scheduled retraining on a third fresh worker: nothing changed, so every stage is a Skipped task run,
+    # and it sees the promotion of worker 2
+    sched_run = run_on_fresh_worker("scheduled-retraining", "w3")
+    runs = api.task_runs(sched_run["id"])
+    for name in STAGES:
+        assert runs[name]["state"]["name"] == "Skipped", (name, runs[name]["state"])
+    assert runs["promote"]["state"]["type"] == "COMPLETED"
+    logs = api.logs(sched_run["id"])
+    assert "already promoted" in logs and "up to date in dvc.lock, skipped" in logs
+    report = api.artifacts(sched_run["id"])["tandem-report"]["data"]
+    assert "already promoted" in report
+    assert set(_git(bare, "tag", "--list").split()) == set(tags)  # no second promotion

@@ -1,10 +1,12 @@
-"""The promotion registry: record and reload a promotion, refuse rejected ones, git-tag in a scratch repo."""
+"""The promotion registry lives in git tags (GTO naming): record and reload a promotion from a clone, refuse
+rejected ones, count versions up, and refuse to promote outside a git work tree."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -13,26 +15,46 @@ from tasks import promotion
 
 from tests.report.fake_metrics import fake_eval
 
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+
 
 def _params(root):
     return params_from_dict({"out_root": str(root)})
 
 
-def test_record_then_reload_then_already_promoted(tmp_path):
-    params, ev = _params(tmp_path), fake_eval()
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def _repo(path: Path) -> Path:
+    path.mkdir(parents=True)
+    _git(path, "init", "-q")
+    (path / "dvc.lock").write_text("schema: '2.0'\n")
+    _git(path, "add", "dvc.lock")
+    _git(path, "commit", "-q", "-m", "results")
+    return path
+
+
+def test_record_then_reload_from_a_fresh_clone(tmp_path):
+    repo = _repo(tmp_path / "repo")
+    params, ev = _params(repo), fake_eval()
     first = promotion.decision_for(params, ev)
     assert first.promote and first.previous is None
     rec = promotion.record(params, first, run_id="run-1")
-    assert rec["candidate"]["arm"] == "tandem" and "git_tag" not in rec
-    assert promotion.load_promoted(params) == first.candidate
-    again = promotion.decision_for(params, ev)
+    assert rec["git_tag"] == "tandem-model@v1.0.0"
+    assert "tandem-model#prod#1" in _git(repo, "tag", "--list").split()
+    assert not (repo / "registry").exists()  # nothing on disk: the tags are the registry
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
+    assert promotion.load_promoted(_params(clone)) == first.candidate
+    again = promotion.decision_for(_params(clone), ev)
     assert not again.promote and "already promoted" in again.reason
-    history = (tmp_path / "registry" / "history.jsonl").read_text().splitlines()
-    assert [json.loads(line)["run_id"] for line in history] == ["run-1"]
+    assert [r["run_id"] for r in promotion.history(_params(clone))] == ["run-1"]
 
 
 def test_refuses_to_record_a_rejected_decision(tmp_path):
-    params = _params(tmp_path)
+    params = _params(_repo(tmp_path / "repo"))
     promotion.record(params, promotion.decision_for(params, fake_eval()))
     rejected = promotion.decision_for(params, fake_eval())
     with pytest.raises(ValueError, match="refusing"):
@@ -45,29 +67,45 @@ def test_unknown_promote_arm_is_explained(tmp_path):
     assert not d.promote and "grpo_g16" in d.reason and "not evaluated" in d.reason
 
 
-def test_corrupt_registry_names_the_file(tmp_path):
-    (tmp_path / "registry").mkdir()
-    (tmp_path / "registry" / "promoted.json").write_text('{"nope": 1}')
-    with pytest.raises(ValueError, match="promoted.json"):
-        promotion.load_promoted(_params(tmp_path))
+def test_no_git_no_promotion(tmp_path):
+    params = _params(tmp_path)
+    d = promotion.decision_for(params, fake_eval())
+    assert d.promote and promotion.load_promoted(params) is None
+    with pytest.raises(RuntimeError, match="git work tree"):
+        promotion.record(params, d)
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-def test_git_tags_count_up(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(git + ["init", "-q"], check=True)
+def test_corrupt_tag_is_named(tmp_path):
+    repo = _repo(tmp_path / "repo")
+    _git(repo, "tag", "-a", "tandem-model@v1.0.0", "-m", "promote x\n\n{not json}")
+    with pytest.raises(ValueError, match="tandem-model@v1.0.0"):
+        promotion.load_promoted(_params(repo))
+
+
+def test_versions_count_up_and_hold_the_record(tmp_path):
+    repo = _repo(tmp_path / "repo")
     params = _params(repo)
     d = promotion.decision_for(params, fake_eval())
-    # no commit yet: nothing to tag, the registry is still written
-    assert promotion.record(params, d, tag_repo=repo)["git_tag"] is None
-    (repo / "f").write_text("x")
-    subprocess.run(git + ["add", "f"], check=True)
-    subprocess.run(git + ["commit", "-q", "-m", "c"], check=True)
-    rec1 = promotion.record(params, d, tag_repo=repo)
-    rec2 = promotion.record(params, d, tag_repo=repo)
+    rec1 = promotion.record(params, d)
+    rec2 = promotion.record(params, d)
     assert (rec1["git_tag"], rec2["git_tag"]) == ("tandem-model@v1.0.0", "tandem-model@v2.0.0")
-    msg = subprocess.run(git + ["tag", "-l", "--format=%(contents)", "tandem-model@v1.0.0"], capture_output=True,
-                         text=True, check=True).stdout
-    assert "promote tandem/step-20" in msg and '"arm": "tandem"' in msg
+    msg = _git(repo, "tag", "-l", "--format=%(contents)", "tandem-model@v1.0.0")
+    assert "promote tandem/step-20" in msg and json.loads(msg[msg.index("{"):])["candidate"]["arm"] == "tandem"
+
+
+@pytest.mark.integration
+def test_gto_reads_the_registry(tmp_path):
+    """GTO (the DVC model registry tool) sees the artifact dvc.yaml declares and the promoted version."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(Path(__file__).resolve().parents[2] / "dvc.yaml", repo / "dvc.yaml")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "dvc.yaml")
+    _git(repo, "commit", "-q", "-m", "c")
+    params = _params(repo)
+    promotion.record(params, promotion.decision_for(params, fake_eval()))
+    from gto.api import show
+
+    rows = show(str(repo), promotion.ARTIFACT)
+    assert [(r["version"], [st["stage"] for st in r["stages"]]) for r in rows] == [("v1.0.0", ["prod"])]
+    assert json.loads(rows[0]["message"][rows[0]["message"].index("{"):])["candidate"]["arm"] == "tandem"

@@ -71,6 +71,11 @@ def test_rerun_is_byte_identical_apart_from_the_timestamp(rendered):
 
 
 def test_promotion_section_compares_with_the_registry(tmp_path):
+    import subprocess
+
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "c"], check=True)
     write_fake_run(tmp_path)
     params = _params(tmp_path, regression_tolerance=0.0)
     first = R.run(params)
@@ -94,10 +99,14 @@ def test_missing_inputs_say_which_stage_to_run(tmp_path):
         R.run(_params(tmp_path))
 
 
-def test_artifact_markdown_links_the_html(rendered):
+def test_artifact_markdown_holds_the_report_without_local_links(rendered):
     params, out = rendered
     text = R.artifact_markdown(params, out)
-    assert Path(out["html"]).resolve().as_uri() in text and "Promotion gate" in text
+    assert "Promotion gate" in text and Path(out["html"]).resolve().as_uri() not in text
+    md = Path(out["markdown"]).read_text()
+    tables = [line for line in md.splitlines() if line.startswith("|")]
+    assert tables and all(line in text for line in tables)  # every table row of the report, verbatim
+    assert "](" not in "".join(line for line in text.splitlines() if line.startswith("!"))  # no image links
 
 
 @pytest.mark.integration
