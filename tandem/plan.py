@@ -65,7 +65,7 @@ class ModelShape:
     intermediate: int
     vocab: int
     tied: bool
-    source: str = ""
+    source: str = field(default="", compare=False)  # where the numbers came from (not part of the shape)
 
     @property
     def q_dim(self) -> int:
@@ -120,6 +120,18 @@ def shape_from_config(cfg: dict, source: str = "config.json") -> ModelShape:
                       tied=bool(cfg.get("tie_word_embeddings", False)), source=source)
 
 
+def _dir_matches(d: Path, m) -> bool:
+    """Whether model dir `d` was built from the `model` section (its tandem_source.json, when present, agrees):
+    a tiny base left in models/base must not stand in for the hub model of another params file."""
+    try:
+        info = json.loads((d / "tandem_source.json").read_text())
+    except (OSError, ValueError):
+        return True
+    if info.get("source") not in (None, m.source):
+        return False
+    return m.source != "hub" or info.get("model_id") in (None, m.hub_id)
+
+
 def model_shape(params, model_dir: str | Path | None = None) -> ModelShape:
     """The model's shape: `model_dir/config.json`, else the tiny build's settings, else `KNOWN_SHAPES`."""
     m = params.model
@@ -127,7 +139,7 @@ def model_shape(params, model_dir: str | Path | None = None) -> ModelShape:
     if m.source == "path" and m.path:
         dirs.append(Path(m.path))
     for d in dirs:
-        if (d / "config.json").is_file():
+        if (d / "config.json").is_file() and _dir_matches(d, m):
             return shape_from_config(json.loads((d / "config.json").read_text()), f"{d / 'config.json'}")
     if m.source == "tiny":
         # The tiny build's vocabulary is the trained tokenizer's, at most model.vocab_size entries
@@ -435,9 +447,11 @@ def advice(plan: Plan, params) -> str:
     return "; ".join(tips)
 
 
-def check_fits(params, stage: str, model_dir: str | Path | None = None, device: str | None = None) -> dict:
+def check_fits(params, stage: str, model_dir: str | Path | None = None, device: str | None = None,
+               arms: list[str] | None = None) -> dict:
     """Raise PlanError before any work when `stage` (train | evaluate) does not fit its device; return the plan.
 
+    `arms` limits the train check to those arms (default: train.arms).
     `device` defaults to cuda when torch sees a GPU, else cpu (budget: the machine's RAM split between the
     processes; a CPU run that needs more would be killed by the OS anyway).
     """
@@ -445,7 +459,7 @@ def check_fits(params, stage: str, model_dir: str | Path | None = None, device: 
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
     shape = model_shape(params, model_dir)
-    plans = ([plan_train_arm(params, a, shape, device) for a in params.train.arms] if stage == "train"
+    plans = ([plan_train_arm(params, a, shape, device) for a in (arms or params.train.arms)] if stage == "train"
              else [plan_evaluate(params, shape, device)])
     bad = [p for p in plans if not p.fits]
     if bad:

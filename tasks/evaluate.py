@@ -359,6 +359,12 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     checkpoint's modes stay together so its weights load once); results meet in the on-disk cache.
     """
     inputs, outputs = _io(params, inputs, outputs)
+    import torch
+
+    from tandem.plan import check_fits
+
+    # refuse a batch whose KV caches do not fit the device, before any work
+    check_fits(params, "evaluate", base_dir(params, inputs), "cuda" if torch.cuda.is_available() else "cpu")
     groups: dict[str, list[dict]] = {}
     for unit in plan(params, inputs):
         groups.setdefault(unit["path"], []).append(unit)
