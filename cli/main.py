@@ -140,7 +140,8 @@ def plan(params: str = PARAMS_OPT,
          as_json: bool = typer.Option(False, "--json", help="print one JSON line (per_gpu_gib, gpus, fits, breakdown)"),
          device: str = typer.Option("cuda", help="plan for cuda (train.gpu_memory_gib per GPU) or cpu (this machine's RAM)"),
          model: Optional[str] = typer.Option(None, help="model dir whose config.json gives the shape (default: models/base under out_root)")) -> None:
-    """The memory plan of a params file: per-GPU bytes for training (every arm) and evaluation, and whether it fits."""
+    """The memory plan of a params file: per-GPU bytes for training (every arm) and evaluation, and whether it fits
+    (exit code 1 when it does not)."""
     from tandem.plan import GIB, PlanError, plan_all
 
     if device not in ("cuda", "cpu"):
@@ -154,7 +155,7 @@ def plan(params: str = PARAMS_OPT,
         raise typer.Exit(code=2)
     if as_json:
         typer.echo(json.dumps(res))
-        return
+        raise typer.Exit(code=0 if res["fits"] else 1)
     m = res["model"]
     typer.echo(f"model: {m['n_params'] / 1e9:.3f}B parameters ({m['source']}); {res['gpus']} process(es), "
                f"budget {res['budget_gib']} GiB per {'GPU' if device == 'cuda' else 'process'}")

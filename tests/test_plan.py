@@ -166,15 +166,21 @@ def test_refusal_names_what_to_change():
     assert check_fits(_params("params.paper.yaml"), "train", device="cuda")["tandem"]["fits"]
 
 
-def test_train_stage_refuses_before_loading_anything(tmp_path):
-    """A base dir whose weights file is empty: loading it would fail, so the plan error proves it came first."""
-    from tasks.train import run_arm
-
+def _fake_qwen3_4b_dir(tmp_path: Path) -> Path:
+    """Qwen3-4B's config.json next to an empty weights file: any attempt to load the model fails."""
     base = tmp_path / "base"
     base.mkdir()
     (base / "config.json").write_text(json.dumps(_qwen3_config().to_dict()))
     (base / "model.safetensors").write_bytes(b"")
     (base / "tokenizer.json").write_text("{}")
+    return base
+
+
+def test_train_stage_refuses_before_loading_anything(tmp_path):
+    """A base dir whose weights file is empty: loading it would fail, so the plan error proves it came first."""
+    from tasks.train import run_arm
+
+    base = _fake_qwen3_4b_dir(tmp_path)
     for name in ("train", "val"):
         (tmp_path / f"{name}.jsonl").write_text('{"id": "1", "prompt": "p", "answer": "1"}\n')
     p = _params("params.paper.yaml", micro_batch_size=16, gradient_checkpointing=False, arms=["tandem"])
@@ -182,6 +188,18 @@ def test_train_stage_refuses_before_loading_anything(tmp_path):
     with pytest.raises(PlanError, match="train.gradient_checkpointing"):
         run_arm(p, "tandem", inputs, {"checkpoints": tmp_path / "ck", "runs": tmp_path / "runs"})
     assert not (tmp_path / "ck").exists()
+
+
+def test_evaluate_refuses_a_batch_whose_kv_cache_does_not_fit(tmp_path):
+    from tasks.evaluate import plan as evaluate_units
+
+    base = _fake_qwen3_4b_dir(tmp_path)
+    raw = yaml.safe_load((REPO / "params.paper.yaml").read_text())
+    raw["rollout"]["backend"] = "hf"
+    raw["evaluate"]["batch_size"] = 100_000  # 100k rows x 4k tokens of KV: over any machine's memory
+    with pytest.raises(PlanError, match="evaluate.batch_size"):
+        evaluate_units(params_from_dict(raw), {"base_model": base, "checkpoints": tmp_path / "ck",
+                                               "eval_data": tmp_path / "eval"})
 
 
 def test_cli_plan_json_for_the_paper_preset():
