@@ -157,7 +157,7 @@ def plan(params: str = PARAMS_OPT,
         typer.echo(json.dumps(res))
         raise typer.Exit(code=0 if res["fits"] else 1)
     m = res["model"]
-    typer.echo(f"model: {m['n_params'] / 1e9:.3f}B parameters ({m['source']}); {res['gpus']} process(es), "
+    typer.echo(f"model: {m['n_params']:,} parameters ({m['source']}); {res['gpus']} process(es), "
                f"budget {res['budget_gib']} GiB per {'GPU' if device == 'cuda' else 'process'}")
     for name, pj in [*res["train"].items(), ("evaluate", res["evaluate"])]:
         title = f"train@{name}" if name != "evaluate" else "evaluate"

@@ -166,11 +166,12 @@ def activation_bytes_per_token(shape: ModelShape, autocast: bool, master_bytes: 
     their consumers: 6H + 6Q + 2K + 4I elements. Under bf16 autocast every linear saves its own bf16 cast of
     its input (three casts of the attention norm's output, two of the MLP norm's), the q/k norms save an
     fp32 upcast and a bf16 downcast: (4f + 5c)H + (f + 5c)Q + (f + c)K + 4cI bytes. Small per-row terms
-    (rsqrt of the norms, attention log-sum-exp) add (2 + 3 heads + kv_heads) floats.
+    (rsqrt of the two layer norms and of the q/k norms per head, attention log-sum-exp) add
+    (2 + 2 heads + kv_heads) floats.
     """
     H, Q, K, I = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate
     f = master_bytes
-    small = 4 * (2 + 3 * shape.heads + shape.kv_heads)
+    small = 4 * (2 + 2 * shape.heads + shape.kv_heads)
     if not autocast:
         return f * (6 * H + 6 * Q + 2 * K + 4 * I) + small
     c = 2
@@ -209,9 +210,8 @@ class Plan:
         return {"stage": self.stage, "arm": self.arm, "device": self.device, "gpus": self.gpus,
                 "per_gpu_gib": round(self.peak_bytes / GIB, 2), "budget_gib": round(self.budget_bytes / GIB, 2),
                 "fits": self.fits, "persistent_gib": g(self.persistent), "rollout_gib": g(self.rollout),
-                "training_gib": g(self.training),
-                "training_phase_gib": round(self.training_phase_bytes / GIB, 3), "geometry": self.geometry, "checks": self.checks,
-                "notes": self.notes}
+                "training_gib": g(self.training), "training_phase_gib": round(self.training_phase_bytes / GIB, 3),
+                "geometry": self.geometry, "checks": self.checks, "notes": self.notes}
 
 
 def arm_group_and_beta(arm: str, train) -> tuple[int, float]:
@@ -303,7 +303,7 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     split_o = procs if shard in ("zero2", "zero3", "fsdp") else 1
     deepspeed = shard in ("zero2", "zero3")
     geo = train_geometry(params, group)
-    notes: list[str] = [f"shape: {shape.source}; {P / 1e9:.3f}B parameters",
+    notes: list[str] = [f"shape: {shape.source}; {P:,} parameters",
                         f"precision {t.precision} on {device}: master {prec.senior_dtype}, frozen "
                         f"{prec.frozen_dtype}, autocast {prec.autocast or 'off'}"]
     checks: list[str] = []
