@@ -1,4 +1,4 @@
-"""The `tandem` command line: run one stage, the whole pipeline, check a params file, run benchmarks.
+"""The `tandem` command line: run one stage, the whole pipeline, check a params file, plan memory, run benchmarks.
 
 This is the entry point above every layer (top level, next to `flows/`): it imports `tasks/` and `flows/` lazily
 inside each command, so `tandem --help` and `tandem check-params` start fast.
@@ -204,6 +204,47 @@ def check_params(file: str = typer.Argument("params.yaml", help="params file to 
     typer.secho(f"{file}: OK (every setting stated)", fg=typer.colors.GREEN)
     for section in ("data", "model", "rollout", "train", "evaluate", "analyze", "report"):
         typer.echo(f"  {section}: {json.dumps(getattr(p, section).__dict__, default=str)}")
+
+
+@app.command("plan")
+def plan(params: str = PARAMS_OPT,
+         as_json: bool = typer.Option(False, "--json", help="print one JSON line (per_gpu_gib, gpus, fits, breakdown)"),
+         device: str = typer.Option("cuda", help="plan for cuda (train.gpu_memory_gib per GPU) or cpu (this machine's RAM)"),
+         model: Optional[str] = typer.Option(None, help="model dir whose config.json gives the shape (default: models/base under out_root)")) -> None:
+    """The memory plan of a params file: per-GPU bytes for training (every arm) and evaluation, and whether it fits
+    (exit code 1 when it does not)."""
+    from tandem.plan import GIB, PlanError, plan_all
+
+    if device not in ("cuda", "cpu"):
+        typer.secho(f"--device {device!r}: choose cuda or cpu", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2)
+    p = _load(params)
+    try:
+        res = plan_all(p, model or Path(p.out_root) / "models" / "base", device)
+    except PlanError as e:
+        typer.secho(str(e), fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2)
+    if as_json:
+        typer.echo(json.dumps(res))
+        raise typer.Exit(code=0 if res["fits"] else 1)
+    m = res["model"]
+    typer.echo(f"model: {m['n_params']:,} parameters ({m['source']}); {res['gpus']} process(es), "
+               f"budget {res['budget_gib']} GiB per {'GPU' if device == 'cuda' else 'process'}")
+    for name, pj in [*res["train"].items(), ("evaluate", res["evaluate"])]:
+        title = f"train@{name}" if name != "evaluate" else "evaluate"
+        typer.secho(f"\n{title}: {pj['per_gpu_gib']:.2f} GiB per device -> {'fits' if pj['fits'] else 'DOES NOT FIT'}",
+                    bold=True, fg=typer.colors.GREEN if pj["fits"] else typer.colors.RED)
+        for part in ("persistent_gib", "rollout_gib", "training_gib"):
+            for k, v in pj[part].items():
+                typer.echo(f"  {part[:-4]:11s} {k:24s} {v:10.3f} GiB")
+        if pj.get("training_phase_gib"):
+            typer.echo(f"  {'training':11s} {'(phase peak)':24s} {pj['training_phase_gib']:10.3f} GiB")
+        for c in pj["checks"]:
+            typer.secho(f"  ! {c}", fg=typer.colors.RED)
+        for n in pj["notes"]:
+            typer.echo(f"  - {n}")
+    typer.secho(f"\nworst: {res['worst_arm']} at {res['per_gpu_gib']:.2f} GiB per device; fits: {res['fits']}", bold=True)
+    raise typer.Exit(code=0 if res["fits"] else 1)
 
 
 @bench_app.command("rollout")

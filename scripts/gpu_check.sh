@@ -8,6 +8,9 @@
 # with the hf rollout backend and once with vllm, each checked for the planned steps, a finite loss, a senior
 # token share near one half and an unchanged junior (issue #4's GPU path).
 # The vLLM backend and the CUDA training path stay "unverified" in the docs until this script has passed.
+# First of all, the memory plan: `tandem plan` of params.paper.yaml (table, then the one JSON line), and the plan's
+# training-phase figure against the peak CUDA memory of one real bf16-autocast step of a mid-sized Qwen3
+# (tests/memory_probe.py), with and without gradient checkpointing (ok within 25%).
 #
 # Usage: scripts/gpu_check.sh [MODEL_DIR]   (default models/base; a random tiny Qwen3 when it is missing)
 # GPU_CHECK_SKIP_TRAIN=1 skips the training part.
@@ -16,6 +19,33 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+"$PY" -m cli plan --params params.paper.yaml || true   # exit 1 means "does not fit": the JSON line says so too
+"$PY" -m cli plan --params params.paper.yaml --json || true
+for ckpt in 0 1; do
+  "$PY" - "$ckpt" <<'PYEOF'
+import json, subprocess, sys
+import torch
+if not torch.cuda.is_available():
+    sys.exit("gpu_check: no CUDA GPU visible")
+from tandem.config import params_from_dict
+from tandem.plan import model_shape, plan_train_arm
+ckpt = sys.argv[1] == "1"
+H, L, heads, kv, I, V, rows, prompt, completion = 1024, 8, 16, 8, 2816, 32768, 4, 256, 768
+p = params_from_dict({"model": {"source": "tiny", "hidden_size": H, "num_layers": L, "num_heads": heads,
+                                "num_kv_heads": kv, "intermediate_size": I, "vocab_size": V, "max_position": 2048},
+                      "train": {"arms": ["grpo"], "prompts_per_step": 1, "group_size": rows, "micro_batch_size": rows,
+                                "max_prompt_tokens": prompt, "max_new_tokens": completion,
+                                "gradient_checkpointing": ckpt, "precision": "bf16_mixed"}})
+plan = plan_train_arm(p, "grpo", model_shape(p), device="cuda")
+out = subprocess.run([sys.executable, "tests/memory_probe.py", *map(str, (H, L, heads, kv, I, V, rows, prompt,
+                      completion, int(ckpt))), "cuda"], capture_output=True, text=True, check=True)
+measured = json.loads(out.stdout.strip().splitlines()[-1])["step_peak_bytes"]
+ratio = plan.training_phase_bytes / measured
+print(json.dumps({"check": f"memory plan vs measured CUDA step (bf16 autocast, checkpointing={ckpt})",
+                  "plan_mib": plan.training_phase_bytes / 2**20, "measured_mib": measured / 2**20,
+                  "ratio": ratio, "ok": 0.75 <= ratio <= 1.25}), flush=True)
+PYEOF
+done
 "$PY" - "${1:-models/base}" <<'PYEOF'
 import json, sys, tempfile, time
 from pathlib import Path

@@ -24,6 +24,22 @@ from tandem.redact import redact
 DEFAULT_PARAMS = "params.yaml"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error: with plain YAML the
+    last one silently wins, so a params file could say two things about one setting."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice in one mapping (the second would silently win)",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_params(path: str | os.PathLike = DEFAULT_PARAMS) -> Params:
     """Parse and validate a params file; raises ParamsError (the CLI turns it into exit code 2).
 
@@ -35,7 +51,7 @@ def load_params(path: str | os.PathLike = DEFAULT_PARAMS) -> Params:
     if not p.exists():
         raise ParamsError([f"params file: {str(p)!r} -> does not exist"])
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yaml.load(p.read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ParamsError([f"params file: {str(p)!r} -> is not valid YAML ({e})"]) from None
     if not isinstance(raw, dict):

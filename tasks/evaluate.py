@@ -120,6 +120,13 @@ def plan(params: Params, inputs: dict | None = None) -> list[dict]:
     names (every arm's step 0) are listed once.
     """
     inputs, _ = _io(params, inputs, None)
+    import torch
+
+    from tandem.plan import check_fits
+
+    # the memory plan first (both models' KV caches for one engine call): refuse before any work, here because
+    # both `run` and the Prefect flow start from the unit list
+    check_fits(params, "evaluate", base_dir(params, inputs), "cuda" if torch.cuda.is_available() else "cpu")
     seen: set[tuple[str, str]] = set()
     units = []
     for arm, ckpts in _all_checkpoints(params, inputs).items():

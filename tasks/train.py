@@ -92,17 +92,25 @@ def materialise(work_dir: Path, out_dir: Path) -> list[str]:
 
 def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
     """Train one arm and write its summary and per-step table; returns the summary."""
+    import torch
+
     from tandem.models import check_model_dir, load_model, load_tokenizer
+    from tandem.plan import check_fits
+    from tandem.precision import load_dtypes
     from tandem.train import step_rows, train_arm
 
     base = Path(inputs["base_model"])
     check_model_dir(base)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_fits(params, "train", base, device, arms=[arm])  # refuse a plan over the device's memory, before any work
     for key in ("train_data", "val_data"):
         if not Path(inputs[key]).exists():
             raise FileNotFoundError(f"train: {inputs[key]} does not exist (run the prepare stage first)")
     train_rows, val_rows = read_jsonl(inputs["train_data"]), read_jsonl(inputs["val_data"])
-    dtype, trust = params.model.dtype, params.model.trust_remote_code
-    senior, junior = load_model(base, dtype, trust), load_model(base, dtype, trust)
+    trust = params.model.trust_remote_code
+    # train.precision: the senior holds the optimizer's master weights (float32), the frozen junior model.dtype
+    senior_dtype, junior_dtype = load_dtypes(params.train, params.model.dtype, device)
+    senior, junior = load_model(base, senior_dtype, trust), load_model(base, junior_dtype, trust)
     tokenizer = load_tokenizer(base, trust)
     _wandb_env(params, Path(outputs["runs"]))
     try:

@@ -141,3 +141,13 @@ def test_stage_rejects_bad_params_before_any_work(tmp_path):
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 2 and "train.group_size" in out.stderr
     assert not (tmp_path / "data").exists() and not (tmp_path / "metrics").exists()
+
+
+def test_a_key_given_twice_is_refused(tmp_path):
+    from tasks.common import load_params
+
+    text = Path("params.yaml").read_text().replace("\ntrain:\n", "\ntrain:\n  steps: 3\n", 1)
+    bad = tmp_path / "dup.yaml"
+    bad.write_text(text)
+    with pytest.raises(ParamsError, match="appears twice"):
+        load_params(bad)

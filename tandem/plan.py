@@ -1,0 +1,474 @@
+"""The memory plan of a params set: bytes per device for training (per arm) and evaluation, and whether it fits.
+
+A pure model (no torch, no allocation): every figure is a formula over the model's shape and the params, with
+the terms named in `breakdown`. Per device (GPU, or the whole CPU machine divided between processes):
+
+peak = persistent + max(rollout phase, training phase)
+
+- persistent: the senior's weights (the optimizer's master copy: float32 under `bf16_mixed`), the AdamW moments
+  (two per weight, master dtype), the frozen junior (`model.dtype`), trl's KL reference for arms with a KL
+  weight, and with the vLLM backend the two engines' reservations (`rollout.vllm_gpu_memory` of the GPU each);
+  with `train.sharding` zero2 the moments, with zero3/fsdp the weights and moments too, are split over
+  `train.num_processes` (DeepSpeed also keeps a bf16 working copy of the weights under bf16_mixed);
+- rollout phase (hf backend): both models' KV caches for this process's rows, laid out as the hf backend lays
+  them out (one prompt row per distinct prompt, one completion row per sample), plus one step's logits; under
+  zero3/fsdp the senior is gathered whole for generation (as trl's unwrap for generation does);
+- training phase: max(forward/backward, optimizer step). The forward/backward holds the activations autograd
+  saves for one micro-batch (`activation_bytes_per_token`: read off transformers' Qwen3 decoder layer, every
+  tensor it saves, in fp32 or under bf16 autocast; with gradient checkpointing only each layer's input plus
+  one recomputed layer), the attention mask, the fused LM head's tiles (trl scores log-probs in tiles of at most
+  4,096 tokens x 32,768 vocabulary entries, never the full `[tokens, vocab]` logits) and its float32 weight
+  gradient, and the gradients of earlier micro-batches when an update has several. The optimizer step holds the
+  gradients plus AdamW's temporaries.
+
+The shape comes from the model directory's config.json when it exists, else from the `model` section (tiny),
+else from `KNOWN_SHAPES` for a hub id. `tests/test_plan.py` checks the training phase against the peak memory
+of a real step on a CPU. Not modelled: allocator fragmentation and CUDA context (`CUDA_OVERHEAD_GIB` is added
+on GPUs as a flat margin), the in-training validation pass and the KL-to-base diagnostic (no-grad passes over
+fewer rows than a training micro-batch; they must be computed in chunks, as the log-prob path is).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tandem.errors import BadInputError
+from tandem.precision import DTYPE_BYTES, precision_plan
+
+GIB = 2**30
+CUDA_OVERHEAD_GIB = 2.0      # CUDA context, cuBLAS workspaces, allocator slack (flat margin per GPU)
+LOGPROB_TOKEN_TILE = 4096    # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
+LOGPROB_VOCAB_TILE = 32768   # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE
+CPU_TILE_TEMPS = 8           # float32 tile-sized temporaries of trl's torch fallback (no Triton) in the backward
+VLLM_OVERHEAD_GIB = 1.5      # vLLM's activations and CUDA graphs inside its reservation, next to weights and KV
+
+
+class PlanError(BadInputError):
+    """The plan cannot be computed (no model shape known) or does not fit (the message says what to change)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Model shape
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer (Qwen3 family: GQA, SwiGLU MLP, RMSNorm incl. q/k norms)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    source: str = field(default="", compare=False)  # where the numbers came from (not part of the shape)
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_linear_params(self) -> int:
+        H, Q, K, I = self.hidden, self.q_dim, self.kv_dim, self.intermediate
+        return H * Q + 2 * H * K + Q * H + 3 * H * I
+
+    @property
+    def layer_params(self) -> int:
+        return self.layer_linear_params + 2 * self.hidden + 2 * self.head_dim  # + two RMSNorms and q/k norms
+
+    @property
+    def n_params(self) -> int:
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.vocab * self.hidden + self.layers * self.layer_params + self.hidden + head
+
+    @property
+    def largest_param(self) -> int:
+        return max(self.vocab * self.hidden, self.hidden * self.intermediate, self.hidden * self.q_dim)
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Key + value cache of one token across all layers."""
+        return self.layers * self.kv_dim * 2 * dtype_bytes
+
+
+# Hub ids whose config.json is not on this machine. Qwen3-4B(-Instruct-2507): hidden 2560, 36 layers, 32 query
+# heads, 8 KV heads, head_dim 128, MLP 9728, vocabulary 151,936, tied embeddings (its published config.json;
+# 4.02B parameters by `ModelShape.n_params`, matching the model card's 4.0B / 3.6B non-embedding).
+KNOWN_SHAPES: dict[str, dict] = {
+    "Qwen/Qwen3-4B-Instruct-2507": dict(hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128,
+                                        intermediate=9728, vocab=151936, tied=True),
+    "Qwen/Qwen3-4B": dict(hidden=2560, layers=36, heads=32, kv_heads=8, head_dim=128, intermediate=9728,
+                          vocab=151936, tied=True),
+}
+
+
+def shape_from_config(cfg: dict, source: str = "config.json") -> ModelShape:
+    """The shape of a Hugging Face `config.json` (text config of a multimodal one)."""
+    cfg = cfg.get("text_config", cfg)
+    heads = int(cfg["num_attention_heads"])
+    return ModelShape(hidden=int(cfg["hidden_size"]), layers=int(cfg["num_hidden_layers"]), heads=heads,
+                      kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                      head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+                      intermediate=int(cfg["intermediate_size"]), vocab=int(cfg["vocab_size"]),
+                      tied=bool(cfg.get("tie_word_embeddings", False)), source=source)
+
+
+def _dir_matches(d: Path, m) -> bool:
+    """Whether model dir `d` was built from the `model` section (its tandem_source.json, when present, agrees):
+    a tiny base left in models/base must not stand in for the hub model of another params file."""
+    try:
+        info = json.loads((d / "tandem_source.json").read_text())
+    except (OSError, ValueError):
+        return True
+    if info.get("source") not in (None, m.source):
+        return False
+    return m.source != "hub" or info.get("model_id") in (None, m.hub_id)
+
+
+def model_shape(params, model_dir: str | Path | None = None) -> ModelShape:
+    """The model's shape: `model_dir/config.json`, else the tiny build's settings, else `KNOWN_SHAPES`."""
+    m = params.model
+    dirs = [Path(model_dir)] if model_dir else []
+    if m.source == "path" and m.path:
+        dirs.append(Path(m.path))
+    for d in dirs:
+        if (d / "config.json").is_file() and _dir_matches(d, m):
+            return shape_from_config(json.loads((d / "config.json").read_text()), f"{d / 'config.json'}")
+    if m.source == "tiny":
+        # The tiny build's vocabulary is the trained tokenizer's, at most model.vocab_size entries
+        return ModelShape(hidden=m.hidden_size, layers=m.num_layers, heads=m.num_heads, kv_heads=m.num_kv_heads,
+                          head_dim=m.hidden_size // m.num_heads, intermediate=m.intermediate_size,
+                          vocab=m.vocab_size, tied=True, source="model section (tiny build)")
+    if m.source == "hub" and m.hub_id in KNOWN_SHAPES:
+        return ModelShape(**KNOWN_SHAPES[m.hub_id], source=f"built-in table ({m.hub_id})")
+    where = ", ".join(str(d / "config.json") for d in dirs) or "no model directory"
+    raise PlanError(f"plan: no shape for model {m.hub_id if m.source == 'hub' else m.path!r}: {where} not found "
+                    f"and not in the built-in table ({', '.join(KNOWN_SHAPES)}); run the base stage first")
+
+
+# --------------------------------------------------------------------------------------------------
+# Activations
+# --------------------------------------------------------------------------------------------------
+
+def activation_bytes_per_token(shape: ModelShape, autocast: bool, master_bytes: int = 4) -> int:
+    """Bytes autograd saves per token in one decoder layer (padded batch: an attention mask is present).
+
+    Read off transformers' Qwen3 layer (sdpa attention; with a padding mask the keys and values are repeated
+    to all query heads before attention). f = master bytes (float32 residual stream and norm internals),
+    c = compute bytes. Without autocast every saved tensor is in f, and the norm outputs are shared by
+    their consumers: 6H + 6Q + 2K + 4I elements. Under bf16 autocast every linear saves its own bf16 cast of
+    its input (three casts of the attention norm's output, two of the MLP norm's), the q/k norms save an
+    fp32 upcast and a bf16 downcast: (4f + 5c)H + (f + 5c)Q + (f + c)K + 4cI bytes. Small per-row terms
+    (rsqrt of the two layer norms and of the q/k norms per head, attention log-sum-exp) add
+    (2 + 2 heads + kv_heads) floats.
+    """
+    H, Q, K, I = shape.hidden, shape.q_dim, shape.kv_dim, shape.intermediate
+    f = master_bytes
+    small = 4 * (2 + 2 * shape.heads + shape.kv_heads)
+    if not autocast:
+        return f * (6 * H + 6 * Q + 2 * K + 4 * I) + small
+    c = 2
+    return (4 * f + 5 * c) * H + (f + 5 * c) * Q + (f + c) * K + 4 * c * I + small
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    """One device's memory: named terms in bytes, the peak, the budget, and what to change if it does not fit."""
+
+    stage: str
+    arm: str | None
+    device: str
+    gpus: int
+    budget_bytes: float
+    persistent: dict[str, float]
+    rollout: dict[str, float]
+    training: dict[str, float]
+    peak_bytes: float
+    notes: list[str] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)   # failed side conditions (e.g. vLLM KV does not fit)
+    geometry: dict = field(default_factory=dict)
+    training_phase_bytes: float = 0.0  # what one training step adds on top of the persistent terms (measured
+    #                                    against a real step by tests/test_plan.py)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.budget_bytes and not self.checks
+
+    def to_json(self) -> dict:
+        g = lambda d: {k: round(v / GIB, 3) for k, v in d.items()}  # noqa: E731
+        return {"stage": self.stage, "arm": self.arm, "device": self.device, "gpus": self.gpus,
+                "per_gpu_gib": round(self.peak_bytes / GIB, 2), "budget_gib": round(self.budget_bytes / GIB, 2),
+                "fits": self.fits, "persistent_gib": g(self.persistent), "rollout_gib": g(self.rollout),
+                "training_gib": g(self.training), "training_phase_gib": round(self.training_phase_bytes / GIB, 3),
+                "geometry": self.geometry, "checks": self.checks, "notes": self.notes}
+
+
+def arm_group_and_beta(arm: str, train) -> tuple[int, float]:
+    """(group size, KL weight) of `arm`, as `tandem.train.arm_spec` defines them (a test keeps the two equal);
+    restated here so that planning imports neither torch nor trl."""
+    if arm == "grpo_g16":
+        return 16, 0.0
+    return train.group_size, (train.kl_beta if arm == "kl_reg" else 0.0)
+
+
+def _rows_per_process(rows: int, procs: int) -> int:
+    return math.ceil(rows / procs)
+
+
+def train_geometry(params, group_size: int) -> dict:
+    """Rows per step, per process, per update and per micro-batch, and micro-batches per update."""
+    t = params.train
+    rows = t.prompts_per_step * group_size
+    per_proc = _rows_per_process(rows, t.num_processes)
+    per_update = math.ceil(per_proc / t.updates_per_batch)
+    micro = min(t.micro_batch_size or per_update, per_update)
+    return {"rows_per_step": rows, "rows_per_process": per_proc, "rows_per_update": per_update,
+            "micro_batch_size": micro, "micro_batches_per_update": math.ceil(per_update / micro),
+            "prompts_per_process": math.ceil(t.prompts_per_step / t.num_processes),
+            "seq_tokens": t.max_prompt_tokens + t.max_new_tokens}
+
+
+def micro_batch_bytes(shape: ModelShape, mb: int, seq: int, autocast: bool, master_bytes: int, device: str,
+                      checkpointing: bool) -> tuple[dict[str, float], dict[str, float]]:
+    """Forward/backward memory of one micro-batch of `mb` rows x `seq` tokens: (held, passing) terms.
+
+    Held through the backward: `activations` (saved by autograd; with checkpointing each layer's input),
+    `attention_mask` ([mb, 1, seq, seq] in the compute dtype), `loss_terms` (trl's per-token loss tensors).
+    Passing, one after the other (the peak is the held terms plus the larger): `lm_head_backward` (trl's fused
+    LM head runs first in the backward: one [<=4096, <=32768] logits tile, plus the torch fallback's float32
+    temporaries off CUDA, and the float32 weight gradient [V, H] and hidden gradient [N, H] it allocates), then,
+    with checkpointing, `recompute` (one layer's saved tensors again, plus the gradients flowing through it).
+    """
+    N = mb * seq
+    c = 2 if autocast else master_bytes
+    per_layer = activation_bytes_per_token(shape, autocast, master_bytes)
+    H = shape.hidden
+    # final norm (input, normalised) + the head's flattened copy of its input, all in the master dtype
+    tail = N * 3 * H * master_bytes
+    rope = 2 * seq * shape.head_dim * master_bytes
+    held: dict[str, float] = {}
+    passing: dict[str, float] = {}
+    if checkpointing:
+        held["activations"] = shape.layers * N * H * master_bytes + tail + rope
+        # one recomputed layer, and the gradients flowing through it (the MLP's widest ones dominate)
+        passing["recompute"] = N * per_layer + N * (3 * shape.intermediate + 2 * H) * master_bytes
+    else:
+        held["activations"] = shape.layers * N * per_layer + tail + rope
+    held["attention_mask"] = mb * seq * seq * c
+    held["loss_terms"] = 12 * N * 4
+    tile = min(N, LOGPROB_TOKEN_TILE) * min(shape.vocab, LOGPROB_VOCAB_TILE)
+    passing["lm_head_backward"] = (tile * (c + (0 if device == "cuda" else CPU_TILE_TEMPS * 4))
+                                   + 4 * shape.vocab * H + 4 * N * H)
+    return held, passing
+
+
+def _budget(params, device: str) -> float:
+    if device == "cuda":
+        return params.train.gpu_memory_gib * GIB
+    return cpu_ram_bytes() / max(params.train.num_processes, 1)
+
+
+def cpu_ram_bytes() -> float:
+    """Physical memory of this machine (MemTotal), the CPU budget shared by all training processes."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") -> Plan:
+    """The training plan of one arm on one device (GPU or, on a CPU machine, one process's share of RAM)."""
+    t, ro = params.train, params.rollout
+    group, beta = arm_group_and_beta(arm, t)
+    prec = precision_plan(t.precision, params.model.dtype, device)
+    autocast = prec.autocast is not None
+    procs, shard = t.num_processes, t.sharding
+    P, m, fz = shape.n_params, prec.master_bytes, prec.frozen_bytes
+    split_w = procs if shard in ("zero3", "fsdp") else 1
+    split_o = procs if shard in ("zero2", "zero3", "fsdp") else 1
+    deepspeed = shard in ("zero2", "zero3")
+    geo = train_geometry(params, group)
+    notes: list[str] = [f"shape: {shape.source}; {P:,} parameters",
+                        f"precision {t.precision} on {device}: master {prec.senior_dtype}, frozen "
+                        f"{prec.frozen_dtype}, autocast {prec.autocast or 'off'}"]
+    checks: list[str] = []
+
+    persistent = {"senior_weights": P * m / split_w}
+    if deepspeed and autocast:  # DeepSpeed keeps the module in bf16 and the fp32 master in its optimizer
+        persistent["senior_bf16_copy"] = P * 2 / split_w
+    persistent["optimizer_state"] = 2 * P * m / split_o
+    persistent["junior"] = P * fz
+    if beta > 0:
+        persistent["kl_reference"] = P * fz / split_w
+    seq = geo["seq_tokens"]
+    rows, prompts = geo["rows_per_process"], geo["prompts_per_process"]
+    kv_tokens = rows * t.max_new_tokens + prompts * t.max_prompt_tokens
+    if ro.backend == "vllm":
+        if device != "cuda":
+            checks.append("rollout.backend vllm needs a CUDA GPU")
+        reserve = ro.vllm_gpu_memory * _budget(params, "cuda")
+        persistent["vllm_engines"] = 2 * reserve
+        _vllm_check(shape, reserve, rows, seq, kv_tokens, checks, notes,
+                    "raise rollout.vllm_gpu_memory, or lower train.max_new_tokens")
+        # the live senior's weights are copied into its engine before each call; sharded, they are gathered
+        rollout: dict[str, float] = ({"weight_sync_gather": P * m * (split_w - 1) / split_w} if split_w > 1
+                                     else {})
+    else:
+        rollout = {"kv_cache_senior": kv_tokens * shape.kv_bytes_per_token(m),
+                   "kv_cache_junior": kv_tokens * shape.kv_bytes_per_token(fz),
+                   "decode_logits": rows * shape.vocab * 4 * 2}
+        if split_w > 1:
+            rollout["gathered_senior"] = P * m * (split_w - 1) / split_w
+    mb = geo["micro_batch_size"]
+    held, passing = micro_batch_bytes(shape, mb, seq, autocast, m, device, t.gradient_checkpointing)
+    grads = P * m / split_o
+    if autocast and not deepspeed:
+        # autocast caches the bf16 cast of each weight for the forward; sharded: only the gathered layers
+        held["autocast_weight_cache"] = 2 * (shape.layer_linear_params * 2 if split_w > 1
+                                             else shape.layers * shape.layer_linear_params)
+    if split_w > 1:  # zero3/fsdp gather the current and the prefetched layer
+        held["gathered_layers"] = 2 * shape.layer_params * m
+    if geo["micro_batches_per_update"] > 1:
+        held["accumulated_grads"] = grads
+    if procs > 1 and shard == "none":
+        held["ddp_buckets"] = P * m  # DDP's gradient buckets, a second copy of the gradients
+    fwd_bwd = sum(held.values()) + max(passing.values())
+    # AdamW step: gradients + temporaries (foreach on GPU: one fp32 copy of the local weights; CPU: per tensor)
+    opt_temp = P * m / split_o if device == "cuda" else 2 * shape.largest_param * m
+    step = grads + opt_temp + held.get("ddp_buckets", 0.0)
+    training = {**held, **passing, "optimizer_step": step}
+    margin = CUDA_OVERHEAD_GIB * GIB if device == "cuda" else 0.0
+    if margin:
+        persistent["cuda_overhead"] = margin
+    train_phase = max(fwd_bwd, step)
+    peak = sum(persistent.values()) + max(sum(rollout.values()), train_phase)
+    notes.append("training phase = held terms + the larger passing term (lm_head_backward, recompute), or the "
+                 f"optimizer step if larger; here: {'optimizer step' if step > fwd_bwd else 'forward/backward'}")
+    return Plan("train", arm, device, procs, _budget(params, device), persistent, rollout, training, peak,
+                notes, checks, geo, train_phase)
+
+
+def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, kv_tokens: int, checks: list[str],
+                notes: list[str], fix: str) -> None:
+    """A vLLM engine must hold its bf16 weights and one whole sequence's KV cache (else it refuses to start);
+    rows beyond its KV capacity wait for a free slot (slower, not an error), which the notes report."""
+    kv_tok = shape.kv_bytes_per_token(2)
+    room = reserve - shape.n_params * 2 - VLLM_OVERHEAD_GIB * GIB
+    if room < seq * kv_tok:
+        checks.append(f"a vLLM engine gets {reserve / GIB:.1f} GiB (rollout.vllm_gpu_memory), less than its bf16 "
+                      f"weights + {VLLM_OVERHEAD_GIB} GiB + the KV cache of one {seq}-token sequence: {fix}")
+    elif room < kv_tokens * kv_tok:
+        notes.append(f"vLLM KV cache holds {int(room // kv_tok)} of the {kv_tokens} tokens of {rows} rows at once: "
+                     f"the rest wait for free slots (raise rollout.vllm_gpu_memory for full concurrency)")
+    else:
+        notes.append(f"vLLM KV cache holds all {rows} rows at once ({kv_tokens * kv_tok / GIB:.1f} of "
+                     f"{room / GIB:.1f} GiB)")
+
+
+def plan_evaluate(params, shape: ModelShape, device: str = "cuda") -> Plan:
+    """The evaluation plan: senior + junior weights in `model.dtype` and both KV caches for one engine call."""
+    ev, ro = params.evaluate, params.rollout
+    b = DTYPE_BYTES[params.model.dtype]
+    P = shape.n_params
+    rows = ev.batch_size
+    kv_tokens = rows * ev.max_new_tokens + rows * params.train.max_prompt_tokens
+    checks: list[str] = []
+    notes = [f"shape: {shape.source}"]
+    persistent = {"senior": P * b, "junior": P * b}
+    rollout: dict[str, float] = {}
+    if ro.backend == "vllm":
+        reserve = ro.vllm_gpu_memory * params.train.gpu_memory_gib * GIB
+        persistent = {"vllm_engines": 2 * reserve}
+        _vllm_check(shape, reserve, rows, ev.max_new_tokens + params.train.max_prompt_tokens, kv_tokens, checks,
+                    notes, "raise rollout.vllm_gpu_memory, or lower evaluate.max_new_tokens")
+    else:
+        rollout = {"kv_cache": 2 * kv_tokens * shape.kv_bytes_per_token(b), "decode_logits": rows * shape.vocab * 8}
+    if device == "cuda":
+        persistent["cuda_overhead"] = CUDA_OVERHEAD_GIB * GIB
+        budget = params.train.gpu_memory_gib * GIB
+    else:
+        budget = cpu_ram_bytes() / max(ev.workers, 1)
+    peak = sum(persistent.values()) + sum(rollout.values())
+    return Plan("evaluate", None, device, 1, budget, persistent, rollout, {}, peak, notes, checks, {"rows": rows, "seq_tokens": ev.max_new_tokens +
+                                                     params.train.max_prompt_tokens})
+
+
+def plan_all(params, model_dir: str | Path | None = None, device: str = "cuda") -> dict:
+    """Every arm's training plan and the evaluation plan; the headline is the worst arm."""
+    shape = model_shape(params, model_dir)
+    arms = {a: plan_train_arm(params, a, shape, device) for a in params.train.arms}
+    worst = max(arms.values(), key=lambda p: (not p.fits, p.peak_bytes))
+    ev = plan_evaluate(params, shape, device)
+    return {"per_gpu_gib": round(worst.peak_bytes / GIB, 2), "gpus": params.train.num_processes,
+            "fits": all(p.fits for p in arms.values()) and ev.fits, "device": device,
+            "budget_gib": round(worst.budget_bytes / GIB, 2), "worst_arm": worst.arm,
+            "model": {**asdict(shape), "n_params": shape.n_params},
+            "train": {a: p.to_json() for a, p in arms.items()}, "evaluate": ev.to_json()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Refusal
+# --------------------------------------------------------------------------------------------------
+
+def advice(plan: Plan, params) -> str:
+    """What to change, most effective first, for a plan over budget."""
+    t = params.train
+    tips = []
+    big = max({**plan.rollout, **plan.training}.items(), key=lambda kv: kv[1], default=("", 0))[0]
+    if plan.stage == "train":
+        if not t.gradient_checkpointing:
+            tips.append("set train.gradient_checkpointing: true")
+        if plan.geometry.get("micro_batch_size", 1) > 1:
+            tips.append(f"lower train.micro_batch_size (now {plan.geometry['micro_batch_size']} rows per pass)")
+        if t.sharding in ("none", "zero2") and t.num_processes > 1:
+            tips.append("set train.sharding: zero3 or fsdp (weights, gradients and optimizer split over GPUs)")
+        tips.append(f"raise train.num_processes (now {t.num_processes})")
+        if t.precision == "fp32" and plan.device == "cuda":
+            tips.append("set train.precision: bf16_mixed")
+        if big.startswith("kv_cache"):
+            tips.insert(0, "lower train.max_new_tokens or train.prompts_per_step (KV cache), or use rollout.backend vllm")
+    else:
+        tips.append("lower evaluate.batch_size or evaluate.max_new_tokens")
+    return "; ".join(tips)
+
+
+def check_fits(params, stage: str, model_dir: str | Path | None = None, device: str | None = None,
+               arms: list[str] | None = None) -> dict:
+    """Raise PlanError before any work when `stage` (train | evaluate) does not fit its device; return the plan.
+
+    `arms` limits the train check to those arms (default: train.arms).
+    `device` defaults to cuda when torch sees a GPU, else cpu (budget: the machine's RAM split between the
+    processes; a CPU run that needs more would be killed by the OS anyway).
+    """
+    if device is None:
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    shape = model_shape(params, model_dir)
+    plans = ([plan_train_arm(params, a, shape, device) for a in (arms or params.train.arms)] if stage == "train"
+             else [plan_evaluate(params, shape, device)])
+    bad = [p for p in plans if not p.fits]
+    if bad:
+        p = bad[0]
+        what = f"arm {p.arm}" if p.arm else stage
+        why = "; ".join(p.checks) if p.checks else (f"needs {p.peak_bytes / GIB:.1f} GiB per "
+                                                     f"{'GPU' if device == 'cuda' else 'process'}, budget "
+                                                     f"{p.budget_bytes / GIB:.1f} GiB")
+        raise PlanError(f"{stage}: the memory plan of {what} does not fit: {why}. Change: {advice(p, params)}. "
+                        f"See `tandem plan --params ...` for the breakdown.")
+    return {p.arm or stage: p.to_json() for p in plans}

@@ -1,0 +1,270 @@
+"""The memory plan: model shapes, the activation table against autograd's saved tensors, the paper preset on
+8 x 80 GB, the refusal before any work, precision flags, and the plan against the measured peak of a CPU step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tandem.config import ARMS, params_from_dict
+from tandem.plan import (GIB, KNOWN_SHAPES, ModelShape, PlanError, activation_bytes_per_token, arm_group_and_beta,
+                         check_fits, model_shape, plan_all, plan_train_arm, shape_from_config)
+from tandem.precision import load_dtypes, trainer_precision_kwargs
+
+REPO = Path(__file__).resolve().parents[1]
+NEW_TRAIN_KEYS = ("num_processes", "micro_batch_size", "updates_per_batch", "gradient_checkpointing", "precision",
+                  "sharding", "gpu_memory_gib", "max_prompt_tokens")
+
+
+def _params(path: str, **train):
+    raw = yaml.safe_load((REPO / path).read_text())
+    raw["train"].update(train)
+    return params_from_dict(raw)
+
+
+def _qwen3_config(**kw):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**{"vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
+                          "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+                          "head_dim": 128, "tie_word_embeddings": True, **kw})
+
+
+# --------------------------------------------------------------------------------------------------
+# Shapes
+# --------------------------------------------------------------------------------------------------
+
+def test_qwen3_4b_parameter_count_equals_transformers_model():
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    shape = ModelShape(**KNOWN_SHAPES["Qwen/Qwen3-4B-Instruct-2507"])
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(_qwen3_config())
+    assert shape.n_params == sum(p.numel() for p in model.parameters()) == 4_022_468_096
+    assert shape_from_config(_qwen3_config().to_dict()) == shape  # config.json and the table agree
+
+
+def test_shape_sources(tmp_path):
+    tiny = params_from_dict({"model": {"source": "tiny", "hidden_size": 96, "num_layers": 2, "num_heads": 4}})
+    s = model_shape(tiny)
+    assert (s.hidden, s.layers, s.head_dim, s.tied) == (96, 2, 24, True)
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(_qwen3_config(num_hidden_layers=5).to_dict()))
+    assert model_shape(tiny, d).layers == 5  # the directory's config.json wins
+    (d / "tandem_source.json").write_text(json.dumps({"source": "tiny"}))
+    hub = params_from_dict({"model": {"source": "hub"}})
+    assert model_shape(hub, d).layers == 36  # a tiny base left in the dir does not stand in for the hub model
+    with pytest.raises(PlanError, match="built-in table"):
+        model_shape(params_from_dict({"model": {"source": "hub", "hub_id": "someone/unknown"}}))
+
+
+def test_arm_table_matches_training():
+    from tandem.train import arm_spec
+
+    p = params_from_dict({"train": {"arms": list(ARMS)}})
+    for arm in ARMS:
+        spec = arm_spec(arm, p.train, p.rollout)
+        assert arm_group_and_beta(arm, p.train) == (spec.group_size, spec.beta)
+
+
+# --------------------------------------------------------------------------------------------------
+# Activations: the per-layer table against what autograd really saves
+# --------------------------------------------------------------------------------------------------
+
+def _saved_bytes(layers: int, autocast: bool, rows: int = 2, seq: int = 96) -> tuple[int, int]:
+    """Bytes of distinct non-parameter storages autograd saves in a padded forward; (bytes, tokens)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=512, hidden_size=160, intermediate_size=448, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=40, max_position_embeddings=seq)
+    model = Qwen3ForCausalLM(cfg).train()
+    ids = torch.randint(0, 512, (rows, seq))
+    attn = torch.ones(rows, seq, dtype=torch.long)
+    attn[0, seq - 10:] = 0
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if key not in params:
+            seen[key] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            model.model(input_ids=ids, attention_mask=attn)
+    return sum(seen.values()), rows * seq
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_activation_table_matches_saved_tensors(autocast):
+    # per layer = difference between a 3-layer and a 1-layer model, so embedding/mask/rope terms cancel
+    b3, n = _saved_bytes(3, autocast)
+    b1, _ = _saved_bytes(1, autocast)
+    shape = ModelShape(hidden=160, layers=1, heads=4, kv_heads=2, head_dim=40, intermediate=448, vocab=512,
+                       tied=True)
+    per_layer = (b3 - b1) / 2
+    if autocast:  # autocast also saves each linear weight's bf16 cast: a per-weight, not per-token, term
+        per_layer -= 2 * shape.layer_linear_params
+    predicted = activation_bytes_per_token(shape, autocast) * n
+    assert abs(predicted - per_layer) / per_layer < 0.05, (predicted, per_layer)
+
+
+# --------------------------------------------------------------------------------------------------
+# Presets, refusal, CLI
+# --------------------------------------------------------------------------------------------------
+
+def test_params_files_list_the_plan_settings():
+    for f in ("params.yaml", "params.paper.yaml"):
+        train = yaml.safe_load((REPO / f).read_text())["train"]
+        assert set(NEW_TRAIN_KEYS) <= set(train), f"{f} lacks {set(NEW_TRAIN_KEYS) - set(train)}"
+
+
+def test_paper_preset_fits_eight_80gb_gpus():
+    p = _params("params.paper.yaml")
+    assert p.train.updates_per_batch == 2 and p.train.precision == "bf16_mixed"
+    res = plan_all(p, device="cuda")
+    assert res["fits"] and res["gpus"] == 8 and res["per_gpu_gib"] <= 80
+    for arm, pj in res["train"].items():
+        assert pj["fits"] and not pj["checks"], arm
+    # the same preset as first written (one 128-row pass, no checkpointing, one GPU, bf16 weights) is far over
+    bad = _params("params.paper.yaml", num_processes=1, micro_batch_size=0, gradient_checkpointing=False,
+                  sharding="none", updates_per_batch=1)
+    assert plan_all(bad, device="cuda")["per_gpu_gib"] > 1000
+
+
+def test_more_memory_means_more_gib_never_less():
+    base = _params("params.paper.yaml")
+    shape = model_shape(base)
+    def total(plan):  # peak = persistent + max(rollout, training); a smaller term may hide behind the larger
+        return sum(plan.persistent.values()) + sum(plan.rollout.values()) + plan.training_phase_bytes
+
+    ref = plan_train_arm(base, "tandem", shape)
+    for change in ({"micro_batch_size": 2}, {"gradient_checkpointing": False},
+                   {"num_processes": 4}, {"max_new_tokens": 4000}):
+        new = plan_train_arm(_params("params.paper.yaml", **change), "tandem", shape)
+        assert new.peak_bytes >= ref.peak_bytes, change
+        assert total(new) > total(ref), change
+
+
+def test_refusal_names_what_to_change():
+    bad = _params("params.paper.yaml", micro_batch_size=8, gradient_checkpointing=False)
+    with pytest.raises(PlanError) as e:
+        check_fits(bad, "train", device="cuda")
+    msg = str(e.value)
+    assert "does not fit" in msg and "gradient_checkpointing" in msg and "micro_batch_size" in msg
+    assert check_fits(_params("params.paper.yaml"), "train", device="cuda")["tandem"]["fits"]
+
+
+def _fake_qwen3_4b_dir(tmp_path: Path) -> Path:
+    """Qwen3-4B's config.json next to an empty weights file: any attempt to load the model fails."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps(_qwen3_config().to_dict()))
+    (base / "model.safetensors").write_bytes(b"")
+    (base / "tokenizer.json").write_text("{}")
+    return base
+
+
+def test_train_stage_refuses_before_loading_anything(tmp_path):
+    """A base dir whose weights file is empty: loading it would fail, so the plan error proves it came first."""
+    from tasks.train import run_arm
+
+    base = _fake_qwen3_4b_dir(tmp_path)
+    for name in ("train", "val"):
+        (tmp_path / f"{name}.jsonl").write_text('{"id": "1", "prompt": "p", "answer": "1"}\n')
+    p = _params("params.paper.yaml", micro_batch_size=16, gradient_checkpointing=False, arms=["tandem"])
+    inputs = {"base_model": base, "train_data": tmp_path / "train.jsonl", "val_data": tmp_path / "val.jsonl"}
+    with pytest.raises(PlanError, match="train.gradient_checkpointing"):
+        run_arm(p, "tandem", inputs, {"checkpoints": tmp_path / "ck", "runs": tmp_path / "runs"})
+    assert not (tmp_path / "ck").exists()
+
+
+def test_evaluate_refuses_a_batch_whose_kv_cache_does_not_fit(tmp_path):
+    from tasks.evaluate import plan as evaluate_units
+
+    base = _fake_qwen3_4b_dir(tmp_path)
+    raw = yaml.safe_load((REPO / "params.paper.yaml").read_text())
+    raw["rollout"]["backend"] = "hf"
+    raw["evaluate"]["batch_size"] = 100_000  # 100k rows x 4k tokens of KV: over any machine's memory
+    with pytest.raises(PlanError, match="evaluate.batch_size"):
+        evaluate_units(params_from_dict(raw), {"base_model": base, "checkpoints": tmp_path / "ck",
+                                               "eval_data": tmp_path / "eval"})
+
+
+def test_cli_plan_json_for_the_paper_preset():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "cli", "plan", "--params", "params.paper.yaml", "--json"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1
+    res = json.loads(lines[0])
+    assert res["fits"] is True and res["per_gpu_gib"] <= 80 and res["gpus"] == 8
+    assert {"persistent_gib", "rollout_gib", "training_gib"} <= set(res["train"]["tandem"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Precision
+# --------------------------------------------------------------------------------------------------
+
+def test_precision_flags_and_load_dtypes():
+    mixed = params_from_dict({"train": {"precision": "bf16_mixed"}}).train
+    fp32 = params_from_dict({"train": {"precision": "fp32"}}).train
+    assert trainer_precision_kwargs(mixed, "cuda", "bfloat16") == {
+        "bf16": True, "fp16": False, "model_init_kwargs": {"dtype": "bfloat16"}}
+    assert trainer_precision_kwargs(mixed, "cpu", "bfloat16")["bf16"] is False  # no CPU autocast
+    assert trainer_precision_kwargs(fp32, "cuda", "float32")["bf16"] is False
+    # fp32 master weights whatever the stored dtype; the frozen junior keeps model.dtype
+    assert load_dtypes(mixed, "bfloat16", "cuda") == ("float32", "bfloat16")
+    assert load_dtypes(fp32, "float64", "cpu") == ("float64", "float64")
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan against a measured step
+# --------------------------------------------------------------------------------------------------
+
+PROBE = dict(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=768, vocab=4096, rows=4, prompt=128,
+             completion=384)
+
+
+def _measure(checkpointing: bool) -> int:
+    args = [str(PROBE[k]) for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "rows",
+                                     "prompt", "completion")] + [str(int(checkpointing))]
+    # freed tensors must go back to the OS, or the measured step would reuse the first step's memory unseen
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "memory_probe.py"), *args], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])["step_peak_bytes"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc peak-RSS reset")
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_plan_matches_measured_peak_of_a_cpu_step(checkpointing):
+    p = params_from_dict({
+        "model": {"source": "tiny", "hidden_size": PROBE["hidden"], "num_layers": PROBE["layers"],
+                  "num_heads": PROBE["heads"], "num_kv_heads": PROBE["kv_heads"],
+                  "intermediate_size": PROBE["intermediate"], "vocab_size": PROBE["vocab"]},
+        "train": {"arms": ["grpo"], "prompts_per_step": 1, "group_size": PROBE["rows"],
+                  "micro_batch_size": PROBE["rows"], "max_prompt_tokens": PROBE["prompt"],
+                  "max_new_tokens": PROBE["completion"], "gradient_checkpointing": checkpointing}})
+    plan = plan_train_arm(p, "grpo", model_shape(p), device="cpu")
+    measured = _measure(checkpointing)
+    ratio = plan.training_phase_bytes / measured
+    print(f"checkpointing={checkpointing}: plan {plan.training_phase_bytes / 2**20:.1f} MiB, "
+          f"measured {measured / 2**20:.1f} MiB, ratio {ratio:.3f}")
+    assert 0.75 <= ratio <= 1.25, (plan.training, measured)
+    assert plan.training_phase_bytes > 100 * 2**20  # big enough that allocator noise is small
+    assert GIB > plan.training_phase_bytes
