@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from params_files import complete_params
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD_EVAL = [{"id": f"e{i}", "problem": f"Benchmark question {i}: what is {i} times two?", "answer": str(2 * i)}
@@ -30,9 +31,10 @@ def _tandem(*args: str, env: dict[str, str | None] | None = None, cwd: Path = RE
 def _project(tmp: Path, train_bytes: bytes, **data) -> Path:
     (tmp / "train.jsonl").write_bytes(train_bytes)
     (tmp / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in GOOD_EVAL))
-    params = {"seed": 0, "out_root": str(tmp / "out"),
-              "data": {"source": "jsonl", "train_file": str(tmp / "train.jsonl"),
-                       "eval_files": {"toy": str(tmp / "eval.jsonl")}, "n_val": 1, "n_eval": 0, **data}}
+    params = complete_params({"seed": 0, "out_root": str(tmp / "out"),
+                              "data": {"source": "jsonl", "train_file": str(tmp / "train.jsonl"),
+                                       "eval_files": {"toy": str(tmp / "eval.jsonl")}, "n_val": 1, "n_eval": 0,
+                                       **data}})
     path = tmp / "params.yaml"
     path.write_text(yaml.safe_dump(params))
     return path
@@ -78,7 +80,7 @@ def test_failed_validation_prints_the_report_and_one_line(tmp_path):
 
 def test_a_missing_input_is_one_message_and_exit_1(tmp_path):
     """evaluate before prepare/base: the missing model or data is named, no traceback."""
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"out_root": str(tmp_path / "out")}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(complete_params({"out_root": str(tmp_path / "out")})))
     res = _tandem("stage", "evaluate", "-p", str(tmp_path / "params.yaml"))
     assert res.returncode == 1, res.stderr[-3000:]
     _no_traceback(res)
@@ -109,7 +111,7 @@ def test_a_real_bug_keeps_its_traceback(tmp_path):
             "m.run_stage = boom\n"
             f"sys.argv = ['tandem', 'stage', 'prepare', '-p', {str(tmp_path / 'params.yaml')!r}]\n"
             "m.app()\n")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"out_root": str(tmp_path / "out")}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(complete_params({"out_root": str(tmp_path / "out")})))
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(REPO), "TANDEM_DEBUG": ""})
     assert res.returncode != 0 and res.returncode != 2

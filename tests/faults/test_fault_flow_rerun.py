@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from params_files import complete_params
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -84,11 +85,11 @@ def test_flow_killed_mid_evaluation_reruns_only_what_is_missing(tmp_path):
     root = F.build_tree(tmp_path / "out", steps=(2,), n_problems=2)
     params = tmp_path / "params.yaml"
     p = F.small_params(root, modes=["solo", "word"])
-    raw = {"out_root": str(root), "train": {"arms": list(F.ARMS)},
-           "evaluate": {k: getattr(p.evaluate, k) for k in ("n_samples", "ks", "modes", "max_new_tokens",
-                                                            "batch_size", "progress", "score_workers")}}
+    raw = complete_params({"out_root": str(root), "train": {"arms": list(F.ARMS)},
+                           "evaluate": {k: getattr(p.evaluate, k) for k in ("n_samples", "ks", "modes", "max_new_tokens",
+                                                                            "batch_size", "progress", "score_workers")}})
     params.write_text(yaml.safe_dump(raw))
-    cache = root / "results" / "cache" / "evaluate"
+    cache = root / "scratch" / "evaluate"
     calls = tmp_path / "calls.txt"
 
     rc, out = _run_flow(params, calls, kill_after=3, home=tmp_path / "prefect", log=tmp_path / "first.log")
