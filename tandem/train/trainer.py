@@ -25,6 +25,7 @@ so a resumed run starts with a fresh rollout, exactly where the uninterrupted ru
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -98,6 +99,16 @@ def batch_geometry(prompts_per_step: int, group_size: int, micro_batch_size: int
     return BatchGeometry(rows, processes, updates, per_proc, per_update, micro, per_update // micro)
 
 
+def merge_rank_stats(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One step's diagnostics from every process's own: times take the slowest process (the step waits for
+    it), other values the mean over the processes that have a finite value (each rolled out an equal share)."""
+    out: dict[str, float] = {}
+    for key in sorted({k for d in per_rank for k in d}):
+        vals = [float(d[key]) for d in per_rank if key in d and math.isfinite(float(d[key]))]
+        out[key] = (max(vals) if key.startswith("time/") else sum(vals) / len(vals)) if vals else float("nan")
+    return out
+
+
 def world_size() -> int:
     """Processes of this training run (accelerate/torchrun set WORLD_SIZE in each of them)."""
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -163,7 +174,12 @@ def _make_trainer_class():
 
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
             if self.model.training and "loss" in logs:
-                logs.update(self.step_stats.pop())
+                stats = self.step_stats.pop()
+                if self.accelerator.num_processes > 1:  # every rank logs the same step together
+                    from accelerate.utils import gather_object
+
+                    stats = merge_rank_stats(gather_object([stats]))
+                logs.update(stats)
                 logs[STEP_KEY] = self.state.global_step // self.updates_per_batch
             super().log(logs, start_time)
 
