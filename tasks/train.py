@@ -131,8 +131,10 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="tandem-train-") as tmp:
         spec_path = Path(tmp) / "worker.json"
         spec_path.write_text(json.dumps(spec))
+        repo = str(Path(__file__).resolve().parents[1])  # the workers import this very checkout
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1",
-               "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1))}
+               "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1)),
+               "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)}
         proc = subprocess.Popen(launch_command(params, spec_path), env=env, preexec_fn=_die_with_parent)
         try:
             rc = proc.wait()

@@ -2,7 +2,9 @@
 
 The stage runs exactly as DVC runs it (a fresh interpreter, `tasks.train.main`) on a tiny base and a few
 prepared rows. One run goes uninterrupted; another is killed with SIGKILL right after its first checkpoint
-and rerun: it must finish with the same steps, the same checkpoints and the same final weights.
+and rerun: it must finish with the same steps, the same checkpoints and the same final weights. The same
+holds with two training processes (accelerate launch, gloo on CPU) and two updates per rollout batch, where
+the SIGKILL hits the launching stage process and must take its workers down with it.
 """
 
 from __future__ import annotations
@@ -29,25 +31,46 @@ from train_fixtures import build_base, write_prepared  # noqa: E402
 STEPS, SAVE_EVERY = 6, 2
 
 
-def _params(out_root: Path) -> Path:
+def _params(out_root: Path, **train) -> Path:
     raw = {
         "seed": 0, "out_root": str(out_root),
         "rollout": {"max_new_tokens": 12, "batch_size": 8, "cpu_threads": 1},
         "train": {"arms": ["tandem"], "steps": STEPS, "prompts_per_step": 2, "group_size": 4,
                   "max_new_tokens": 12, "save_every": SAVE_EVERY, "learning_rate": 0.01, "warmup_steps": 1,
-                  "kl_rows": 4, "report_to": "wandb", "val_every": 3, "val_problems": 4, "cpu_threads": 1},
+                  "kl_rows": 4, "report_to": "wandb", "val_every": 3, "val_problems": 4, "cpu_threads": 1,
+                  **train},
     }
     path = out_root / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
 
 
-def _project(root: Path, base_src: Path) -> Path:
+def _project(root: Path, base_src: Path, **train) -> Path:
     import shutil
 
     shutil.copytree(base_src, root / "models" / "base")
     write_prepared(root / "data" / "prepared", n_train=32, n_val=8)
-    return _params(root)
+    return _params(root, **train)
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = [int(k) for k in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            kids = []
+        out += kids
+        todo += kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _start(params: Path) -> subprocess.Popen:
@@ -116,6 +139,63 @@ def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(base_src, tmp_pat
     b = load_model(crashed / "models" / "checkpoints" / "tandem" / f"step-{STEPS}")
     assert weights_hash(a) == weights_hash(b)
     assert summaries["clean"]["reward_mean"] == pytest.approx(summaries["crashed"]["reward_mean"])
+
+
+MP_STEPS, MP_SAVE = 4, 2
+MP = {"steps": MP_STEPS, "save_every": MP_SAVE, "group_size": 2, "max_new_tokens": 8, "kl_rows": 2, "val_every": 0,
+      "report_to": "none", "num_processes": 2, "updates_per_batch": 2, "micro_batch_size": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers follow the launcher through prctl")
+def test_two_process_stage_resumes_after_sigkill_of_the_launcher(base_src, tmp_path):
+    """2 processes x 2 updates per batch: the killed stage takes its workers down, the rerun resumes and ends
+    with the weights of an uninterrupted 2-process run; metrics record world_size 2."""
+    from tandem.models import load_model
+    from tandem.train import complete_checkpoints, weights_hash
+
+    clean, crashed = tmp_path / "clean", tmp_path / "crashed"
+    p_clean, p_crash = _project(clean, base_src, **MP), _project(crashed, base_src, **MP)
+    _finish(_start(p_clean), timeout=600)
+
+    victim = _start(p_crash)
+    arm_dir = crashed / "models" / "checkpoints" / "tandem"
+    deadline, tree = time.time() + 400, []
+    while not (arm_dir / f"step-{MP_SAVE}").exists():
+        assert victim.poll() is None, victim.communicate()[0][-4000:]
+        assert time.time() < deadline, "no checkpoint appeared"
+        tree = _descendants(victim.pid) or tree
+        time.sleep(0.02)
+    tree = _descendants(victim.pid) or tree
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=30)
+    assert len(tree) >= 3  # accelerate's launcher and its two workers
+    end = time.time() + 30
+    while any(_alive(p) for p in tree) and time.time() < end:
+        time.sleep(0.1)
+    assert not [p for p in tree if _alive(p)], "workers outlived the killed stage"
+    assert [s for s, _ in complete_checkpoints(arm_dir)][-1] < MP_STEPS
+    assert not (crashed / "metrics" / "train_tandem.json").exists()
+
+    _finish(_start(p_crash), timeout=600)
+    want = [f"step-{n}" for n in range(MP_SAVE, MP_STEPS + 1, MP_SAVE)]
+    summaries = {}
+    for root in (clean, crashed):
+        ck = root / "models" / "checkpoints" / "tandem"
+        assert [p.name for _, p in complete_checkpoints(ck)] == want
+        assert not [p for p in ck.iterdir() if p.name.startswith(("checkpoint-", ".old-"))]
+        assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (ck / want[-1]).iterdir()}
+        state = json.loads((ck / want[-1] / "tandem_state.json").read_text())
+        assert state["step"] == MP_STEPS and state["optimizer_updates"] == 2 * MP_STEPS
+        s = json.loads((root / "metrics" / "train_tandem.json").read_text())
+        summaries[root.name] = s
+        assert s["world_size"] == 2 and s["steps"] == MP_STEPS and s["loss_finite"] and s["junior_unchanged"]
+        with open(root / "metrics" / "plots" / "train" / "tandem.csv") as f:
+            assert [int(r["step"]) for r in csv.DictReader(f)] == list(range(1, MP_STEPS + 1))
+    assert summaries["crashed"]["resumed_from"] == f"step-{MP_SAVE}"
+    a = load_model(clean / "models" / "checkpoints" / "tandem" / f"step-{MP_STEPS}")
+    b = load_model(crashed / "models" / "checkpoints" / "tandem" / f"step-{MP_STEPS}")
+    assert weights_hash(a) == weights_hash(b)
 
 
 def test_default_io_declares_every_arm(tmp_path):
