@@ -108,13 +108,15 @@ def launch_command(params: Params, spec_path: Path) -> list[str]:
     would pick its single-process launcher); `train.sharding: fsdp` adds FSDP (version 1, full sharding).
     """
     t = params.train
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes",
            str(t.num_processes), "--num_machines", "1", "--main_process_port", str(_free_port()),
            "--mixed_precision", "no", "--dynamo_backend", "no"]
-    if t.sharding == "fsdp":
+    if t.sharding == "none":
+        cmd += ["--multi_gpu"]  # accelerate's torchrun launcher (DDP); it picks gloo when there is no GPU
+    else:
         cmd += ["--use_fsdp", "--fsdp_version", "1", "--fsdp_sharding_strategy", "FULL_SHARD",
                 "--fsdp_auto_wrap_policy", "NO_WRAP", "--fsdp_use_orig_params", "true",
-                "--fsdp_state_dict_type", "FULL_STATE_DICT", "--fsdp_sync_module_states", "true",
+                "--fsdp_state_dict_type", "FULL_STATE_DICT", "--fsdp_sync_module_states", "false",
                 "--fsdp_cpu_ram_efficient_loading", "false", "--fsdp_offload_params", "false"]
     return cmd + ["-m", "tasks.train", "--worker", str(spec_path)]
 

@@ -26,7 +26,7 @@ REPO = TESTS.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from train_fixtures import build_base, write_prepared  # noqa: E402
+from train_fixtures import build_base, build_boxing_base, write_prepared  # noqa: E402
 
 STEPS, SAVE_EVERY = 6, 2
 
@@ -49,7 +49,7 @@ def _project(root: Path, base_src: Path, **train) -> Path:
     import shutil
 
     shutil.copytree(base_src, root / "models" / "base")
-    write_prepared(root / "data" / "prepared", n_train=32, n_val=8)
+    write_prepared(root / "data" / "prepared", n_train=32, n_val=8, answer="7")  # the boxing base hits it half the time
     return _params(root, **train)
 
 
@@ -92,13 +92,27 @@ def base_src(tmp_path_factory) -> Path:
     return build_base(tmp_path_factory.mktemp("stage") / "base")
 
 
+@pytest.fixture(scope="module")
+def boxing_src(tmp_path_factory) -> Path:
+    return build_boxing_base(tmp_path_factory.mktemp("stage") / "boxing")
+
+
+def _moved(root: Path, step: int) -> bool:
+    """Whether training changed the senior (a base that never earns a reward would pass resume checks vacuously)."""
+    from tandem.models import load_model
+    from tandem.train import weights_hash
+
+    return (weights_hash(load_model(root / "models" / "checkpoints" / "tandem" / f"step-{step}"))
+            != weights_hash(load_model(root / "models" / "base")))
+
+
 @pytest.mark.slow
-def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(base_src, tmp_path):
+def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(boxing_src, tmp_path):
     from tandem.models import load_model
     from tandem.train import complete_checkpoints, weights_hash
 
     clean, crashed = tmp_path / "clean", tmp_path / "crashed"
-    p_clean, p_crash = _project(clean, base_src), _project(crashed, base_src)
+    p_clean, p_crash = _project(clean, boxing_src), _project(crashed, boxing_src)
     ref = _start(p_clean)
 
     # Kill the second run with SIGKILL as soon as its first checkpoint is committed (mid-run).
@@ -137,7 +151,8 @@ def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(base_src, tmp_pat
     # Deterministic resume: rollouts are seeded by step, data order and RNG come back from the checkpoint.
     a = load_model(clean / "models" / "checkpoints" / "tandem" / f"step-{STEPS}")
     b = load_model(crashed / "models" / "checkpoints" / "tandem" / f"step-{STEPS}")
-    assert weights_hash(a) == weights_hash(b)
+    assert weights_hash(a) == weights_hash(b) and _moved(clean, STEPS)
+    assert 0.0 < summaries["clean"]["reward_mean"] < 1.0
     assert summaries["clean"]["reward_mean"] == pytest.approx(summaries["crashed"]["reward_mean"])
 
 
@@ -148,14 +163,14 @@ MP = {"steps": MP_STEPS, "save_every": MP_SAVE, "group_size": 2, "max_new_tokens
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers follow the launcher through prctl")
-def test_two_process_stage_resumes_after_sigkill_of_the_launcher(base_src, tmp_path):
+def test_two_process_stage_resumes_after_sigkill_of_the_launcher(boxing_src, tmp_path):
     """2 processes x 2 updates per batch: the killed stage takes its workers down, the rerun resumes and ends
     with the weights of an uninterrupted 2-process run; metrics record world_size 2."""
     from tandem.models import load_model
     from tandem.train import complete_checkpoints, weights_hash
 
     clean, crashed = tmp_path / "clean", tmp_path / "crashed"
-    p_clean, p_crash = _project(clean, base_src, **MP), _project(crashed, base_src, **MP)
+    p_clean, p_crash = _project(clean, boxing_src, **MP), _project(crashed, boxing_src, **MP)
     _finish(_start(p_clean), timeout=600)
 
     victim = _start(p_crash)
@@ -195,7 +210,8 @@ def test_two_process_stage_resumes_after_sigkill_of_the_launcher(base_src, tmp_p
     assert summaries["crashed"]["resumed_from"] == f"step-{MP_SAVE}"
     a = load_model(clean / "models" / "checkpoints" / "tandem" / f"step-{MP_STEPS}")
     b = load_model(crashed / "models" / "checkpoints" / "tandem" / f"step-{MP_STEPS}")
-    assert weights_hash(a) == weights_hash(b)
+    assert weights_hash(a) == weights_hash(b) and _moved(clean, MP_STEPS)
+    assert 0.0 < summaries["clean"]["reward_mean"] < 1.0
 
 
 def test_default_io_declares_every_arm(tmp_path):
