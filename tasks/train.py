@@ -123,8 +123,15 @@ def launch_command(params: Params, spec_path: Path) -> list[str]:
 
 def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
     """Train one arm in `train.num_processes` processes through `accelerate launch`; returns the summary."""
+    import torch
+
     from tasks.common import read_json
 
+    if params.train.sharding != "none" and not torch.cuda.is_available():
+        # accelerate 1.15 turns FSDP on only for accelerator devices (a CPU run would silently train with DDP),
+        # and torch's FSDP1 refuses CPU modules ("FSDP needs a non-CPU accelerator device")
+        raise ValueError(f"train.sharding: {params.train.sharding} needs GPUs; on this CPU-only machine use "
+                         "train.sharding: none (every process holds the whole model)")
     metrics = Path(outputs[f"metrics_{arm}"])
     metrics.unlink(missing_ok=True)  # the summary read below must be this run's
     raw = {**params.to_dict(), "preset": "", "presets": {}}  # presets are already applied

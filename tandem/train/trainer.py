@@ -289,6 +289,7 @@ def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout,
     done_before = json.loads((resume_from / TANDEM_STATE).read_text())["step"] if resume_from else 0
 
     t0 = time.perf_counter()
+    distributed = "NO" if ranks.world == 1 else None
     if done_before >= train.steps:  # a finished run: nothing to train, the history is in its last checkpoint
         history = json.loads((resume_from / "trainer_state.json").read_text())["log_history"]
         guard.on_train_end(None, None, None)
@@ -298,6 +299,10 @@ def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout,
                                 progress, stop_after)
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         history = list(trainer.state.log_history)
+        distributed = trainer.accelerator.distributed_type.value  # MULTI_CPU / MULTI_GPU (DDP), FSDP, ...
+        if train.sharding == "fsdp" and distributed != "FSDP":
+            raise RuntimeError(f"train.sharding is fsdp but accelerate trained with {distributed}: launch through "
+                               "the train stage on GPUs (accelerate enables FSDP on accelerator devices only)")
         if guard.after is None:
             guard.on_train_end(None, None, None)
     ranks.barrier()
@@ -309,7 +314,7 @@ def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout,
         "junior_hash_before": guard.before, "junior_hash_after": guard.after,
         "junior_unchanged": guard.before == guard.after,
         "val_accuracy_initial": first_value(history, "val/accuracy_initial"),
-        "world_size": ranks.world, "updates_per_batch": geo.updates, "micro_batch_size": geo.micro_batch_size,
+        "world_size": ranks.world, "distributed": distributed, "updates_per_batch": geo.updates, "micro_batch_size": geo.micro_batch_size,
         "grad_accum": geo.grad_accum,
     })
     return ArmResult(arm, summary, history, ckpts)
