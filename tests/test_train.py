@@ -488,3 +488,22 @@ def test_resume_with_two_updates_per_batch_matches_an_uninterrupted_run(base_dir
     assert rest.summary["resumed_from"] == "step-2" and rest.checkpoints == ["step-2", "step-4"]
     assert weights_hash(w_rest) == weights_hash(w_full)
     assert [r["step"] for r in step_rows(rest.log_history)] == [1, 2, 3, 4]
+
+
+def test_each_rank_rolls_out_its_rows_with_global_row_ids(base_dir):
+    senior, junior, tok = _load(base_dir)
+    from tandem.rollout import engine as em
+
+    engine = ScriptedEngine(senior, tok, [[20, 21]] * 4, [[1, 0]] * 4, 1.0)
+    spec = arm_spec("grpo", TrainConfig(group_size=2), RolloutConfig())
+    fn = TandemRollout(engine, tok, spec, em.SamplingParams(max_new_tokens=4), StepStats(), seed=3, kl_rows=0,
+                       updates_per_batch=2)
+
+    class T:  # a trainer on rank 1 of 2, at optimizer update 6 = step 3 of 2 updates each
+        model = senior
+        state = type("S", (), {"global_step": 6})()
+        accelerator = type("A", (), {"process_index": 1})()
+
+    fn(["a b", "a b", "c d", "c d"], T())
+    assert list(engine.calls[0]["row_ids"]) == [4, 5, 6, 7]  # rank 0 holds rows 0-3 of the same step
+    assert engine.calls[0]["seed"] == fn.step_seed(3)

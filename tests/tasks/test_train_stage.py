@@ -238,3 +238,33 @@ def test_missing_inputs_fail_clearly(tmp_path, base_src):
     shutil.copytree(base_src, tmp_path / "models" / "base")
     with pytest.raises(FileNotFoundError, match="prepare stage"):
         run(params)
+
+
+def test_num_processes_launches_accelerate_and_a_failure_fails_the_stage(tmp_path, monkeypatch):
+    import tasks.train as stage
+    from tandem.config import params_from_dict
+
+    params = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem"], "num_processes": 2,
+                                                                    "report_to": "none"}})
+    cmd = stage.launch_command(params, tmp_path / "spec.json")
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in cmd
+    assert cmd[cmd.index("--num_processes") + 1] == "2"
+    assert cmd[-3:] == ["tasks.train", "--worker", str(tmp_path / "spec.json")]
+
+    inputs, outputs = stage.default_io(params)
+    seen = {}
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(stage, "launch_command", lambda p, spec: seen.update(spec=json.loads(spec.read_text()))
+                        or [sys.executable, "-c", "import sys; sys.exit(3)"])
+    with pytest.raises(RuntimeError, match="exit status 3"):
+        stage.run_arm(params, "tandem", inputs, outputs)  # the entry of the CLI, dvc.yaml and the Prefect flow
+    assert seen["spec"]["arm"] == "tandem" and seen["spec"]["params"]["train"]["num_processes"] == 2
+
+    monkeypatch.setenv("WORLD_SIZE", "3")  # launched by hand with a count that is not train.num_processes
+    with pytest.raises(RuntimeError, match="train.num_processes"):
+        stage.run_arm(params, "tandem", inputs, outputs)
+    if not __import__("torch").cuda.is_available():
+        monkeypatch.delenv("WORLD_SIZE")
+        fsdp = params_from_dict({"out_root": str(tmp_path), "train": {"num_processes": 2, "sharding": "fsdp"}})
+        with pytest.raises(ValueError, match="needs GPUs"):
+            stage.run_arm(fsdp, "tandem", inputs, outputs)
