@@ -95,6 +95,16 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -143,7 +153,8 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
         repo = str(Path(__file__).resolve().parents[1])  # the workers import this very checkout
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1",
                "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1)),
-               "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)}
+               "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
+               "TANDEM_STAGE_PID": str(os.getpid())}
         proc = subprocess.Popen(launch_command(params, spec_path), env=env, preexec_fn=_die_with_parent)
         try:
             rc = proc.wait()
@@ -235,9 +246,9 @@ def _worker(spec_path: Path) -> int:
     """One process of `launch_arm`'s run: rebuild the params, train this rank's share of the arm."""
     from tandem.config import params_from_dict
 
-    parent = os.getppid()
     _die_with_parent()
-    if os.getppid() != parent:  # the launcher died before the signal was armed
+    stage = int(os.environ.get("TANDEM_STAGE_PID", "0"))
+    if stage and not _alive(stage):  # the stage died before this worker armed its signal: nothing to train for
         return 1
     spec = json.loads(spec_path.read_text())
     params = params_from_dict(spec["params"])

@@ -118,10 +118,20 @@ def world_size() -> int:
 # trl's config and the trainer subclass
 # --------------------------------------------------------------------------------------------------
 
+def precision_kwargs(senior) -> dict:
+    """GRPOConfig's precision settings for `senior`: bf16 mixed precision on a GPU when the model is in bf16.
+
+    The one place that decides training precision (a fuller policy, e.g. fp32 master weights with bf16
+    autocast, plugs in here).
+    """
+    return {"bf16": torch.cuda.is_available() and senior.dtype == torch.bfloat16, "fp16": False}
+
+
 def grpo_config(spec: ArmSpec, train: TrainConfig, out_dir: Path, seed: int, report_to: str,
-                run_name: str, bf16: bool = False, processes: int | None = None):
+                run_name: str, bf16: bool = False, processes: int | None = None, precision: dict | None = None):
     """trl's GRPOConfig for one arm: one rollout batch of prompts_per_step x group_size per step, cut by
-    `batch_geometry` into `updates_per_batch` optimizer updates of accumulated micro-batches."""
+    `batch_geometry` into `updates_per_batch` optimizer updates of accumulated micro-batches.
+    `precision` (GRPOConfig keywords, see `precision_kwargs`) overrides `bf16`."""
     from trl import GRPOConfig
 
     geo = batch_geometry(train.prompts_per_step, spec.group_size, train.micro_batch_size,
@@ -129,7 +139,7 @@ def grpo_config(spec: ArmSpec, train: TrainConfig, out_dir: Path, seed: int, rep
     u = geo.updates
     return GRPOConfig(
         output_dir=str(out_dir), run_name=run_name, seed=seed, data_seed=seed,
-        use_cpu=not torch.cuda.is_available(), bf16=bf16, fp16=False,
+        use_cpu=not torch.cuda.is_available(), **(precision or {"bf16": bf16, "fp16": False}),
         activation_checkpointing=train.gradient_checkpointing,
         per_device_train_batch_size=geo.micro_batch_size, gradient_accumulation_steps=geo.grad_accum,
         generation_batch_size=geo.rollout_rows, num_generations=spec.group_size, num_iterations=1,
@@ -350,7 +360,7 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
     if stop_after is not None:
         callbacks.append(StopAfter(stop_after * u))
     args = grpo_config(spec, train, arm_dir, seed, report_to, run_name=spec.name,
-                       bf16=torch.cuda.is_available() and senior.dtype == torch.bfloat16)
+                       precision=precision_kwargs(senior))
     state0 = {"arm": spec.name, "fingerprint": fingerprint, "junior_hash": guard.before, "seed": seed,
               "prompts_per_step": train.prompts_per_step, "group_size": spec.group_size,
               "schedule": spec.schedule, "beta": spec.beta, "data_seed": seed, "train_rows": len(ds),
