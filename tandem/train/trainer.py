@@ -156,6 +156,7 @@ def grpo_config(spec: ArmSpec, train: TrainConfig, out_dir: Path, seed: int, rep
         report_to=[] if report_to == "none" else [report_to], disable_tqdm=True,
         dataloader_num_workers=0, remove_unused_columns=False, shuffle_dataset=True,
         log_completions=False,
+        ddp_find_unused_parameters=False,  # every weight takes part in each forward: skip DDP's extra graph walk
     )
 
 
