@@ -6,7 +6,11 @@
 #   3. vLLM vs hf: schedule statistics agree (same schedule code, different sampling noise).
 # Then a few training steps of the `tandem` arm through the real stages (prepare, base, train) on CUDA, once
 # with the hf rollout backend and once with vllm, each checked for the planned steps, a finite loss, a senior
-# token share near one half and an unchanged junior (issue #4's GPU path).
+# token share near one half and an unchanged junior (issue #4's GPU path). Last, a 2-process training run
+# (train.num_processes 2, two updates per rollout batch) through the same stage, which launches accelerate:
+# on >= 2 GPUs once with DDP and once with FSDP; on one GPU the two processes run on the CPU (gloo), because
+# NCCL refuses two ranks on one GPU. Each is checked for world_size 2, the planned steps, a finite loss and a
+# loadable final checkpoint; any failure exits non-zero.
 # The vLLM backend and the CUDA training path stay "unverified" in the docs until this script has passed.
 # First of all, the memory plan: `tandem plan` of params.paper.yaml (table, then the one JSON line), and the plan's
 # training-phase figure against the peak CUDA memory of one real bf16-autocast step of a mid-sized Qwen3
@@ -160,6 +164,37 @@ ok = (m["steps"] == 3 and m["loss_finite"] and 0.3 < m["senior_fraction"] < 0.7
       and m["junior_hash_before"] == m["junior_hash_after"])
 print(json.dumps({"check": f"train tandem on CUDA ({backend})", "steps": m["steps"], "loss_finite": m["loss_finite"],
                   "senior_fraction": m["senior_fraction"], "step_seconds": m["step_seconds"], "wall_s": secs,
+                  "ok": ok}), flush=True)
+sys.exit(0 if ok else 1)
+PYEOF
+done
+
+# Two training processes through the stage's own `accelerate launch` (DDP, then FSDP when there are 2 GPUs).
+ngpu=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+if [ "$ngpu" -ge 2 ]; then runs="none fsdp"; dev=""; else runs="none"; dev="cpu"; fi
+for sharding in $runs; do
+  "$PY" - "$root" "$sharding" <<'PYEOF'
+import sys, yaml
+root, sharding = sys.argv[1], sys.argv[2]
+p = yaml.safe_load(open(f"{root}/params.yaml"))
+p["rollout"]["backend"] = "hf"
+p["train"].update(arms=["tandem"], steps=2, save_every=2, prompts_per_step=4, group_size=4, num_processes=2,
+                  updates_per_batch=2, micro_batch_size=2, sharding=sharding)
+yaml.safe_dump(p, open(f"{root}/params_mp.yaml", "w"), sort_keys=False)
+PYEOF
+  label="train tandem, 2 processes, sharding $sharding${dev:+, on the CPU (one GPU only)}"
+  ( [ "$dev" = cpu ] && export CUDA_VISIBLE_DEVICES=""; \
+    "$PY" -m cli stage train --arm tandem --params "$root/params_mp.yaml" > "$root/train_mp_$sharding.log" 2>&1 ) \
+    || { tail -40 "$root/train_mp_$sharding.log"; echo "{\"check\": \"$label\", \"ok\": false}"; exit 1; }
+  "$PY" - "$root" "$label" <<'PYEOF'
+import json, sys
+from tandem.models import load_model
+root, label = sys.argv[1], sys.argv[2]
+m = json.load(open(f"{root}/metrics/train_tandem.json"))
+load_model(f"{root}/models/checkpoints/tandem/step-2")  # complete and loadable
+ok = m["world_size"] == 2 and m["steps"] == 2 and m["loss_finite"] and m["junior_unchanged"]
+print(json.dumps({"check": label, "world_size": m["world_size"], "distributed": m.get("distributed"),
+                  "steps": m["steps"], "loss_finite": m["loss_finite"], "step_seconds": m["step_seconds"],
                   "ok": ok}), flush=True)
 sys.exit(0 if ok else 1)
 PYEOF

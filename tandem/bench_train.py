@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tandem.config import Params
 
-PHASES = ("rollout", "reward", "kl", "update")
+PHASES = ("rollout", "reward", "kl", "advantage", "update")
 
 
 def _read_jsonl(path: Path) -> list[dict]:

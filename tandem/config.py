@@ -214,25 +214,42 @@ class TrainConfig(_Section):
     score_timeout: float = _f(5.0, "seconds allowed to score one completion before it counts as wrong")
     score_workers: int = _f(1, "processes that score completions with math-verify (plain integers skip them)")
     cpu_threads: int = _f(0, "torch CPU threads of the train stage, rollouts included (0 = torch's default; 1 is steadiest on a busy CPU)")
-    # Batch geometry and processes (read by the memory plan, tandem/plan.py)
-    num_processes: int = _f(1, "training processes (one per GPU); the rollout batch is split across them")
-    micro_batch_size: int = _f(0, "rows per forward/backward pass on each process (0 = all rows of an update at once)")
-    updates_per_batch: int = _f(1, "optimizer updates per rollout batch (the batch is split into this many parts)")
+    # Batch geometry and processes (docs/training.md; read by the memory plan, tandem/plan.py)
+    micro_batch_size: int = _f(0, "rows per forward/backward on one process; gradients accumulate over the rest of "
+                                  "an update (0 = all rows of one update in one pass)")
+    updates_per_batch: int = _f(1, "optimizer updates per rollout batch, each on an equal share of it (> 1 makes the "
+                                   "PPO ratio and clip act)")
+    num_processes: int = _f(1, "training processes (accelerate launch when > 1); the rollout batch is split "
+                               "between them, the same global batch for any number")
+    sharding: Literal["none", "fsdp"] = _f("none", "none: every process holds the whole model (DDP); fsdp: FSDP "
+                                                   "full sharding of weights, gradients and optimizer state (GPUs)")
     # Precision and memory (tandem/precision.py, tandem/plan.py)
     precision: Literal["fp32", "bf16_mixed"] = _f(
         "fp32", "fp32: float32 weights and compute; bf16_mixed: float32 master weights + bf16 autocast on CUDA (fp32 on CPU)")
-    sharding: Literal["none", "zero2", "zero3", "fsdp"] = _f(
-        "none", "with num_processes > 1: none (replicas), zero2 (grads + optimizer sharded), zero3 / fsdp (weights too)")
     gpu_memory_gib: float = _f(80.0, "memory of one GPU in GiB: the memory plan must fit it or the stage refuses to start")
     max_prompt_tokens: int = _f(256, "longest prompt in tokens that the memory plan provisions for (prompts are not cut)")
 
     def problems(self) -> list[str]:
         p: list[str] = []
-        _rule(p, self.num_processes >= 1, "train.num_processes", self.num_processes, "must be >= 1")
-        _rule(p, self.micro_batch_size >= 0, "train.micro_batch_size", self.micro_batch_size, "must be >= 0 (0 = all rows)")
+        _rule(p, self.micro_batch_size >= 0, "train.micro_batch_size", self.micro_batch_size,
+              "must be >= 0 (0 = one pass per update)")
         _rule(p, self.updates_per_batch >= 1, "train.updates_per_batch", self.updates_per_batch, "must be >= 1")
+        _rule(p, self.num_processes >= 1, "train.num_processes", self.num_processes, "must be >= 1")
+        _rule(p, self.sharding == "none" or self.num_processes > 1, "train.sharding", self.sharding,
+              "fsdp needs train.num_processes > 1")
         _rule(p, self.gpu_memory_gib > 0, "train.gpu_memory_gib", self.gpu_memory_gib, "must be > 0 GiB")
         _rule(p, self.max_prompt_tokens >= 1, "train.max_prompt_tokens", self.max_prompt_tokens, "must be >= 1")
+        if self.num_processes >= 1 and self.updates_per_batch >= 1 and self.micro_batch_size >= 0:
+            _rule(p, self.prompts_per_step % self.num_processes == 0, "train.prompts_per_step",
+                  self.prompts_per_step, f"must be a multiple of train.num_processes ({self.num_processes}): "
+                  "each process rolls out whole prompt groups")
+            per_update = self.prompts_per_step * self.group_size / (self.num_processes * self.updates_per_batch)
+            _rule(p, per_update == int(per_update), "train.updates_per_batch", self.updates_per_batch,
+                  "must divide the rows per process (prompts_per_step x group_size / num_processes)")
+            _rule(p, per_update != int(per_update) or not self.micro_batch_size
+                  or int(per_update) % self.micro_batch_size == 0, "train.micro_batch_size", self.micro_batch_size,
+                  f"must divide the {per_update:g} rows of one update on one process "
+                  "(prompts_per_step x group_size / num_processes / updates_per_batch)")
         _rule(p, self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "must be >= 0")
         _rule(p, self.kl_rows >= 0, "train.kl_rows", self.kl_rows, "must be >= 0 (0 = off)")
         _rule(p, self.val_every >= 0, "train.val_every", self.val_every, "must be >= 0 (0 = off)")

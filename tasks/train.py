@@ -11,14 +11,25 @@ while scratch/ (no stage declares it) keeps the resume state across DVC deleting
 gathers the headline numbers of every arm.
 W&B goes through trl's `report_to`: mode from `WANDB_MODE` if set, else `train.wandb_mode` (offline by
 default), files under `runs/wandb/`. `python -m tasks.train [params.yaml] [--arm NAME]` runs it directly.
+
+With `train.num_processes` N > 1, `run_arm` (the entry of `tandem stage train`, dvc.yaml and the Prefect flow)
+starts `accelerate launch --num_processes N` on `python -m tasks.train --worker SPEC` and waits: every worker
+trains its share, the main one writes the metrics; a failed worker fails the stage. The launcher dies with
+this process and the workers with the launcher (Linux parent-death signal), so a killed stage leaves no
+orphan training behind and a rerun resumes from the last complete checkpoint.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from tandem.config import Params
@@ -91,7 +102,103 @@ def materialise(work_dir: Path, out_dir: Path) -> list[str]:
 
 
 def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
-    """Train one arm and write its summary and per-step table; returns the summary."""
+    """Train one arm and write its summary and per-step table; returns the summary.
+
+    With `train.num_processes` > 1 outside a launched worker this launches the workers and waits for them.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if params.train.num_processes > 1 and world == 1:
+        return launch_arm(params, arm, inputs, outputs)
+    if world != params.train.num_processes:
+        raise RuntimeError(f"train: running in {world} processes but train.num_processes is "
+                           f"{params.train.num_processes}: let the stage launch itself (tandem stage train)")
+    return _run_arm_here(params, arm, inputs, outputs)
+
+
+def _die_with_parent() -> None:
+    """In a child process: receive SIGKILL when the parent dies (Linux prctl PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(params: Params, spec_path: Path) -> list[str]:
+    """`accelerate launch` of the training workers: torchrun under accelerate's multi-process launcher.
+
+    On a CPU-only machine the same launcher runs the workers on the gloo backend (accelerate's `--cpu` flag
+    would pick its single-process launcher); `train.sharding: fsdp` adds FSDP (version 1, full sharding).
+    """
+    t = params.train
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes",
+           str(t.num_processes), "--num_machines", "1", "--main_process_port", str(_free_port()),
+           "--mixed_precision", "no", "--dynamo_backend", "no"]
+    if t.sharding == "none":
+        cmd += ["--multi_gpu"]  # accelerate's torchrun launcher (DDP); it picks gloo when there is no GPU
+    else:
+        cmd += ["--use_fsdp", "--fsdp_version", "1", "--fsdp_sharding_strategy", "FULL_SHARD",
+                "--fsdp_auto_wrap_policy", "NO_WRAP", "--fsdp_use_orig_params", "true",
+                "--fsdp_state_dict_type", "FULL_STATE_DICT", "--fsdp_sync_module_states", "false",
+                "--fsdp_cpu_ram_efficient_loading", "false", "--fsdp_offload_params", "false"]
+    return cmd + ["-m", "tasks.train", "--worker", str(spec_path)]
+
+
+def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
+    """Train one arm in `train.num_processes` processes through `accelerate launch`; returns the summary."""
+    import torch
+
+    from tasks.common import read_json
+
+    if params.train.sharding != "none" and not torch.cuda.is_available():
+        # accelerate 1.15 turns FSDP on only for accelerator devices (a CPU run would silently train with DDP),
+        # and torch's FSDP1 refuses CPU modules ("FSDP needs a non-CPU accelerator device")
+        raise ValueError(f"train.sharding: {params.train.sharding} needs GPUs; on this CPU-only machine use "
+                         "train.sharding: none (every process holds the whole model)")
+    metrics = Path(outputs[f"metrics_{arm}"])
+    metrics.unlink(missing_ok=True)  # the summary read below must be this run's
+    raw = params.to_dict()
+    spec = {"params": raw, "arm": arm, "inputs": {k: str(v) for k, v in inputs.items()},
+            "outputs": {k: str(v) for k, v in outputs.items()}}
+    with tempfile.TemporaryDirectory(prefix="tandem-train-") as tmp:
+        spec_path = Path(tmp) / "worker.json"
+        spec_path.write_text(json.dumps(spec))
+        repo = str(Path(__file__).resolve().parents[1])  # the workers import this very checkout
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1",
+               "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1)),
+               "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
+               "TANDEM_STAGE_PID": str(os.getpid())}
+        proc = subprocess.Popen(launch_command(params, spec_path), env=env, preexec_fn=_die_with_parent)
+        try:
+            rc = proc.wait()
+        except BaseException:  # Ctrl-C or a cancelled flow run: take the workers down too
+            proc.terminate()
+            proc.wait(timeout=60)
+            raise
+    if rc != 0:
+        raise RuntimeError(f"train: the {params.train.num_processes}-process run of arm {arm!r} failed "
+                           f"(accelerate launch exit status {rc}); the workers' output is above")
+    if not metrics.exists():
+        raise RuntimeError(f"train: the workers of arm {arm!r} exited cleanly but wrote no {metrics}")
+    return read_json(metrics)
+
+
+def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
     import torch
 
     from tandem.models import check_model_dir, load_model, load_tokenizer
@@ -118,9 +225,10 @@ def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
                         Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows)
     finally:
         _finish_wandb(params)
-    materialise(Path(outputs["scratch"]) / arm, Path(outputs["checkpoints"]) / arm)
-    write_json(outputs[f"metrics_{arm}"], res.summary)
-    write_step_table(Path(outputs[f"plot_{arm}"]), step_rows(res.log_history))
+    if int(os.environ.get("RANK", "0")) == 0:  # one writer; every rank holds the same history
+        materialise(Path(outputs["scratch"]) / arm, Path(outputs["checkpoints"]) / arm)
+        write_json(outputs[f"metrics_{arm}"], res.summary)
+        write_step_table(Path(outputs[f"plot_{arm}"]), step_rows(res.log_history))
     return res.summary
 
 
@@ -160,8 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("params", nargs="?", default="params.yaml")
     ap.add_argument("--arm", action="append", help="train only this arm (repeatable); default train.arms")
+    ap.add_argument("--worker", metavar="SPEC", help="internal: one process of a launched multi-process run")
     a = ap.parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    if a.worker:
+        return _worker(Path(a.worker))
     params = load_params(a.params)
     if a.arm:
         bad = [arm for arm in a.arm if arm not in params.train.arms]
@@ -171,6 +282,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({arm: run_arm(params, arm, inputs, outputs) for arm in a.arm}, indent=2, default=str))
     else:
         print(json.dumps(run(params), indent=2, default=str))
+    return 0
+
+
+def _worker(spec_path: Path) -> int:
+    """One process of `launch_arm`'s run: rebuild the params, train this rank's share of the arm."""
+    from tandem.config import params_from_dict
+
+    _die_with_parent()
+    stage = int(os.environ.get("TANDEM_STAGE_PID", "0"))
+    if stage and not _alive(stage):  # the stage died before this worker armed its signal: nothing to train for
+        return 1
+    spec = json.loads(spec_path.read_text())
+    params = params_from_dict(spec["params"])
+    run_arm(params, spec["arm"], spec["inputs"], spec["outputs"])
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Tests of tandem/train.py: the pure helpers, the rollout function, the zero-gradient proof, a training smoke run.
+"""Tests of the tandem/train package: pure helpers, batch geometry, the rollout function, the zero-gradient proof,
+the PPO clip under several updates per rollout batch, resume at step boundaries, a training smoke run.
 
 The zero-gradient proof is the centre: the gradient of trl's own `compute_loss` on a prepared tandem batch
 equals a gradient computed by hand from the senior's positions alone, and differs once the mask is wrongly
@@ -18,10 +19,11 @@ import pytest
 import torch
 
 from tandem.config import RolloutConfig, TrainConfig
-from tandem.train import (CorrectnessReward, JuniorGuard, StepStats, TandemRollout, arm_spec, build_trainer,
-                          commit_dir, complete_checkpoints, k3_kl_BT, latest_checkpoint,
+from tandem.train import (CorrectnessReward, JuniorGuard, StepStats, TandemRollout, arm_spec, batch_geometry,
+                          build_trainer, commit_dir, complete_checkpoints, k3_kl_BT, latest_checkpoint,
                           run_fingerprint, step_rows, token_logprobs_B, train_arm, weights_hash,
                           zero_variance_fraction)
+from tandem.train.trainer import merge_rank_stats
 from train_fixtures import FakeBatch, build_base, write_prepared
 
 
@@ -368,3 +370,140 @@ def test_a_few_steps_change_the_senior_only(base_dir, rows, tmp_path):
                       tmp_path / "tandem", score_fn=score, progress=False)
     assert again.summary["resumed_from"] == "step-3" and again.summary["steps"] == 3
     assert again.summary["reward_mean"] == pytest.approx(s["reward_mean"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Batch geometry, several updates per rollout batch, several processes
+# --------------------------------------------------------------------------------------------------
+
+def test_batch_geometry_cuts_the_rollout_batch_like_naive_counting():
+    for prompts, group, micro, updates, procs in [(16, 8, 4, 2, 1), (16, 8, 2, 2, 8), (2, 4, 0, 1, 1),
+                                                  (4, 2, 1, 2, 2), (8, 8, 0, 2, 2)]:
+        g = batch_geometry(prompts, group, micro, updates, procs)
+        rows = [(p, k) for p in range(prompts) for k in range(group)]  # the rollout batch, row by row
+        per_proc = [rows[r::procs] for r in range(procs)]  # any equal split will do for counting
+        assert g.rollout_rows == len(rows) and g.rows_per_process == len(per_proc[0])
+        assert g.rows_per_update * updates == g.rows_per_process
+        assert g.micro_batch_size * g.grad_accum == g.rows_per_update
+        assert g.steps_per_generation * g.micro_batch_size * procs == len(rows)  # trl's generation batch
+    with pytest.raises(ValueError, match="num_processes"):
+        batch_geometry(3, 8, 0, 1, 2)
+    with pytest.raises(ValueError, match="updates_per_batch"):
+        batch_geometry(1, 3, 0, 2, 1)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        batch_geometry(2, 4, 3, 1, 1)
+
+
+def test_train_config_batch_rules():
+    from tandem.config import ParamsError
+
+    TrainConfig(prompts_per_step=16, group_size=8, micro_batch_size=4, updates_per_batch=2, num_processes=8)
+    for bad in ({"prompts_per_step": 3, "num_processes": 2}, {"updates_per_batch": 0},
+                {"prompts_per_step": 1, "group_size": 3, "updates_per_batch": 2}, {"micro_batch_size": 5},
+                {"sharding": "fsdp"}):
+        with pytest.raises(ParamsError):
+            TrainConfig(**bad)
+
+
+def test_merge_rank_stats_takes_the_slowest_time_and_the_finite_mean():
+    m = merge_rank_stats([{"time/rollout": 1.0, "tandem/senior_fraction": 0.2, "tandem/kl_to_base": float("nan")},
+                          {"time/rollout": 3.0, "tandem/senior_fraction": 0.6, "tandem/kl_to_base": 0.5}])
+    assert m == {"time/rollout": 3.0, "tandem/senior_fraction": pytest.approx(0.4), "tandem/kl_to_base": 0.5}
+
+
+def _digits_score(texts, golds, **kw):  # a reward with variance for an untrained model: more digits is better
+    return [float(sum(ch.isdigit() for ch in t) >= 2) for t in texts]
+
+
+def _alternating_score(texts, golds, **kw):  # every group has reward variance, so every update moves the senior
+    return [float(i % 2) for i in range(len(texts))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("updates", [1, 2])
+def test_clip_acts_only_when_a_rollout_batch_feeds_several_updates(base_dir, rows, tmp_path, updates):
+    """Update 2 of a batch sees weights moved by update 1: ratio != 1 and the clip acts; one update: ratio == 1."""
+    senior, junior, tok = _load(base_dir)
+    ro = RolloutConfig(max_new_tokens=12)
+    train = TrainConfig(arms=["grpo"], steps=1, prompts_per_step=2, group_size=4, max_new_tokens=12, save_every=1,
+                        report_to="none", learning_rate=0.05, warmup_steps=0, kl_rows=0, clip_epsilon=0.05,
+                        updates_per_batch=updates, micro_batch_size=2)
+    trainer = build_trainer(arm_spec("grpo", train, ro), senior, junior, tok, rows["train"], train, ro,
+                            tmp_path / "arm", 0, "fp", JuniorGuard(junior), score_fn=_alternating_score, progress=False)
+    seen = []
+    compute = trainer._compute_loss
+
+    def spy(model, inputs):  # the importance ratio trl will use, per micro-batch, with the update it belongs to
+        with torch.no_grad():
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+            att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+            logp = trainer._get_per_token_logps_and_entropies(model, ids, att, inputs["completion_ids"].size(1))[0]
+        old = inputs.get("old_per_token_logps")
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        dev = 0.0 if old is None else float(((torch.exp(logp - old) - 1).abs() * mask).max())
+        seen.append((trainer.state.global_step, dev))
+        return compute(model, inputs)
+
+    trainer._compute_loss = spy
+    trainer.train()
+    assert trainer.state.global_step == updates and len(seen) == 4  # 8 rows in micro-batches of 2
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logs) == 1 and logs[0]["tandem/step"] == 1  # one step (rollout batch) = `updates` updates
+    clipped = logs[0]["clip_ratio/region_mean"]
+    if updates == 1:
+        assert all(d == 0.0 for _, d in seen) and clipped == 0.0
+    else:
+        first = [d for u, d in seen if u == 0]
+        second = [d for u, d in seen if u == 1]
+        assert len(first) == len(second) == 2
+        assert max(first) < 1e-4  # the rollout policy itself: ratio 1 up to float noise
+        assert max(second) > train.clip_epsilon  # moved by the first update, beyond the clip range
+        assert clipped > 0.0
+
+
+@pytest.mark.slow
+def test_resume_with_two_updates_per_batch_matches_an_uninterrupted_run(base_dir, rows, tmp_path):
+    """step-<N> = N rollout batches = 2N optimizer updates; a run stopped at step 2 and resumed ends like one
+    that never stopped."""
+    ro = RolloutConfig(max_new_tokens=8)
+    train = TrainConfig(arms=["tandem"], steps=4, prompts_per_step=2, group_size=2, max_new_tokens=8, save_every=2,
+                        report_to="none", learning_rate=1e-2, warmup_steps=1, kl_rows=2, updates_per_batch=2,
+                        micro_batch_size=1)
+
+    def run(arm_dir, stop_after=None):
+        senior, junior, tok = _load(base_dir)
+        res = train_arm("tandem", senior, junior, tok, rows["train"], train, ro, arm_dir, score_fn=_digits_score,
+                        progress=False, stop_after=stop_after)
+        return res, senior
+
+    full, w_full = run(tmp_path / "full")
+    assert full.checkpoints == ["step-2", "step-4"] and full.summary["steps"] == 4
+    state = json.loads((tmp_path / "full" / "step-4" / "tandem_state.json").read_text())
+    assert state["step"] == 4 and state["optimizer_updates"] == 8 and state["prompts_seen"] == 8
+    assert [r["step"] for r in step_rows(full.log_history)] == [1, 2, 3, 4]
+
+    part, _ = run(tmp_path / "cut", stop_after=2)
+    assert part.checkpoints == ["step-2"]
+    rest, w_rest = run(tmp_path / "cut")
+    assert rest.summary["resumed_from"] == "step-2" and rest.checkpoints == ["step-2", "step-4"]
+    assert weights_hash(w_rest) == weights_hash(w_full)
+    assert [r["step"] for r in step_rows(rest.log_history)] == [1, 2, 3, 4]
+
+
+def test_each_rank_rolls_out_its_rows_with_global_row_ids(base_dir):
+    senior, junior, tok = _load(base_dir)
+    from tandem.rollout import engine as em
+
+    engine = ScriptedEngine(senior, tok, [[20, 21]] * 4, [[1, 0]] * 4, 1.0)
+    spec = arm_spec("grpo", TrainConfig(group_size=2), RolloutConfig())
+    fn = TandemRollout(engine, tok, spec, em.SamplingParams(max_new_tokens=4), StepStats(), seed=3, kl_rows=0,
+                       updates_per_batch=2)
+
+    class T:  # a trainer on rank 1 of 2, at optimizer update 6 = step 3 of 2 updates each
+        model = senior
+        state = type("S", (), {"global_step": 6})()
+        accelerator = type("A", (), {"process_index": 1})()
+
+    fn(["a b", "a b", "c d", "c d"], T())
+    assert list(engine.calls[0]["row_ids"]) == [4, 5, 6, 7]  # rank 0 holds rows 0-3 of the same step
+    assert engine.calls[0]["seed"] == fn.step_seed(3)

@@ -1,4 +1,9 @@
-"""Fixtures for the training tests: a tiny randomly initialised base model dir, prepared rows, a rollout batch.
+"""Fixtures for the training tests: tiny base model dirs, prepared rows, a rollout batch.
+
+A randomly initialised base never writes a `\\boxed{}` answer, so every reward is 0, every advantage 0 and
+training never moves it: `build_boxing_base` teaches a base to answer `\\boxed{7}` or `\\boxed{8}` at random
+(seconds of supervised training), so that with gold answers of 7 (`write_prepared(answer="7")`) groups
+have reward variance and the senior really learns.
 
 `FakeBatch` has the shape of `tandem.rollout.core.RolloutBatch` (owner mask, the senior's sampling log-probs)
 for tests that script the rollouts themselves, where what the engine would sample does not matter.
@@ -26,8 +31,32 @@ def build_base(out_dir: Path, hidden: int = 64, layers: int = 2, seed: int = 0) 
     return out_dir
 
 
-def write_prepared(prepared_dir: Path, n_train: int = 64, n_val: int = 16) -> None:
-    """data/prepared/{train,val}.jsonl rows in the prepare stage's shape (id, problem, answer, prompt, ...)."""
+def build_boxing_base(out_dir: Path, steps: int = 60, seed: int = 0) -> Path:
+    """A tiny base that answers every problem with `\\boxed{7}` or `\\boxed{8}`, about half and half."""
+    import torch
+
+    from tandem.config import ModelConfig
+    from tandem.data.prompts import user_message
+    from tandem.models import load_model, load_tokenizer, pretrain, save_model
+
+    out_dir = build_base(out_dir, seed=seed)
+    model, tok = load_model(out_dir), load_tokenizer(out_dir)
+    pairs = [(user_message(p.problem), "\\boxed{%d}" % (7 + i % 2)) for i, p in enumerate(generate(64, 2, 3, seed=11))]
+    cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                      max_position=512, pretrain_steps=steps, pretrain_batch_size=8, pretrain_lr=0.01)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        pretrain(model, tok, pairs, cfg, progress=False, seed=seed)
+    finally:
+        torch.set_num_threads(threads)
+    save_model(model, tok, out_dir)
+    return out_dir
+
+
+def write_prepared(prepared_dir: Path, n_train: int = 64, n_val: int = 16, answer: str | None = None) -> None:
+    """data/prepared/{train,val}.jsonl rows in the prepare stage's shape (id, problem, answer, prompt, ...);
+    `answer` replaces every gold answer (see `build_boxing_base`)."""
     import json
 
     from tandem.data.prompts import user_message
@@ -37,7 +66,7 @@ def write_prepared(prepared_dir: Path, n_train: int = 64, n_val: int = 16) -> No
     for name, rows in (("train", probs[:n_train]), ("val", probs[n_train:])):
         with open(prepared_dir / f"{name}.jsonl", "w") as f:
             for p in rows:
-                f.write(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer,
+                f.write(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer if answer is None else answer,
                                     "prompt": user_message(p.problem), "source": p.source,
                                     "n_steps": p.n_steps, "solution": p.solution}) + "\n")
 

@@ -3,7 +3,9 @@
 The stage runs exactly as DVC runs it (a fresh interpreter, `tasks.train.main`) on a tiny base and a few
 prepared rows. One run goes uninterrupted; another is killed with SIGKILL right after its first checkpoint
 (in scratch/train/<arm>/, where runs resume) and rerun: it must finish with the same steps, the same
-checkpoints and the same final weights, materialised in the declared output models/checkpoints/<arm>/.
+checkpoints and the same final weights, materialised in the declared output models/checkpoints/<arm>/. The
+same holds with two training processes (accelerate launch, gloo on CPU) and two updates per rollout batch,
+where the SIGKILL hits the launching stage process and must take its workers down with it.
 """
 
 from __future__ import annotations
@@ -26,30 +28,51 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from params_files import complete_params  # noqa: E402
-from train_fixtures import build_base, write_prepared  # noqa: E402
+from train_fixtures import build_base, build_boxing_base, write_prepared  # noqa: E402
 
 STEPS, SAVE_EVERY = 6, 2
 
 
-def _params(out_root: Path) -> Path:
+def _params(out_root: Path, **train) -> Path:
     raw = complete_params({
         "seed": 0, "out_root": str(out_root),
         "rollout": {"batch_size": 8},
         "train": {"arms": ["tandem"], "steps": STEPS, "prompts_per_step": 2, "group_size": 4,
                   "max_new_tokens": 12, "save_every": SAVE_EVERY, "learning_rate": 0.01, "warmup_steps": 1,
-                  "kl_rows": 4, "report_to": "wandb", "val_every": 3, "val_problems": 4, "cpu_threads": 1},
+                  "kl_rows": 4, "report_to": "wandb", "val_every": 3, "val_problems": 4, "cpu_threads": 1,
+                  **train},
     })
     path = out_root / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
 
 
-def _project(root: Path, base_src: Path) -> Path:
+def _project(root: Path, base_src: Path, **train) -> Path:
     import shutil
 
     shutil.copytree(base_src, root / "models" / "base")
-    write_prepared(root / "data" / "prepared", n_train=32, n_val=8)
-    return _params(root)
+    write_prepared(root / "data" / "prepared", n_train=32, n_val=8, answer="7")  # the boxing base hits it half the time
+    return _params(root, **train)
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = [int(k) for k in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            kids = []
+        out += kids
+        todo += kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _start(params: Path) -> subprocess.Popen:
@@ -71,13 +94,27 @@ def base_src(tmp_path_factory) -> Path:
     return build_base(tmp_path_factory.mktemp("stage") / "base")
 
 
+@pytest.fixture(scope="module")
+def boxing_src(tmp_path_factory) -> Path:
+    return build_boxing_base(tmp_path_factory.mktemp("stage") / "boxing")
+
+
+def _moved(root: Path, step: int) -> bool:
+    """Whether training changed the senior (a base that never earns a reward would pass resume checks vacuously)."""
+    from tandem.models import load_model
+    from tandem.train import weights_hash
+
+    return (weights_hash(load_model(root / "models" / "checkpoints" / "tandem" / f"step-{step}"))
+            != weights_hash(load_model(root / "models" / "base")))
+
+
 @pytest.mark.slow
-def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(base_src, tmp_path):
+def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(boxing_src, tmp_path):
     from tandem.models import load_model
     from tandem.train import complete_checkpoints, weights_hash
 
     clean, crashed = tmp_path / "clean", tmp_path / "crashed"
-    p_clean, p_crash = _project(clean, base_src), _project(crashed, base_src)
+    p_clean, p_crash = _project(clean, boxing_src), _project(crashed, boxing_src)
     ref = _start(p_clean)
 
     # Kill the second run with SIGKILL as soon as its first checkpoint is committed (mid-run).
@@ -117,8 +154,67 @@ def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(base_src, tmp_pat
     # Deterministic resume: rollouts are seeded by step, data order and RNG come back from the checkpoint.
     a = load_model(clean / "models" / "checkpoints" / "tandem" / f"step-{STEPS}")
     b = load_model(crashed / "models" / "checkpoints" / "tandem" / f"step-{STEPS}")
-    assert weights_hash(a) == weights_hash(b)
+    assert weights_hash(a) == weights_hash(b) and _moved(clean, STEPS)
+    assert 0.0 < summaries["clean"]["reward_mean"] < 1.0
     assert summaries["clean"]["reward_mean"] == pytest.approx(summaries["crashed"]["reward_mean"])
+
+
+MP_STEPS, MP_SAVE = 4, 2
+MP = {"steps": MP_STEPS, "save_every": MP_SAVE, "group_size": 2, "max_new_tokens": 8, "kl_rows": 2, "val_every": 0,
+      "report_to": "none", "num_processes": 2, "updates_per_batch": 2, "micro_batch_size": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers follow the launcher through prctl")
+def test_two_process_stage_resumes_after_sigkill_of_the_launcher(boxing_src, tmp_path):
+    """2 processes x 2 updates per batch: the killed stage takes its workers down, the rerun resumes and ends
+    with the weights of an uninterrupted 2-process run; metrics record world_size 2."""
+    from tandem.models import load_model
+    from tandem.train import complete_checkpoints, weights_hash
+
+    clean, crashed = tmp_path / "clean", tmp_path / "crashed"
+    p_clean, p_crash = _project(clean, boxing_src, **MP), _project(crashed, boxing_src, **MP)
+    _finish(_start(p_clean), timeout=600)
+
+    victim = _start(p_crash)
+    arm_dir = crashed / "scratch" / "train" / "tandem"
+    deadline, tree = time.time() + 400, []
+    while not (arm_dir / f"step-{MP_SAVE}").exists():
+        assert victim.poll() is None, victim.communicate()[0][-4000:]
+        assert time.time() < deadline, "no checkpoint appeared"
+        tree = _descendants(victim.pid) or tree
+        time.sleep(0.02)
+    tree = _descendants(victim.pid) or tree
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=30)
+    assert len(tree) >= 3  # accelerate's launcher and its two workers
+    end = time.time() + 30
+    while any(_alive(p) for p in tree) and time.time() < end:
+        time.sleep(0.1)
+    assert not [p for p in tree if _alive(p)], "workers outlived the killed stage"
+    assert [s for s, _ in complete_checkpoints(arm_dir)][-1] < MP_STEPS
+    assert not (crashed / "metrics" / "train_tandem.json").exists()
+
+    _finish(_start(p_crash), timeout=600)
+    want = [f"step-{n}" for n in range(MP_SAVE, MP_STEPS + 1, MP_SAVE)]
+    summaries = {}
+    for root in (clean, crashed):
+        ck = root / "models" / "checkpoints" / "tandem"
+        assert [p.name for _, p in complete_checkpoints(ck)] == want
+        assert not [p for p in ck.iterdir() if p.name.startswith(("checkpoint-", ".old-"))]
+        assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (ck / want[-1]).iterdir()}
+        state = json.loads((ck / want[-1] / "tandem_state.json").read_text())
+        assert state["step"] == MP_STEPS and state["optimizer_updates"] == 2 * MP_STEPS
+        s = json.loads((root / "metrics" / "train_tandem.json").read_text())
+        summaries[root.name] = s
+        assert s["world_size"] == 2 and s["steps"] == MP_STEPS and s["loss_finite"] and s["junior_unchanged"]
+        with open(root / "metrics" / "plots" / "train" / "tandem.csv") as f:
+            assert [int(r["step"]) for r in csv.DictReader(f)] == list(range(1, MP_STEPS + 1))
+    assert summaries["crashed"]["resumed_from"] == f"step-{MP_SAVE}"
+    a = load_model(clean / "models" / "checkpoints" / "tandem" / f"step-{MP_STEPS}")
+    b = load_model(crashed / "models" / "checkpoints" / "tandem" / f"step-{MP_STEPS}")
+    assert weights_hash(a) == weights_hash(b) and _moved(clean, MP_STEPS)
+    assert 0.0 < summaries["clean"]["reward_mean"] < 1.0
 
 
 def test_default_io_declares_every_arm(tmp_path):
@@ -145,3 +241,33 @@ def test_missing_inputs_fail_clearly(tmp_path, base_src):
     shutil.copytree(base_src, tmp_path / "models" / "base")
     with pytest.raises(FileNotFoundError, match="prepare stage"):
         run(params)
+
+
+def test_num_processes_launches_accelerate_and_a_failure_fails_the_stage(tmp_path, monkeypatch):
+    import tasks.train as stage
+    from tandem.config import params_from_dict
+
+    params = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem"], "num_processes": 2,
+                                                                    "report_to": "none"}})
+    cmd = stage.launch_command(params, tmp_path / "spec.json")
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in cmd
+    assert cmd[cmd.index("--num_processes") + 1] == "2"
+    assert cmd[-3:] == ["tasks.train", "--worker", str(tmp_path / "spec.json")]
+
+    inputs, outputs = stage.default_io(params)
+    seen = {}
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(stage, "launch_command", lambda p, spec: seen.update(spec=json.loads(spec.read_text()))
+                        or [sys.executable, "-c", "import sys; sys.exit(3)"])
+    with pytest.raises(RuntimeError, match="exit status 3"):
+        stage.run_arm(params, "tandem", inputs, outputs)  # the entry of the CLI, dvc.yaml and the Prefect flow
+    assert seen["spec"]["arm"] == "tandem" and seen["spec"]["params"]["train"]["num_processes"] == 2
+
+    monkeypatch.setenv("WORLD_SIZE", "3")  # launched by hand with a count that is not train.num_processes
+    with pytest.raises(RuntimeError, match="train.num_processes"):
+        stage.run_arm(params, "tandem", inputs, outputs)
+    if not __import__("torch").cuda.is_available():
+        monkeypatch.delenv("WORLD_SIZE")
+        fsdp = params_from_dict({"out_root": str(tmp_path), "train": {"num_processes": 2, "sharding": "fsdp"}})
+        with pytest.raises(ValueError, match="needs GPUs"):
+            stage.run_arm(fsdp, "tandem", inputs, outputs)

@@ -1,0 +1,42 @@
+"""Tandem GRPO training on trl's `GRPOTrainer`: arms, rollout function, reward, callbacks, atomic checkpoints.
+
+trl owns the GRPO maths (group-normalised advantages, PPO clip, token-mean loss, the optional k3 KL to a
+reference model) and the loop; this package feeds it. By concern:
+
+- `arms`        - the arms (`tandem`, `grpo`, `kl_reg`, `grpo_g16`) and the run fingerprint.
+- `numerics`    - small pure tensor functions (k3 KL, zero-variance share, teacher-forced log-probs, weights hash).
+- `stats`       - `StepStats`, the per-step diagnostics and phase times shared by the parts below.
+- `rollout`     - `TandemRollout` (trl's `rollout_func`: one engine call per step and process, env_mask = the
+                  owner mask), the engine factory, the gather of sharded weights around a rollout.
+- `reward`      - `CorrectnessReward`, the reward of the whole joint completion.
+- `callbacks`   - phase timing, in-training validation, the junior guard, the progress bar.
+- `checkpoints` - fsync'd `checkpoint-<N>` -> `step-<N>` commits and the discovery of complete checkpoints.
+- `trainer`     - the batch geometry, trl's config, the trainer subclass and `train_arm` (the loop, top to
+                  bottom, is described there).
+- `summary`     - the run summary and the per-step table.
+
+The names below are the package's public interface (`from tandem.train import train_arm`).
+"""
+
+from tandem.train.arms import TANDEM_SCHEDULES, ArmSpec, arm_spec, run_fingerprint
+from tandem.train.callbacks import JuniorGuard, PhaseTimer, ProgressBar, StopAfter, Validation
+from tandem.train.checkpoints import (STAGING_PREFIX, STEP_PREFIX, TANDEM_STATE, clean_arm_dir, commit_dir,
+                                      complete_checkpoints, latest_checkpoint, wipe_arm_dir)
+from tandem.train.numerics import k3_kl_BT, token_logprobs_B, weights_hash, zero_variance_fraction
+from tandem.train.reward import CorrectnessReward
+from tandem.train.rollout import TandemRollout, full_weights, make_engine, sampling_params
+from tandem.train.stats import StepStats
+from tandem.train.summary import PHASES, TABLE_COLUMNS, step_rows, summarize
+from tandem.train.trainer import (ArmResult, BatchGeometry, batch_geometry, build_trainer, grpo_config, train_arm,
+                                  world_size)
+
+__all__ = [
+    "TANDEM_SCHEDULES", "ArmSpec", "arm_spec", "run_fingerprint",
+    "JuniorGuard", "PhaseTimer", "ProgressBar", "StopAfter", "Validation",
+    "STAGING_PREFIX", "STEP_PREFIX", "TANDEM_STATE", "clean_arm_dir", "commit_dir", "complete_checkpoints",
+    "latest_checkpoint", "wipe_arm_dir",
+    "k3_kl_BT", "token_logprobs_B", "weights_hash", "zero_variance_fraction",
+    "CorrectnessReward", "TandemRollout", "full_weights", "make_engine", "sampling_params", "StepStats",
+    "PHASES", "TABLE_COLUMNS", "step_rows", "summarize",
+    "ArmResult", "BatchGeometry", "batch_geometry", "build_trainer", "grpo_config", "train_arm", "world_size",
+]
