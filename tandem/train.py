@@ -623,6 +623,10 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
         callbacks.append(Validation(stats, tokenizer, [r["prompt"] for r in vr], [str(r["answer"]) for r in vr],
                                     train.val_every, train.max_new_tokens, rollout.batch_size,
                                     train.score_workers))
+    if rollout.backend == "vllm":  # push the senior to the rollout service after every optimizer step
+        from tandem.rollout.vllm_sync import VLLMWeightSync
+
+        callbacks.append(VLLMWeightSync(lambda: rollout_fn.engine, stats))
     callbacks.append(ProgressBar(spec.name, enabled=progress))
     if stop_after is not None:
         callbacks.append(_StopAfter(stop_after))
@@ -666,17 +670,17 @@ def _wipe(arm_dir: Path) -> list[str]:
 def make_engine(senior, junior, tokenizer, rollout: RolloutConfig):
     """The rollout engine of training, configured from the `rollout` section.
 
-    With the `vllm` backend the engine keeps its own vLLM copies of both models and copies the live senior's
-    weights into its engine before each call, so trl's own vLLM (`use_vllm`) stays off.
+    With the `vllm` backend the engine is a client of the rollout service (vLLM in its own environment); the
+    live senior's weights are pushed to it after each optimizer step, so trl's own vLLM (`use_vllm`) stays off.
     """
     from tandem.rollout.engine import TandemEngine
 
-    vllm_options = None
-    if rollout.backend == "vllm":
-        vllm_options = {"lookahead": rollout.vllm_lookahead, "gpu_memory_utilization": rollout.vllm_gpu_memory}
+    if rollout.backend == "vllm":  # the rollout service; weights pushed after each step (VLLMWeightSync)
+        from tandem.rollout.vllm_client import engine_from_config
+
+        return engine_from_config(senior, junior, tokenizer, rollout, live=True)
     return TandemEngine(senior, junior, tokenizer, backend=rollout.backend,
-                        device=next(senior.parameters()).device, cpu_threads=rollout.cpu_threads or None,
-                        vllm_options=vllm_options)
+                        device=next(senior.parameters()).device, cpu_threads=rollout.cpu_threads or None)
 
 
 def sampling_params(train: TrainConfig):

@@ -236,6 +236,10 @@ def make_engine(senior, junior, tokenizer, params: Params):
     """The rollout engine for evaluation (a seam the tests replace to count or break generation calls)."""
     from tandem.rollout.engine import TandemEngine
 
+    if params.rollout.backend == "vllm":  # the run's shared rollout service; the senior is a checkpoint dir
+        from tandem.rollout.vllm_client import engine_from_config
+
+        return engine_from_config(senior, junior, tokenizer, params.rollout, live=False)
     return TandemEngine(senior, junior, tokenizer, backend=params.rollout.backend,
                         device=next(senior.parameters()).device)
 
