@@ -70,6 +70,17 @@ def _iter_weights(path: Path):
         yield from load_file(str(f)).items()
 
 
+def _refresh_tied_head(model) -> None:
+    """Redo the output layer's weight post-processing after a reload. vLLM's in-place reload post-processes a
+    tied parameter for one of its layers only (the embedding), so on the CPU build the LM head kept the GEMM
+    handle packed from the old weights (measured: log-probs off by > 1 after a push). Idempotent; a no-op
+    where the embedding method has nothing to pack (CUDA)."""
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if head is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+
+
 class Service:
     """Two vLLM engines, their loaded weight tags, the token tables, and the rollout logic."""
 
@@ -144,6 +155,7 @@ class Service:
         # reload_weights (vLLM's in-place RL reload) re-runs the kernels' weight post-processing (the CPU build
         # repacks linear weights); plain model.load_weights would write into the repacked parameters.
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _iter_weights(path)})
+        llm.apply_model(_refresh_tied_head)
         llm.reset_prefix_cache()
         self.loaded[role] = tag
         self.reloads += 1
