@@ -70,6 +70,17 @@ def _iter_weights(path: Path):
         yield from load_file(str(f)).items()
 
 
+def resolve_dtype(dtype: str, model_dir: str) -> str:
+    """`auto` keeps a float32 checkpoint in float32: vLLM's own `auto` serves float32 models in half precision,
+    whose log-probs then differ from the trainer's float32 recomputation (measured: up to 0.46 nats on the
+    tiny base)."""
+    if dtype != "auto":
+        return dtype
+    cfg_path = Path(model_dir) / "config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    return "float32" if (cfg.get("dtype") or cfg.get("torch_dtype")) == "float32" else "auto"
+
+
 def _refresh_tied_head(model) -> None:
     """Redo the output layer's weight post-processing after a reload. vLLM's in-place reload post-processes a
     tied parameter for one of its layers only (the embedding), so on the CPU build the LM head kept the GEMM
@@ -89,10 +100,16 @@ class Service:
                  weights_dir: str | None = None):
         from vllm import LLM
 
-        common: dict[str, Any] = dict(dtype=dtype, enforce_eager=enforce_eager, enable_prefix_caching=True,
+        common: dict[str, Any] = dict(dtype=resolve_dtype(dtype, senior), enforce_eager=enforce_eager, enable_prefix_caching=True,
                                       seed=seed, gpu_memory_utilization=gpu_memory_utilization)
         if max_model_len:
             common["max_model_len"] = max_model_len
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            # The CPU build defaults to 128-token KV blocks; prefix caching reuses whole blocks only, so short
+            # histories would never hit the cache and every catch-up would re-encode the whole history.
+            common["block_size"] = 32
         # processed_logprobs: the sampled token's log-prob after temperature, log_softmax(logits / T), which
         # is what trl recomputes (training uses top-p 1 and no top-k).
         self.engines = {1: LLM(model=senior, logprobs_mode="processed_logprobs", **common),

@@ -140,7 +140,8 @@ def test_weight_push_reaches_the_engine_and_resets_the_prefix_cache(setup):
     tok, d = setup["tok"], setup["dirs"]
     senior = _load(d["senior"])
     eng = VLLMEngine(senior, d["junior"], tok, setup["svc"], live=True)
-    prompts = [toy.prompts(tok, 1)[0] * 3]  # long enough for full cached KV blocks
+    prompts = [toy.prompts(tok, 1)[0] * 6]  # several full KV blocks (32 tokens on the CPU build) get cached
+    assert len(prompts[0]) >= 96
     sp = SamplingParams(max_new_tokens=16)
     before = eng.generate(prompts, "solo", sp, seed=2)  # caches the prompt's blocks under the old weights
     old = _hf_logprobs(senior, prompts[0] + before.completion_ids[0], len(prompts[0]))
