@@ -249,11 +249,29 @@ def plan(params: str = PARAMS_OPT,
 
 @bench_app.command("rollout")
 def bench_rollout(as_json: bool = typer.Option(False, "--json", help="print one JSON line"),
-                  model: Optional[str] = typer.Option(None, help="model dir (default: models/base if present)")) -> None:
-    """Rollout throughput: solo, tandem (word), lockstep reference and plain generate, with ratios."""
+                  model: Optional[str] = typer.Option(None, help="model dir (default: models/base if present)"),
+                  backend: str = typer.Option("hf", help="hf (this process) or vllm (the rollout service in "
+                                                         "vLLM's own environment)"),
+                  url: Optional[str] = typer.Option(None, help="vllm: attach to a running service instead of "
+                                                               "starting one")) -> None:
+    """Rollout throughput: solo, tandem (word), lockstep reference and plain generate, with ratios; with
+    --backend vllm: the service's throughput, decoded vs kept tokens, log-probs against transformers and the
+    weight-sync check."""
+    model_dir = model if model else ("models/base" if Path("models/base/config.json").exists() else None)
+    if backend == "vllm":
+        from tandem.rollout.bench_vllm import bench_rollout_vllm
+
+        res = bench_rollout_vllm(model_dir=model_dir, url=url)
+        _print_bench(res, as_json)
+        if not (res["weights_synced"] and res["logprob_max_abs_diff"] <= 0.1):
+            raise typer.Exit(code=1)
+        return
+    if backend != "hf":
+        typer.secho(f"unknown backend {backend!r}; choose hf or vllm", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2)
     from tandem.rollout.bench import bench_rollout as _bench
 
-    res = _bench(model_dir=model if model else ("models/base" if Path("models/base/config.json").exists() else None))
+    res = _bench(model_dir=model_dir)
     _print_bench(res, as_json)
 
 

@@ -1,30 +1,33 @@
 #!/usr/bin/env bash
-# GPU check of the rollout backends: a vLLM tandem rollout next to the hf backend on the same model and batch,
-# printing the same statistics and throughput (one JSON line per run) plus three correctness checks:
-#   1. hf backend on CUDA: the catch-up kernel is token-identical to the lockstep oracle (float64);
-#   2. vLLM: the senior's recorded log-probs match a teacher-forced recomputation log_softmax(logits / T);
-#   3. vLLM vs hf: schedule statistics agree (same schedule code, different sampling noise).
-# Then a few training steps of the `tandem` arm through the real stages (prepare, base, train) on CUDA, once
-# with the hf rollout backend and once with vllm, each checked for the planned steps, a finite loss, a senior
-# token share near one half and an unchanged junior (issue #4's GPU path). Last, a 2-process training run
-# (train.num_processes 2, two updates per rollout batch) through the same stage, which launches accelerate:
-# on >= 2 GPUs once with DDP and once with FSDP; on one GPU the two processes run on the CPU (gloo), because
-# NCCL refuses two ranks on one GPU. Each is checked for world_size 2, the planned steps, a finite loss and a
-# loadable final checkpoint; any failure exits non-zero.
+# The one GPU check; exits non-zero when any check fails (each prints a JSON line with "ok").
+#   0. the memory plan: `tandem plan` of params.paper.yaml (table, then the one JSON line), and the plan's
+#      training-phase figure against the peak CUDA memory of one real bf16-autocast step of a mid-sized Qwen3
+#      (tests/memory_probe.py), with and without gradient checkpointing (ok within 25%);
+#   1. hf backend on CUDA: the catch-up kernel is token-identical to the lockstep oracle (float64), with the
+#      solo/word/step statistics and tokens/s of the hf engine;
+#   2. the vLLM rollout service on CUDA (vLLM's CUDA build in .venv-vllm, `make vllm-env` picks it on a
+#      machine with nvidia-smi): `tandem bench rollout --backend vllm --json` (log-probs against transformers
+#      <= 0.1, weights synced after an optimizer step, tokens/s, decoded vs kept tokens) and the service tests
+#      (tests/rollout/test_vllm_service.py: schedule rules, budget/EOS contract, sync-and-reset, restart);
+#   3. a few training steps of the `tandem` arm through the real stages (prepare, base, train) on CUDA, once
+#      with the hf rollout backend and once with vllm, each checked for the planned steps, a finite loss, a
+#      senior token share near one half and an unchanged junior;
+#   4. a 2-process training run (train.num_processes 2, two updates per rollout batch) through the same stage,
+#      which launches accelerate: on >= 2 GPUs once with DDP and once with FSDP; on one GPU the two processes
+#      run on the CPU (gloo), because NCCL refuses two ranks on one GPU. Each is checked for world_size 2, the
+#      planned steps, a finite loss and a loadable final checkpoint.
 # The vLLM backend and the CUDA training path stay "unverified" in the docs until this script has passed.
-# First of all, the memory plan: `tandem plan` of params.paper.yaml (table, then the one JSON line), and the plan's
-# training-phase figure against the peak CUDA memory of one real bf16-autocast step of a mid-sized Qwen3
-# (tests/memory_probe.py), with and without gradient checkpointing (ok within 25%).
 #
 # Usage: scripts/gpu_check.sh [MODEL_DIR]   (default models/base; a random tiny Qwen3 when it is missing)
-# GPU_CHECK_SKIP_TRAIN=1 skips the training part.
-# Needs: a CUDA GPU and vLLM in the Python environment (PYTHON=..., default .venv/bin/python).
-set -euo pipefail
+# GPU_CHECK_SKIP_TRAIN=1 skips part 3. PYTHON=... names the pipeline's Python (default .venv/bin/python).
+set -uo pipefail
+failed=0
+fail() { echo "{\"check\": \"$1\", \"ok\": false}"; failed=1; }
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$PY" -m cli plan --params params.paper.yaml || true   # exit 1 means "does not fit": the JSON line says so too
-"$PY" -m cli plan --params params.paper.yaml --json || true
+"$PY" -m cli plan --params params.paper.yaml --json | tee /dev/stderr | grep -q '"fits": true' || fail "paper plan fits"
 for ckpt in 0 1; do
   "$PY" - "$ckpt" <<'PYEOF'
 import json, subprocess, sys
@@ -48,7 +51,9 @@ ratio = plan.training_phase_bytes / measured
 print(json.dumps({"check": f"memory plan vs measured CUDA step (bf16 autocast, checkpointing={ckpt})",
                   "plan_mib": plan.training_phase_bytes / 2**20, "measured_mib": measured / 2**20,
                   "ratio": ratio, "ok": 0.75 <= ratio <= 1.25}), flush=True)
+sys.exit(0 if 0.75 <= ratio <= 1.25 else 1)
 PYEOF
+  [ $? -eq 0 ] || failed=1
 done
 "$PY" - "${1:-models/base}" <<'PYEOF'
 import json, sys, tempfile, time
@@ -58,10 +63,6 @@ import torch
 
 if not torch.cuda.is_available():
     sys.exit("gpu_check: no CUDA GPU visible")
-try:
-    import vllm  # noqa: F401
-except ImportError:
-    sys.exit("gpu_check: vLLM is not installed (pip install -e '.[gpu]' in a GPU environment)")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -113,33 +114,22 @@ with torch.no_grad():
     ref = lockstep_generate(s64, j64, eng64.tables, few, "word", SamplingParams(max_new_tokens=64), 3, eng64.eos_ids)
 print(json.dumps({"check": "hf catch-up == lockstep (cuda, float64)",
                   "ok": fast.completion_ids == ref.completion_ids}), flush=True)
-del hf_eng, eng64, s64, j64, senior, junior
-torch.cuda.empty_cache()
-
-# 2. vLLM backend: one engine per model, prefix caching does the catch-up
-v_eng = TandemEngine(str(model_dir), str(model_dir), tok, backend="vllm",
-                     vllm_options={"gpu_memory_utilization": 0.3, "dtype": "float32"})
-vl = {s: run("vllm", v_eng, s) for s in ("solo", "word", "step")}
-b = vl["word"][0]
-senior = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).cuda().eval()
-worst = 0.0
-for p, ids, own, lps in list(zip(prompts, b.completion_ids, b.owner, b.senior_logprobs))[:16]:
-    if not ids:
-        continue
-    with torch.no_grad():
-        logits = senior(input_ids=torch.tensor([p + ids], device="cuda")).logits[0, len(p) - 1:-1].float()
-    lp = torch.log_softmax(logits / sp.temperature, -1).gather(-1, torch.tensor(ids, device="cuda")[:, None])[:, 0]
-    for t, o in enumerate(own):
-        if o:
-            worst = max(worst, abs(float(lp[t]) - lps[t]))
-print(json.dumps({"check": "vllm senior logprobs == teacher-forced log_softmax(logits/T)", "max_abs_diff": worst,
-                  "ok": worst < 1e-2}), flush=True)
-print(json.dumps({"summary": {s: {"hf_tok_s": hf[s][1], "vllm_tok_s": vl[s][1]} for s in hf},
-                  "vllm_tandem_over_solo": vl["word"][1] / vl["solo"][1],
+ok = fast.completion_ids == ref.completion_ids
+print(json.dumps({"summary": {st: {"hf_tok_s": hf[st][1]} for st in hf},
                   "hf_tandem_over_solo": hf["word"][1] / hf["solo"][1]}), flush=True)
+sys.exit(0 if ok else 1)
 PYEOF
+[ $? -eq 0 ] || fail "hf backend on CUDA"
 
-[ "${GPU_CHECK_SKIP_TRAIN:-0}" = 1 ] && exit 0
+# 2. the vLLM rollout service on CUDA
+make vllm-env > /tmp/gpu-check-vllm-env.log 2>&1 || { tail -20 /tmp/gpu-check-vllm-env.log; fail "make vllm-env"; }
+model_arg=()
+[ -d "${1:-models/base}" ] && model_arg=(--model "${1:-models/base}")
+"$PY" -m cli bench rollout --backend vllm --json "${model_arg[@]}" || fail "tandem bench rollout --backend vllm"
+TANDEM_REQUIRE_VLLM=1 "$PY" -m pytest -q -p no:cacheprovider tests/rollout/test_vllm_service.py \
+  || fail "vLLM rollout service tests on CUDA"
+
+if [ "${GPU_CHECK_SKIP_TRAIN:-0}" = 1 ]; then exit $failed; fi
 # Training on CUDA: the tiny test pipeline, tandem arm only, 3 GRPO steps, per rollout backend.
 for backend in hf vllm; do
   root=$(mktemp -d)
@@ -152,10 +142,12 @@ p["rollout"]["backend"] = backend
 p["train"].update(arms=["tandem"], steps=3, save_every=3, prompts_per_step=4, group_size=4)
 yaml.safe_dump(p, open(f"{root}/params.yaml", "w"), sort_keys=False)
 PYEOF
-  for stage in prepare base; do "$PY" -m cli stage "$stage" --params "$root/params.yaml" > "$root/$stage.log" 2>&1; done
+  for stage in prepare base; do
+    "$PY" -m cli stage "$stage" --params "$root/params.yaml" > "$root/$stage.log" 2>&1 || fail "$stage stage ($backend)"
+  done
   t0=$(date +%s)
   "$PY" -m cli stage train --arm tandem --params "$root/params.yaml" > "$root/train.log" 2>&1 \
-    || { tail -30 "$root/train.log"; echo "{\"check\": \"train tandem on CUDA ($backend)\", \"ok\": false}"; exit 1; }
+    || { tail -30 "$root/train.log"; fail "train tandem on CUDA ($backend)"; continue; }
   "$PY" - "$root" "$backend" "$(( $(date +%s) - t0 ))" <<'PYEOF'
 import json, math, sys
 root, backend, secs = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -167,25 +159,32 @@ print(json.dumps({"check": f"train tandem on CUDA ({backend})", "steps": m["step
                   "ok": ok}), flush=True)
 sys.exit(0 if ok else 1)
 PYEOF
+  [ $? -eq 0 ] || failed=1
 done
 
 # Two training processes through the stage's own `accelerate launch` (DDP, then FSDP when there are 2 GPUs).
 ngpu=$("$PY" -c "import torch; print(torch.cuda.device_count())")
 if [ "$ngpu" -ge 2 ]; then runs="none fsdp"; dev=""; else runs="none"; dev="cpu"; fi
+root=$(mktemp -d)
 for sharding in $runs; do
   "$PY" - "$root" "$sharding" <<'PYEOF'
 import sys, yaml
 root, sharding = sys.argv[1], sys.argv[2]
-p = yaml.safe_load(open(f"{root}/params.yaml"))
+p = yaml.safe_load(open("tests/flows/tiny_params.yaml"))
+p["out_root"] = root
 p["rollout"]["backend"] = "hf"
 p["train"].update(arms=["tandem"], steps=2, save_every=2, prompts_per_step=4, group_size=4, num_processes=2,
                   updates_per_batch=2, micro_batch_size=2, sharding=sharding)
 yaml.safe_dump(p, open(f"{root}/params_mp.yaml", "w"), sort_keys=False)
 PYEOF
   label="train tandem, 2 processes, sharding $sharding${dev:+, on the CPU (one GPU only)}"
-  ( [ "$dev" = cpu ] && export CUDA_VISIBLE_DEVICES=""; \
-    "$PY" -m cli stage train --arm tandem --params "$root/params_mp.yaml" > "$root/train_mp_$sharding.log" 2>&1 ) \
-    || { tail -40 "$root/train_mp_$sharding.log"; echo "{\"check\": \"$label\", \"ok\": false}"; exit 1; }
+  for stage in prepare base; do
+    "$PY" -m cli stage "$stage" --params "$root/params_mp.yaml" > "$root/$stage.log" 2>&1 || fail "$stage stage (2 processes)"
+  done
+  if ! ( [ "$dev" = cpu ] && export CUDA_VISIBLE_DEVICES=""; \
+         "$PY" -m cli stage train --arm tandem --params "$root/params_mp.yaml" > "$root/train_mp_$sharding.log" 2>&1 ); then
+    tail -40 "$root/train_mp_$sharding.log"; fail "$label"; continue
+  fi
   "$PY" - "$root" "$label" <<'PYEOF'
 import json, sys
 from tandem.models import load_model
@@ -198,4 +197,6 @@ print(json.dumps({"check": label, "world_size": m["world_size"], "distributed": 
                   "ok": ok}), flush=True)
 sys.exit(0 if ok else 1)
 PYEOF
+  [ $? -eq 0 ] || failed=1
 done
+exit $failed

@@ -120,6 +120,7 @@ class ModelConfig(_Section):
     hidden_size: int = _f(128, "tiny: hidden width")
     num_layers: int = _f(4, "tiny: transformer layers")
     num_heads: int = _f(4, "tiny: attention heads")
+    head_dim: int = _f(0, "tiny: width of one attention head (0 = hidden_size / num_heads); vLLM's CPU attention supports 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 only")
     num_kv_heads: int = _f(2, "tiny: key/value heads (grouped-query attention)")
     intermediate_size: int = _f(384, "tiny: MLP width")
     max_position: int = _f(512, "tiny: longest sequence (prompt + completion) in tokens")
@@ -148,8 +149,10 @@ class ModelConfig(_Section):
         _rule(p, self.cpu_threads >= 0, "model.cpu_threads", self.cpu_threads, "must be >= 0 (0 = torch default)")
         _rule(p, self.curve_points >= 0, "model.curve_points", self.curve_points, "must be >= 0 (0 = off)")
         _rule(p, self.pretrain_max_seconds >= 0, "model.pretrain_max_seconds", self.pretrain_max_seconds, "must be >= 0")
-        _rule(p, self.num_heads > 0 and self.hidden_size % max(self.num_heads, 1) == 0, "model.hidden_size",
-              self.hidden_size, "must be divisible by model.num_heads")
+        _rule(p, self.head_dim > 0 or (self.num_heads > 0 and self.hidden_size % max(self.num_heads, 1) == 0),
+              "model.hidden_size", self.hidden_size, "must be divisible by model.num_heads (or set model.head_dim)")
+        _rule(p, self.head_dim >= 0 and self.head_dim % 2 == 0, "model.head_dim", self.head_dim,
+              "must be an even number >= 0 (rotary embeddings pair dimensions; 0 = hidden_size / num_heads)")
         _rule(p, self.num_kv_heads > 0 and self.num_heads % max(self.num_kv_heads, 1) == 0, "model.num_kv_heads",
               self.num_kv_heads, "must divide model.num_heads")
         if self.source == "path":
@@ -167,13 +170,27 @@ class RolloutConfig(_Section):
     max_gap_tokens: int = _f(32, "word schedule: force a redraw after this many tokens without a word start")
     max_rounds: int = _f(150, "step schedule: cap on the number of authorship turns")
     batch_size: int = _f(64, "rows generated together in one engine call")
-    vllm_lookahead: int = _f(16, "vllm backend, word/token schedules: tokens requested per turn before the cut at the handoff")
+    vllm_url: str = _f("", "vllm backend: attach to a running rollout service at this URL (e.g. http://node:8471); empty = start one per run from vllm_python ($TANDEM_VLLM_URL also attaches)")
+    vllm_python: str = _f(".venv-vllm/bin/python", "vllm backend: Python of vLLM's own environment (`make vllm-env`), relative to the repository root")
+    vllm_host: str = _f("127.0.0.1", "vllm backend: address a started service binds (127.0.0.1 = this machine only)")
+    vllm_port: int = _f(0, "vllm backend: port of a started service (0 = any free port)")
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f("auto", "vllm backend: engine dtype (auto = the model's)")
+    vllm_max_model_len: int = _f(0, "vllm backend: longest prompt + completion the engines accept (0 = the model's limit)")
     vllm_gpu_memory: float = _f(0.35, "vllm backend: fraction of GPU memory for each of the two engines")
+    vllm_enforce_eager: bool = _f(True, "vllm backend: no torch.compile / CUDA graphs (fast start; set false on GPUs for long runs)")
+    vllm_cpu_kv_cache_gb: int = _f(1, "vllm backend, CPU build: KV-cache GiB per engine (VLLM_CPU_KVCACHE_SPACE)")
+    vllm_start_timeout: float = _f(600.0, "vllm backend: seconds to wait for the service to answer /health")
+    vllm_weight_transport: Literal["auto", "file", "http"] = _f("auto", "vllm backend: how trained weights reach the service: file (a transfer directory, /dev/shm when present), http (posted bytes: a service on another machine), auto (file for a service on this machine)")
 
     def problems(self) -> list[str]:
         p: list[str] = []
         _rule(p, 0.0 <= self.p_senior <= 1.0, "rollout.p_senior", self.p_senior, "is a probability: must lie in [0, 1]")
-        _rule(p, self.vllm_lookahead >= 1, "rollout.vllm_lookahead", self.vllm_lookahead, "must be >= 1")
+        _rule(p, 0 <= self.vllm_port < 65536, "rollout.vllm_port", self.vllm_port, "must lie in [0, 65535] (0 = free)")
+        _rule(p, self.vllm_max_model_len >= 0, "rollout.vllm_max_model_len", self.vllm_max_model_len, "must be >= 0")
+        _rule(p, self.vllm_cpu_kv_cache_gb >= 1, "rollout.vllm_cpu_kv_cache_gb", self.vllm_cpu_kv_cache_gb, "must be >= 1")
+        _rule(p, self.vllm_start_timeout > 0, "rollout.vllm_start_timeout", self.vllm_start_timeout, "must be > 0")
+        _rule(p, not self.vllm_url or self.vllm_url.startswith(("http://", "https://")), "rollout.vllm_url",
+              self.vllm_url, "must be an http:// URL (or empty to start a service)")
         _rule(p, 0.0 < self.vllm_gpu_memory < 0.5, "rollout.vllm_gpu_memory", self.vllm_gpu_memory,
               "must lie in (0, 0.5): two engines share the GPU")
         _rule(p, self.max_gap_tokens >= 1, "rollout.max_gap_tokens", self.max_gap_tokens, "must be >= 1")
@@ -434,6 +451,7 @@ MOVED: dict[str, str] = {
     "rollout.top_k": "never read: training samples the full distribution, evaluation uses evaluate.top_k",
     "rollout.max_new_tokens": "never read: the budgets are train.max_new_tokens and evaluate.max_new_tokens",
     "rollout.cpu_threads": "one thread setting per stage: the train stage's is train.cpu_threads",
+    "rollout.vllm_lookahead": "the vllm rollout service stops each turn where authorship may change: no lookahead",
     "evaluate.torch_threads": "renamed to evaluate.cpu_threads (one thread setting per stage)",
     "analyze.torch_threads": "renamed to analyze.cpu_threads (one thread setting per stage)",
 }

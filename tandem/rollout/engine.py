@@ -6,7 +6,8 @@
 
 Schedules (`tandem.rollout.schedule`): `word` (training), `step` (handoff-robustness evaluation), `token`,
 `solo`, `junior`. Backends: `hf` (default; transformers models on CPU or GPU, catch-up prefill with a
-hand-written KV-cache forward, `backends/hf.py`) and `vllm` (GPU, optional, `backends/vllm.py`).
+hand-written KV-cache forward, `backends/hf.py`) and `vllm` (the rollout service in vLLM's own environment,
+`vllm_client.py`; `TandemEngine(backend="vllm")` delegates every call to a `VLLMEngine`).
 
 Token ids move between the models as ids (never decoded and re-encoded). Every random draw is a function of
 (seed, row id, position), so a call replays exactly from its seed and a row's result does not depend on the
@@ -57,7 +58,8 @@ class TandemEngine:
     about twice the cost); True requires the kernel; False forces the fallback.
     `cpu_threads` sets torch's intra-op threads during `generate` (restored after); tiny models on a shared
     CPU run several times faster with 1 (the train stage sets `train.cpu_threads` for its whole run instead).
-    `vllm_options` go to `VLLMBackend` (e.g. lookahead, gpu_memory_utilization, senior_path, junior_path).
+    `vllm_options` go to the vllm client (`service`, a `vllm_client.VLLMService`, plus `VLLMEngine` options such
+    as `live` and `transport`).
     """
 
     def __init__(self, senior: Any, junior: Any | None, tokenizer: Any, backend: str = "hf", device: Any = None,
@@ -94,9 +96,16 @@ class TandemEngine:
                             self_check(m)
                     self.fast = True
         else:
-            from tandem.rollout.backends.vllm import VLLMBackend
+            from tandem.rollout.vllm_client import VLLMEngine
 
-            self._vllm = VLLMBackend(senior, junior, tokenizer, self.tables, self.eos_ids, **(vllm_options or {}))
+            opts = dict(vllm_options or {})
+            service = opts.pop("service", None)
+            if service is None:
+                raise ValueError("backend 'vllm' generates through the rollout service: pass vllm_options="
+                                 "{'service': VLLMService, 'live': ...} (see tandem.rollout.vllm_client; "
+                                 "`engine_from_config` builds both from the rollout section)")
+            self._vllm = VLLMEngine(senior, junior, (tokenizer, junior_tokenizer), service,
+                                    eos_token_ids=self.eos_ids, **opts)
 
     # ---------------------------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[Sequence[int]], schedule: str, sampling: SamplingParams, seed: int,
@@ -108,6 +117,9 @@ class TandemEngine:
         `batch_size` caps rows generated together (rows are grouped by prompt length first; results do not
         depend on the grouping). `progress` shows a bar per group.
         """
+        if self._vllm is not None:
+            return self._vllm.generate(prompt_ids, schedule, sampling, seed, p_senior, max_gap_tokens, max_rounds,
+                                       row_ids, batch_size, progress)
         check_schedule(schedule, p_senior, max_gap_tokens, max_rounds)
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
@@ -164,11 +176,18 @@ class TandemEngine:
         out.timings = {"seconds": time.perf_counter() - t0}
         return out
 
+    @property
+    def live(self) -> bool:
+        return bool(self._vllm is not None and self._vllm.live)
+
+    def push_weights(self, module: Any | None = None) -> dict:
+        """vllm backend: push the live senior's weights to the service (the hf backend reads the module)."""
+        if self._vllm is None:
+            return {}
+        return self._vllm.push_weights(module)
+
     def _run(self, prompts, rows, schedule, sampling, seed, eos, p_senior, max_gap_tokens, max_rounds,
              progress) -> RolloutBatch:
-        if self.backend == "vllm":
-            return self._vllm.generate(prompts, rows, schedule, sampling, seed, eos, p_senior, max_gap_tokens,
-                                       max_rounds, progress=progress)
         if self.fast:
             from tandem.rollout.backends.hf import catch_up_generate
 

@@ -3,8 +3,8 @@
     engine = make_engine(senior, junior, tokenizer, "hf")                  # explicit settings
     engine = rollout_engine(senior, junior, tokenizer, params.rollout)     # from the `rollout` params section
 
-A new backend adds its options here once, and every caller gets them. With the `vllm` backend the engine keeps
-its own vLLM copies of both models and copies the live senior's weights into its engine before each call.
+A new backend adds its options here once, and every caller gets them. With the `vllm` backend the engine is a
+client of the rollout service, which runs vLLM in its own environment (docs/rollout.md).
 """
 
 from __future__ import annotations
@@ -15,29 +15,30 @@ from tandem.rollout.engine import TandemEngine
 
 
 def make_engine(senior: Any, junior: Any | None, tokenizer: Any, backend: str = "hf", *, device: Any = None,
-                cpu_threads: int = 0, vllm_lookahead: int = 16, vllm_gpu_memory: float = 0.35,
-                vllm_options: dict | None = None, fast: bool | None = None) -> TandemEngine:
+                cpu_threads: int = 0, vllm_options: dict | None = None, fast: bool | None = None) -> TandemEngine:
     """A `TandemEngine` over `senior` (and `junior`, None for solo-only use) with `backend`.
 
     `device` defaults to the senior's; `cpu_threads` (0 = leave torch's setting) applies while generating;
-    `vllm_*` configure the vllm backend (`vllm_options` adds or overrides `VLLMBackend` arguments).
+    `vllm_options` (`service`, `live`, `transport`) configure the vllm backend's client.
     """
-    opts = None
-    if backend == "vllm":
-        opts = {"lookahead": vllm_lookahead, "gpu_memory_utilization": vllm_gpu_memory, **(vllm_options or {})}
     if device is None and hasattr(senior, "parameters"):
         device = next(senior.parameters()).device
     return TandemEngine(senior, junior, tokenizer, backend=backend, device=device, cpu_threads=cpu_threads or None,
-                        vllm_options=opts, fast=fast)
+                        vllm_options=vllm_options, fast=fast)
 
 
-def rollout_engine(senior: Any, junior: Any | None, tokenizer: Any, rollout: Any, **overrides: Any) -> TandemEngine:
-    """`make_engine` configured from a `RolloutConfig` (backend, vllm_*); `overrides` win.
+def rollout_engine(senior: Any, junior: Any | None, tokenizer: Any, rollout: Any, *, live: bool = False,
+                   **overrides: Any):
+    """The engine the `rollout` params section asks for; `overrides` go to `make_engine` (hf backend).
 
+    With `backend: vllm` this is a client of the run's shared rollout service (vLLM in its own environment,
+    `tandem.rollout.vllm_client`): `live=True` in training, where the trained senior module is pushed to the
+    service after each optimizer step; False in evaluation, where the senior is a saved checkpoint directory.
     Threads are the calling stage's setting (`train.cpu_threads`, `evaluate.cpu_threads`, ...), applied by the
     stage around its whole work, so the engine leaves them as they are unless `cpu_threads` is passed.
     """
-    kw = {"vllm_lookahead": rollout.vllm_lookahead,
-          "vllm_gpu_memory": rollout.vllm_gpu_memory}
-    kw.update(overrides)
-    return make_engine(senior, junior, tokenizer, kw.pop("backend", rollout.backend), **kw)
+    if rollout.backend == "vllm":
+        from tandem.rollout.vllm_client import engine_from_config
+
+        return engine_from_config(senior, junior, tokenizer, rollout, live=live)
+    return make_engine(senior, junior, tokenizer, rollout.backend, **overrides)

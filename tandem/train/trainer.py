@@ -358,6 +358,10 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
         callbacks.append(Validation(stats, tokenizer, [r["prompt"] for r in vr], [str(r["answer"]) for r in vr],
                                     train.val_every, train.max_new_tokens, rollout.batch_size,
                                     train.score_workers, updates_per_batch=u))
+    if rollout.backend == "vllm":  # push the senior to the rollout service after every optimizer step
+        from tandem.rollout.vllm_sync import VLLMWeightSync
+
+        callbacks.append(VLLMWeightSync(lambda: rollout_fn.engine, stats))
     callbacks.append(ProgressBar(spec.name, enabled=progress))
     if stop_after is not None:
         callbacks.append(StopAfter(stop_after * u))
@@ -374,7 +378,7 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
         trainer.remove_callback(cb)
     junior.to(trainer.args.device)  # trl placed the senior; the junior decodes next to it
     if engine is None:  # built after trl moved the senior, so the engine sees both models on their device
-        rollout_fn.engine = make_engine(senior, junior, tokenizer, rollout)
+        rollout_fn.engine = make_engine(senior, junior, tokenizer, rollout, live=True)
     if trainer.ref_model is not None and weights_hash(trainer.ref_model) != guard.before:
         # trl loads the KL reference from the senior's own path: it must be the base the junior copies
         raise RuntimeError("the kl_reg reference model differs from the frozen base: load the senior from the "

@@ -1,1 +1,1 @@
-"""Rollout backends: `hf` (transformers, catch-up kernel) and `vllm` (GPU, optional)."""
+"""Rollout backends: `hf` (transformers, catch-up kernel) and `vllm` (turn planning for the rollout service)."""

@@ -1,44 +1,43 @@
-"""The `vllm` backend (GPU machines, `[gpu]` extra): one vLLM engine per model, prefix caching does the catch-up.
+"""Turn planning for the vLLM rollout service: which tokens each vLLM request may decode, and which it keeps.
 
-UNVERIFIED: written against vLLM's public offline API (`LLM`, `SamplingParams`, token-id prompts, per-request
-seeds, `logprobs_mode="processed_logprobs"`, vLLM >= 0.10.2) but never run here (no GPU, no vLLM on the
-development machine). `scripts/gpu_check.sh` is the check to run on a GPU; until it has passed, treat this
-backend as unverified. vLLM is imported lazily, so the rest of the package works without it.
+Pure Python over the schedule state machine (`schedule.RowSchedule`); no vLLM import, so it runs (and is
+tested) in the pipeline's environment and inside the service's own vLLM environment alike. The service
+(`tandem/rollout/vllm_service.py`) calls `run_turns` with a function that runs one batched `LLM.generate`
+per model.
 
 How a rollout runs. Every row is a turn-based loop. In each round, every active row gets one *turn* from its
-current author; each model runs ONE batched `generate` over the rows it authors, each request's prompt being
+current author; each model runs ONE batched generate over the rows it authors, each request's prompt being
 the row's full token history as ids (prompt + every token so far, whoever wrote it). Automatic prefix caching
-finds the history's cached prefix, so only the partner's tokens since this model's last turn are prefilled:
-that is the catch-up. A turn's output is then walked token by token through the same schedule state machine
-as the `hf` engine (`schedule.RowSchedule`, same tables, same (seed, row, position) redraw noise) and cut right
-after the first token at which authorship changes, the row ends (EOS, budget, rounds cap), and nothing after
-that is kept. Cutting at a point decided by the tokens before it does not bias the kept tokens.
-- `word`/`token`: a turn asks for up to `lookahead` tokens without stop tokens; the author changes at a redraw
-  that picks the other model (the redraw noise is known in advance, but where words start is not).
-- `step`: a turn asks for the rest of the budget with stop string `\\n\\n` (and stop ids for tokens holding a
-  blank line); the walk cuts at the step end exactly as the `hf` engine would.
-- `solo`/`junior`: one turn per row.
-`min_tokens` is never set: combined with stop token ids, vLLM would forbid those tokens.
+finds the history's cached prefix, so only the partner's tokens since this model's last turn (and the last
+partial KV block) are prefilled: that is the catch-up.
 
-Log-probabilities: the senior's engine is built with `logprobs_mode="processed_logprobs"` so that the sampled
-token's log-prob is taken after temperature scaling, i.e. log_softmax(logits / T) when top-p = 1 and top-k is
-off (training), which is what trl recomputes.
+No decoded token is thrown away. Each turn is asked to stop exactly where authorship *may* change, using
+vLLM's own stop conditions, so the last decoded token is the last one the turn may keep:
+- `word`: stop at every word-start token (`stop_token_ids` = the word-start table plus EOS) and at the gap
+  cap (`max_tokens` = tokens left before the `max_gap_tokens` redraw). The redraw after that token may pick
+  the same author again (probability `p_senior` for the senior): the row then simply gets another turn from
+  the same model next round, whose prompt is fully cached but for the last partial block.
+- `token`: the redraw noise is a pure function of (seed, row, position), so the run length is known before
+  decoding: `max_tokens` = positions until the first redraw that picks the other model (pre-drawn handoff).
+- `step`: stop at tokens that can end a step (a blank-line token, or any token starting with a newline, the
+  second half of a two-token blank line); a newline that did not complete a blank line just continues.
+- `solo` / `junior`: one turn per row, the whole budget.
+Every turn also stops at EOS and at the remaining budget. `walk_turn` replays the schedule over the returned
+tokens and cuts after the first token that ends the row or hands authorship over; with the stops above that
+is always the last token, which the service checks (`decoded` vs `kept` in its statistics).
 
-Weights: an engine loads its model from a local directory (the model's `name_or_path` or an explicit path).
-When `senior` is a live torch module that is trained in place, `sync_senior()` pushes its weights into the
-senior engine before every `generate` (the colocated-engine path trl uses; needs
-`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
+Sampling noise is vLLM's own, seeded per request from (seed, row, turn start): reproducible on one setup and
+one vLLM version, not token-identical to the `hf` backend (same distribution).
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
-from tandem.rollout.core import (FINISH_EOS, FINISH_LENGTH, FINISH_ROUNDS, RolloutBatch, SamplingParams,
-                                 count_handoffs)
-from tandem.rollout.sampling import mix32_int
-from tandem.rollout.schedule import RowSchedule, uses_junior, uses_senior
+from tandem.rollout.core import FINISH_EOS, FINISH_LENGTH, FINISH_ROUNDS, RolloutBatch, count_handoffs
+from tandem.rollout.sampling import STREAM_REDRAW, mix32_int, uniform_int
+from tandem.rollout.schedule import RowSchedule
 from tandem.rollout.vocab import TokenTables
 
 STREAM_VLLM_SEED = 3
@@ -58,7 +57,8 @@ def walk_turn(state: RowSchedule, tokens: Sequence[int], t0: int, budget: int, e
     row ends within them. Advances `state` over the kept tokens.
 
     Keeps tokens up to and including the first one that ends the row (EOS, budget, rounds cap) or hands
-    authorship to the other model; a turn may also end without either (vLLM stopped at max_tokens).
+    authorship to the other model; a turn may also end without either (a stop token after which the redraw
+    picked the same author, or vLLM's `max_tokens`).
     """
     author = state.author
     for i, tok in enumerate(tokens):
@@ -75,118 +75,94 @@ def walk_turn(state: RowSchedule, tokens: Sequence[int], t0: int, budget: int, e
     return len(tokens), None
 
 
-def _model_path(model: Any) -> str:
-    if isinstance(model, (str, os.PathLike)):
-        return str(model)
-    path = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
-    if not path or not os.path.isdir(path):
-        raise ValueError("vllm backend: cannot find a local model directory for this model; save it first or "
-                         "pass the directory (vllm_options={'senior_path': ..., 'junior_path': ...})")
-    return str(path)
+@dataclass(frozen=True)
+class Turn:
+    """One vLLM request: decode at most `max_tokens`, stopping after any token of the named stop set."""
+
+    max_tokens: int
+    stops: str  # "eos" | "word" | "step": which stop-id set (always including EOS)
 
 
-class VLLMBackend:
-    """Tandem rollouts on two vLLM engines (see the module docstring)."""
+def token_run_length(state: RowSchedule, t0: int, limit: int) -> int:
+    """`token` schedule: tokens the current author writes from position t0 before the redraw hands over
+    (capped at `limit`). The redraw after position t is uniform(seed, REDRAW, row, t) < p_senior."""
+    for i in range(limit):
+        drawn = int(uniform_int(state.seed, STREAM_REDRAW, state.row_id, t0 + i) < state.p_senior)
+        if drawn != state.author:
+            return i + 1
+    return limit
 
-    def __init__(self, senior: Any, junior: Any | None, tokenizer: Any, tables: TokenTables, eos_ids: Sequence[int],
-                 senior_path: str | None = None, junior_path: str | None = None, lookahead: int = 16,
-                 gpu_memory_utilization: float = 0.35, max_model_len: int | None = None, dtype: str = "auto",
-                 enforce_eager: bool = False, sync_weights: bool | None = None, **llm_kwargs: Any):
-        try:
-            import vllm  # noqa: F401
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError("backend 'vllm' needs vLLM (a CUDA GPU and the [gpu] extra: pip install -e '.[gpu]'); "
-                              "use backend 'hf' on CPU") from e
-        from vllm import LLM
 
-        if lookahead < 1:
-            raise ValueError(f"lookahead must be >= 1, got {lookahead}")
-        self.senior, self.junior, self.tokenizer, self.tables = senior, junior, tokenizer, tables
-        self.eos_ids = [int(e) for e in eos_ids]
-        self.lookahead = lookahead
-        self.step_stop_ids = tables.step_end_V.nonzero().flatten().tolist()
-        common = dict(gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, enforce_eager=enforce_eager,
-                      enable_prefix_caching=True, skip_tokenizer_init=False, **llm_kwargs)
-        if max_model_len:
-            common["max_model_len"] = max_model_len
-        self.engines: dict[int, Any] = {1: LLM(model=senior_path or _model_path(senior),
-                                               logprobs_mode="processed_logprobs", **common)}
-        if junior is not None:
-            self.engines[0] = LLM(model=junior_path or _model_path(junior), **common)
-        self.sync = (not isinstance(senior, (str, os.PathLike))) if sync_weights is None else sync_weights
+def plan_turn(state: RowSchedule, t0: int, left: int) -> Turn:
+    """The request for the next turn of a row at completion position t0 with `left` tokens of budget."""
+    kind = state.kind
+    if kind in ("word", "token") and state.p_senior in (0.0, 1.0):
+        return Turn(left, "eos")  # every redraw picks the same author: one turn
+    if kind == "word":
+        return Turn(max(1, min(left, state.max_gap - state.gap)), "word")
+    if kind == "token":
+        return Turn(token_run_length(state, t0, left), "eos")
+    if kind == "step":
+        return Turn(left, "step")
+    return Turn(left, "eos")
 
-    def sync_senior(self) -> None:
-        """Copy the live senior module's weights into the senior engine (colocated, single-process engines)."""
-        llm = self.engines[1]
-        try:
-            runner_model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-        except AttributeError:
-            try:
-                runner_model = llm.llm_engine.model_executor.driver_worker.model_runner.model
-            except AttributeError as e:
-                raise RuntimeError("vllm backend: cannot reach the engine's model to sync the senior's weights; "
-                                   "set VLLM_ENABLE_V1_MULTIPROCESSING=0, or pass sync_weights=False when the "
-                                   "senior is not trained") from e
-        runner_model.load_weights(((n, p.detach()) for n, p in self.senior.state_dict().items()))
 
-    def _sampling(self, sampling: SamplingParams, max_tokens: int, seed: int, logprobs: bool, step: bool):
-        from vllm import SamplingParams as VSP
+def stop_sets(tables: TokenTables, eos_ids: Sequence[int]) -> dict[str, list[int]]:
+    """Stop-id sets per `Turn.stops`: EOS alone, word starts + EOS, possible step ends + EOS."""
+    eos = sorted({int(e) for e in eos_ids})
+    word = tables.word_start_V.nonzero().flatten().tolist()
+    step = (tables.step_end_V | tables.starts_newline_V).nonzero().flatten().tolist()
+    return {"eos": eos, "word": sorted(set(word) | set(eos)), "step": sorted(set(step) | set(eos))}
 
-        kw: dict[str, Any] = dict(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                                  top_k=sampling.top_k if sampling.top_k > 0 else -1, max_tokens=max_tokens,
-                                  seed=seed, stop_token_ids=list(self.eos_ids), skip_special_tokens=False)
-        if logprobs:
-            kw["logprobs"] = 0  # the sampled token's log-prob only
-        if step:
-            kw["stop"] = ["\n\n"]
-            kw["include_stop_str_in_output"] = True
-            kw["stop_token_ids"] = sorted(set(self.eos_ids) | set(self.step_stop_ids))
-        else:
-            kw["detokenize"] = False
-        return VSP(**kw)
 
-    def generate(self, prompts: list[list[int]], rows: list[int], schedule: str, sampling: SamplingParams, seed: int,
-                 eos: list[int], p_senior: float, max_gap_tokens: int, max_rounds: int,
-                 progress: bool = False) -> RolloutBatch:
-        if self.sync and uses_senior(schedule, p_senior):
-            self.sync_senior()
-        if uses_junior(schedule, p_senior) and 0 not in self.engines:
-            raise ValueError(f"schedule {schedule!r} needs a junior engine")
-        B, budget, eos_set = len(prompts), sampling.max_new_tokens, set(eos)
-        states = [RowSchedule(schedule, self.tables, seed, r, p_senior, max_gap_tokens, max_rounds) for r in rows]
-        comp: list[list[int]] = [[] for _ in range(B)]
-        owner: list[list[int]] = [[] for _ in range(B)]
-        logp: list[list[float]] = [[] for _ in range(B)]
-        finish: list[str | None] = [None] * B
-        short = schedule in ("word", "token")
-        while any(f is None for f in finish):
-            for m in (1, 0):
-                todo = [b for b in range(B) if finish[b] is None and states[b].author == m]
-                if not todo:
-                    continue
-                reqs, sps = [], []
-                for b in todo:
-                    left = budget - len(comp[b])
-                    reqs.append({"prompt_token_ids": list(prompts[b]) + comp[b]})
-                    sps.append(self._sampling(sampling, min(left, self.lookahead) if short else left,
-                                              request_seed(seed, rows[b], len(comp[b])), m == 1,
-                                              schedule == "step"))
-                outs = self.engines[m].generate(reqs, sps, use_tqdm=progress)
-                for b, out in zip(todo, outs):
-                    o = out.outputs[0]
-                    toks = list(o.token_ids)
-                    lps = ([d[tok].logprob if d is not None and tok in d else float("nan")
-                            for d, tok in zip(o.logprobs, toks)] if m == 1 and o.logprobs is not None
-                           else [0.0] * len(toks))
-                    t0 = len(comp[b])
-                    n, why = walk_turn(states[b], toks, t0, budget, eos_set)
-                    if n == 0 and why is None:
-                        # an empty turn can only come from an engine that stopped on a token it did not emit
-                        raise RuntimeError(f"vllm backend: empty turn for row {rows[b]} (finish_reason "
-                                           f"{o.finish_reason!r})")
-                    comp[b] += toks[:n]
-                    owner[b] += [m] * n
-                    logp[b] += lps[:n] if m == 1 else [0.0] * n
-                    finish[b] = why
-        return RolloutBatch(comp, owner, logp, [count_handoffs(o) for o in owner],
-                            [f or FINISH_LENGTH for f in finish])
+# generate_turns(author, requests) -> [(tokens, logprobs or None)], one per request, in order.
+# A request is (history_ids, Turn, vllm_seed, want_logprobs).
+TurnRunner = Callable[[int, list[tuple[list[int], Turn, int, bool]]], list[tuple[list[int], list[float] | None]]]
+
+
+def run_turns(prompts: list[list[int]], rows: list[int], schedule: str, tables: TokenTables, budget: int,
+              seed: int, eos: Sequence[int], p_senior: float, max_gap_tokens: int, max_rounds: int,
+              generate_turns: TurnRunner) -> tuple[RolloutBatch, dict]:
+    """Roll out every prompt with turns; returns the batch and {decoded, kept, turns, rounds} counts."""
+    B, eos_set = len(prompts), {int(e) for e in eos}
+    states = [RowSchedule(schedule, tables, seed, r, p_senior, max_gap_tokens, max_rounds) for r in rows]
+    comp: list[list[int]] = [[] for _ in range(B)]
+    owner: list[list[int]] = [[] for _ in range(B)]
+    logp: list[list[float]] = [[] for _ in range(B)]
+    finish: list[str | None] = [None] * B
+    stats = {"decoded": 0, "kept": 0, "turns": 0, "rounds": 0}
+    while any(f is None for f in finish):
+        stats["rounds"] += 1
+        for m in (1, 0):
+            todo = [b for b in range(B) if finish[b] is None and states[b].author == m]
+            if not todo:
+                continue
+            reqs = []
+            for b in todo:
+                t0 = len(comp[b])
+                reqs.append((list(prompts[b]) + comp[b], plan_turn(states[b], t0, budget - t0),
+                             request_seed(seed, rows[b], t0), m == 1))
+            outs = generate_turns(m, reqs)
+            if len(outs) != len(todo):
+                raise RuntimeError(f"vllm service: {len(outs)} turn results for {len(todo)} requests")
+            for b, (toks, lps) in zip(todo, outs):
+                toks = [int(x) for x in toks]
+                t0 = len(comp[b])
+                n, why = walk_turn(states[b], toks, t0, budget, eos_set)
+                if n == 0 and why is None:
+                    raise RuntimeError(f"vllm service: empty turn for row {rows[b]} at position {t0}")
+                stats["decoded"] += len(toks)
+                stats["kept"] += n
+                stats["turns"] += 1
+                comp[b] += toks[:n]
+                owner[b] += [m] * n
+                if m == 1:
+                    if lps is None or len(lps) < n:
+                        raise RuntimeError("vllm service: the senior's turn came back without log-probs")
+                    logp[b] += [float(x) for x in lps[:n]]
+                else:
+                    logp[b] += [0.0] * n
+                finish[b] = why
+    batch = RolloutBatch(comp, owner, logp, [count_handoffs(o) for o in owner],
+                         [f or FINISH_LENGTH for f in finish])
+    return batch, stats
