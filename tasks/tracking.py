@@ -35,7 +35,7 @@ def arm_run_id(params: Params, arm: str) -> str:
 
 
 def _tags(params: Params, *extra: str) -> list[str]:
-    return [t for t in [PREFIX, params.preset or "", params.model.source, *extra] if t]
+    return [t for t in [PREFIX, params.model.source, params.rollout.backend, *extra] if t]
 
 
 @contextmanager

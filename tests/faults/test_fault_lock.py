@@ -149,9 +149,13 @@ def test_the_lock_is_reentrant_within_one_process(tmp_path):
 
 
 def test_the_flow_takes_the_lock():
-    """tandem-pipeline and tandem-evaluation hold the root's lock (a deployment run has no CLI around it)."""
+    """Every flow (pipeline, training, evaluation) holds the root's lock (a deployment run has no CLI around it):
+    all three go through `_pipeline`, which takes it."""
     src = (REPO / "flows" / "pipeline.py").read_text()
-    assert src.count("with workspace_lock(params.out_root") == 2
+    assert src.count("with workspace_lock(params.out_root") == 1
+    body = src.split("def _pipeline(", 1)[1].split("\ndef ", 1)[0]
+    assert "with workspace_lock(params.out_root" in body
+    assert src.count("return _pipeline(") == 3
     assert os.path.exists(REPO / "cli" / "main.py")
     cli = (REPO / "cli" / "main.py").read_text()
     assert cli.count("workspace_lock(p.out_root") == 2  # tandem run and tandem stage

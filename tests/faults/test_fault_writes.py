@@ -124,7 +124,8 @@ def test_a_checkpoint_save_that_fails_midway_keeps_the_last_good_checkpoint(tmp_
 
     from trl import GRPOTrainer
 
-    from tandem.train import STAGING_PREFIX, TANDEM_STATE, _make_trainer_class, complete_checkpoints, latest_checkpoint
+    from tandem.train import STAGING_PREFIX, TANDEM_STATE, complete_checkpoints, latest_checkpoint
+    from tandem.train.trainer import _make_trainer_class
 
     arm = tmp_path / "tandem"
     good = arm / "step-2"

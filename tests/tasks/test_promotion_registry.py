@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tandem.config import params_from_dict
+from tandem.errors import BadInputError
 from tasks import promotion
 
 from tests.report.fake_metrics import fake_eval
@@ -71,7 +72,7 @@ def test_no_git_no_promotion(tmp_path):
     params = _params(tmp_path)
     d = promotion.decision_for(params, fake_eval())
     assert d.promote and promotion.load_promoted(params) is None
-    with pytest.raises(RuntimeError, match="git work tree"):
+    with pytest.raises(BadInputError, match="git work tree"):
         promotion.record(params, d)
 
 
