@@ -108,11 +108,21 @@ def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if params.train.num_processes > 1 and world == 1:
+        _check_plan(params, arm, inputs)  # a plan that cannot fit is refused before any process starts
         return launch_arm(params, arm, inputs, outputs)
     if world != params.train.num_processes:
         raise RuntimeError(f"train: running in {world} processes but train.num_processes is "
                            f"{params.train.num_processes}: let the stage launch itself (tandem stage train)")
     return _run_arm_here(params, arm, inputs, outputs)
+
+
+def _check_plan(params: Params, arm: str, inputs: dict) -> None:
+    import torch
+
+    from tandem.plan import check_fits
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_fits(params, "train", Path(inputs["base_model"]), device, arms=[arm])
 
 
 def _die_with_parent() -> None:

@@ -183,7 +183,7 @@ def test_train_stage_refuses_before_loading_anything(tmp_path):
     base = _fake_qwen3_4b_dir(tmp_path)
     for name in ("train", "val"):
         (tmp_path / f"{name}.jsonl").write_text('{"id": "1", "prompt": "p", "answer": "1"}\n')
-    p = _params("params.paper.yaml", micro_batch_size=16, gradient_checkpointing=False, arms=["tandem"])
+    p = _params("params.paper.yaml", micro_batch_size=8, gradient_checkpointing=False, arms=["tandem"])
     inputs = {"base_model": base, "train_data": tmp_path / "train.jsonl", "val_data": tmp_path / "val.jsonl"}
     with pytest.raises(PlanError, match="train.gradient_checkpointing"):
         run_arm(p, "tandem", inputs, {"checkpoints": tmp_path / "ck", "runs": tmp_path / "runs"})

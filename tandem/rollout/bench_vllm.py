@@ -80,7 +80,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
     path, desc = _model_dir(model_dir)
     from transformers import AutoModelForCausalLM
 
-    senior = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    senior = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, use_safetensors=True).eval()
     tok = load_tokenizer(path)
     base = _prompts(tok, n_prompts, seed)
     prompts = [p for p in base for _ in range(n_samples)]
