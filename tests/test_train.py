@@ -424,7 +424,7 @@ def _alternating_score(texts, golds, **kw):  # every group has reward variance, 
 def test_clip_acts_only_when_a_rollout_batch_feeds_several_updates(base_dir, rows, tmp_path, updates):
     """Update 2 of a batch sees weights moved by update 1: ratio != 1 and the clip acts; one update: ratio == 1."""
     senior, junior, tok = _load(base_dir)
-    ro = RolloutConfig(max_new_tokens=12)
+    ro = RolloutConfig()
     train = TrainConfig(arms=["grpo"], steps=1, prompts_per_step=2, group_size=4, max_new_tokens=12, save_every=1,
                         report_to="none", learning_rate=0.05, warmup_steps=0, kl_rows=0, clip_epsilon=0.05,
                         updates_per_batch=updates, micro_batch_size=2)
@@ -465,7 +465,7 @@ def test_clip_acts_only_when_a_rollout_batch_feeds_several_updates(base_dir, row
 def test_resume_with_two_updates_per_batch_matches_an_uninterrupted_run(base_dir, rows, tmp_path):
     """step-<N> = N rollout batches = 2N optimizer updates; a run stopped at step 2 and resumed ends like one
     that never stopped."""
-    ro = RolloutConfig(max_new_tokens=8)
+    ro = RolloutConfig()
     train = TrainConfig(arms=["tandem"], steps=4, prompts_per_step=2, group_size=2, max_new_tokens=8, save_every=2,
                         report_to="none", learning_rate=1e-2, warmup_steps=1, kl_rows=2, updates_per_batch=2,
                         micro_batch_size=1)

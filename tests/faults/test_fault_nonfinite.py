@@ -113,7 +113,7 @@ def _train(tiny, arm_dir: Path, mode: str, nan_at_step: int):
     junior.requires_grad_(False)
     train = TrainConfig(arms=["grpo"], steps=3, prompts_per_step=2, group_size=4, max_new_tokens=8, save_every=1,
                         report_to="none", learning_rate=1e-2, warmup_steps=0, kl_rows=0, nonfinite_loss=mode)
-    rollout = RolloutConfig(max_new_tokens=8)
+    rollout = RolloutConfig()
     spec = arm_spec("grpo", train, rollout)
     guard = JuniorGuard(junior)
 
