@@ -116,26 +116,31 @@ def zero_variance_fraction(rewards_B: Sequence[float], group_size: int) -> float
 
 @torch.no_grad()
 def token_logprobs_B(model, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]],
-                     temperature: float, pad_id: int) -> list[list[float]]:
+                     temperature: float, pad_id: int, chunk_rows: int = 4) -> list[list[float]]:
     """Log-prob under `model` (logits / temperature) of every completion token, one list per row.
 
-    Rows are right-padded so every row starts at position 0 (no position shift from padding).
+    Rows are right-padded so every row starts at position 0 (no position shift from padding). Rows go through
+    the model `chunk_rows` at a time and only completion positions are normalised, so the full-vocabulary
+    logits of the whole batch never exist at once (16 rows x 300 tokens x 49k vocabulary is ~1 GB in float32).
     """
-    seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
-    width = max(len(s) for s in seqs)
-    ids_BT = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attn_BT = torch.zeros((len(seqs), width), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids_BT[b, :len(s)] = torch.tensor(s)
-        attn_BT[b, :len(s)] = 1
     device = next(model.parameters()).device
-    logits_BTV = model(input_ids=ids_BT.to(device), attention_mask=attn_BT.to(device)).logits.float()
-    logp_BTV = torch.log_softmax(logits_BTV / temperature, dim=-1)
-    out = []
-    for b, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-        pos_T = torch.arange(len(p) - 1, len(p) + len(c) - 1, device=device)
-        tgt_T = torch.tensor(list(c), dtype=torch.long, device=device)
-        out.append(logp_BTV[b, pos_T, tgt_T].tolist())
+    out: list[list[float]] = []
+    for s0 in range(0, len(prompt_ids), max(chunk_rows, 1)):
+        ps, cs = prompt_ids[s0:s0 + chunk_rows], completion_ids[s0:s0 + chunk_rows]
+        seqs = [list(p) + list(c) for p, c in zip(ps, cs)]
+        width = max(len(s) for s in seqs)
+        ids_BT = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        attn_BT = torch.zeros((len(seqs), width), dtype=torch.long)
+        for b, s in enumerate(seqs):
+            ids_BT[b, :len(s)] = torch.tensor(s)
+            attn_BT[b, :len(s)] = 1
+        logits_BTV = model(input_ids=ids_BT.to(device), attention_mask=attn_BT.to(device)).logits
+        for b, (p, c) in enumerate(zip(ps, cs)):
+            pos_T = torch.arange(len(p) - 1, len(p) + len(c) - 1, device=device)
+            tgt_T = torch.tensor(list(c), dtype=torch.long, device=device)
+            z_TV = logits_BTV[b, pos_T].float() / temperature
+            out.append((z_TV.gather(-1, tgt_T[:, None])[:, 0] - torch.logsumexp(z_TV, -1)).tolist())
+        del logits_BTV
     return out
 
 
