@@ -119,6 +119,41 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
     return summary
 
 
+def _warm_up(params: Params, prepared: Path, model_dir: Path) -> dict:
+    """Supervised warm-up of a fetched model on fresh synthetic reference solutions, saved in place.
+
+    A small instruct model (SmolLM2-135M) answers simple arithmetic in prose ("The answer is 17.") and never
+    writes the `\\boxed{}` answer the reward reads, so every reward would be 0 and RL would have nothing to
+    learn from. `model.sft_steps` steps on problems drawn like the training set (none of the prepared
+    problems) teach the format; few steps on purpose, so the base stays a partial solver.
+    """
+    import dataclasses
+
+    from tandem import models as M
+    from tandem.data.prompts import user_message
+    from tandem.data.synthetic import generate
+
+    mc, dc = params.model, params.data
+    model = M.load_model(model_dir, "float32", mc.trust_remote_code)
+    tok = M.load_tokenizer(model_dir, mc.trust_remote_code)
+    corpus = generate(mc.sft_steps * mc.sft_batch_size, dc.min_steps, dc.max_steps, params.seed,
+                      max_operand=dc.max_operand, max_value=dc.max_value, exclude=_prepared_problems(prepared),
+                      prefix="warmup")
+    cfg = dataclasses.replace(mc, pretrain_steps=mc.sft_steps, pretrain_lr=mc.sft_lr,
+                              pretrain_batch_size=mc.sft_batch_size, pretrain_max_seconds=0.0, pretrain_warmup=0.1,
+                              max_position=max(mc.max_position, 2048))
+    summary = M.pretrain(model, tok, [(user_message(p.problem), p.solution) for p in corpus], cfg, progress=True,
+                         seed=params.seed)
+    for f in model_dir.glob("*.safetensors"):  # the loaded weights may be memory-mapped from these files
+        f.unlink()
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+    source = json.loads((model_dir / M.SOURCE_FILE).read_text())
+    source["warmup"] = {"steps": summary["steps"], "examples": len(corpus), "lr": mc.sft_lr,
+                        "batch_size": mc.sft_batch_size, "prefix": "warmup", "seed": params.seed}
+    (model_dir / M.SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
+    return summary
+
+
 def _solution_tokens(tokenizer, corpus) -> dict:
     """Longest reference solution (+ EOS) in tokens, per step count: what the rollout budget must cover."""
     by_steps: dict[int, int] = {}
@@ -243,6 +278,8 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
                 metrics["imported"] = import_gguf(mc.gguf_file, tmp)
             else:
                 metrics["copied"] = _copy_local(Path(inputs["model_path"]), tmp, mc.trust_remote_code)
+            if mc.source != "tiny" and mc.sft_steps > 0:
+                metrics["warmup"] = _warm_up(params, Path(inputs["prepared"]), tmp)
         build_s = time.perf_counter() - t0
         threads = torch_threads()
         metrics["accuracy"] = _evaluate(params, Path(outputs["model"]), eval_sets)
