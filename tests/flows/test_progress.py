@@ -81,3 +81,15 @@ def test_live_view_borrows_and_returns_log_consoles():
         assert handler.console is original
     finally:
         logger.removeHandler(handler)
+
+
+def test_track_records_each_tasks_peak_memory():
+    from flows.progress import ProgressView
+
+    view = ProgressView("t", live=False)
+    with view.track("train", "train-a"):
+        block = bytearray(64 * 1024 * 1024)  # touch 64 MB so the task's peak rises above the baseline
+        block[::4096] = b"x" * len(block[::4096])
+    peaks = view.peak_memory()
+    assert set(peaks) == {"train-a"} and peaks["train-a"] > 64
+    assert view.timings()["train-a"] >= 0
