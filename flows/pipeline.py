@@ -354,6 +354,21 @@ def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str) -> d
     return evaluate_collect_task(params, sync)
 
 
+def _run_resources(params: Params, view: progress.ProgressView) -> dict:
+    """Per-task wall time and peak memory of this run, written to metrics/run.json (the run's metadata)."""
+    from tasks.common import Layout, peak_rss, torch_threads, write_json
+
+    peaks = view.peak_memory()
+    whole = peak_rss()
+    doc = {"timing": view.timings(), "resources": {"peak_rss_mb_by_task": peaks, **whole,
+                                                    "run_peak_rss_mb": max([*peaks.values(),
+                                                                            whole["process_max_rss_mb"] or 0,
+                                                                            whole["children_max_rss_mb"] or 0])},
+           "torch_threads": torch_threads(), "cpu_count": os.cpu_count()}
+    write_json(Layout.of(params).metrics / "run.json", doc)
+    return doc["resources"]
+
+
 def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summaries: dict, t0: float,
             promote: bool, push: bool, publish: bool, remote: str | None, what: str) -> dict:
     """Outputs to the DVC remote, dvc.lock and metrics to a git commit, the promotion as tags on that commit
@@ -375,7 +390,8 @@ def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summarie
     html = str(Path(report["html"]).resolve()) if report.get("html") else None
     md = str(Path(report["markdown"]).resolve()) if report.get("markdown") else None
     result = {"report": html, "markdown": md, "stages": summaries,
-              "timings": view.timings(), "wall_seconds": round(time.perf_counter() - t0, 3), "dvc": sync.reason}
+              "timings": view.timings(), "wall_seconds": round(time.perf_counter() - t0, 3), "dvc": sync.reason,
+              "resources": _run_resources(params, view)}
     get_run_logger().info("report: %s", result["report"])
     if view.live_requested:
         print(f"\nReport: {result['report']}", file=sys.stderr)

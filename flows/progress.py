@@ -29,6 +29,7 @@ class _Row:
     state: str = "pending"
     started: float | None = None
     ended: float | None = None
+    peak_rss_mb: float | None = None  # this process's peak resident memory while the task ran (Linux VmHWM)
 
     def seconds(self) -> float | None:
         if self.started is None:
@@ -66,12 +67,22 @@ class ProgressView:
 
     @contextmanager
     def track(self, stage: str, name: str) -> Iterator[None]:
+        from tasks.common import peak_rss, reset_peak_rss
+
+        # Per-task peak memory: the mark is process-wide, so this is exact when tasks run one at a time (the
+        # default, TANDEM_EVAL_WORKERS=1) and an upper bound for overlapping tasks.
+        reset_peak_rss()
         self.set_state(stage, name, "running")
         try:
             yield
         except BaseException:
             self.set_state(stage, name, "failed")
             raise
+        finally:
+            with self._lock:
+                row = self._rows.get(name)
+                if row is not None:
+                    row.peak_rss_mb = peak_rss()["peak_rss_mb"]
         self.set_state(stage, name, "done")
 
     def rows(self) -> list[_Row]:
@@ -81,6 +92,10 @@ class ProgressView:
     def timings(self) -> dict[str, float]:
         """Task name -> wall seconds, for the run summary."""
         return {r.name: round(r.seconds(), 3) for r in self.rows() if r.seconds() is not None}
+
+    def peak_memory(self) -> dict[str, float]:
+        """Task name -> peak resident memory in MB while it ran, for the run summary."""
+        return {r.name: r.peak_rss_mb for r in self.rows() if r.peak_rss_mb is not None}
 
     # -- rendering -------------------------------------------------------------------------------
     def _render(self):

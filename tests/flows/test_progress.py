@@ -112,3 +112,13 @@ def test_stage_output_logs_lines_and_leaves_inner_redirects_alone():
     assert inner.getvalue() == "LOAD_GLOBAL pa\n"
     assert records == [(logging.INFO, "base: corpus 200 problems"), (logging.WARNING, "validation failed on row 3"),
                        (logging.WARNING, "100%"), (logging.INFO, "no newline at the end")]
+def test_track_records_each_tasks_peak_memory():
+    from flows.progress import ProgressView
+
+    view = ProgressView("t", live=False)
+    with view.track("train", "train-a"):
+        block = bytearray(64 * 1024 * 1024)  # touch 64 MB so the task's peak rises above the baseline
+        block[::4096] = b"x" * len(block[::4096])
+    peaks = view.peak_memory()
+    assert set(peaks) == {"train-a"} and peaks["train-a"] > 64
+    assert view.timings()["train-a"] >= 0

@@ -151,3 +151,31 @@ def test_hub_source_offline_fails_cleanly(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="model.source: path"):
         base.run(params, *base.default_io(params))
     assert not (tmp_path / "models" / "base").exists()
+
+
+@pytest.mark.slow
+def test_warm_up_trains_a_fetched_model_in_place_and_records_it(tmp_path):
+    from safetensors.torch import load_file
+
+    from tandem.config import ModelConfig
+    from tandem.models import SOURCE_FILE, build_tiny_model, save_model, train_tokenizer
+    from tasks import base
+
+    _prepare(tmp_path)
+    src = tmp_path / "elsewhere"
+    probs = generate(50, 2, 4, seed=3)
+    tok = train_tokenizer([user_message(p.problem) + "\n\n" + p.solution for p in probs], 300)
+    save_model(build_tiny_model(tok, ModelConfig(**{k: TINY[k] for k in (
+        "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")})), tok, src)
+    params = _params(tmp_path, source="path", path=str(src), sft_steps=3, sft_batch_size=4, sft_lr=1e-3)
+    inputs, outputs = base.default_io(params)
+    metrics = base.run(params, inputs, outputs)
+    assert metrics["warmup"]["steps"] == 3 and metrics["warmup"]["tokens"] > 0
+    before, after = load_file(src / "model.safetensors"), load_file(outputs["model"] / "model.safetensors")
+    assert any(not (before[k] == after[k]).all() for k in before)  # the copy was trained, the source untouched
+    assert json.loads((outputs["model"] / SOURCE_FILE).read_text())["warmup"]["examples"] == 12
+    # run metadata: parameter count, generation speed and peak memory of the stage
+    assert metrics["model"]["n_params"] > 0 and metrics["model"]["vocab_size"] == len(tok)
+    assert metrics["generation"]["tokens_per_second"] > 0
+    assert metrics["resources"]["process_max_rss_mb"] > 0
+    assert metrics["timing"]["total"] >= metrics["timing"]["build"] > 0
