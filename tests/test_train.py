@@ -101,7 +101,7 @@ def test_token_logprobs_match_per_row_forward(base_dir):
     senior, _, tok = _load(base_dir)
     prompts, comps = [[5, 6, 7, 8], [9, 10]], [[11, 12, 13], [14, 15, 16, 17, 18]]
     for chunk_rows in (1, 4):  # rows one at a time, and both rows in one padded chunk
-        got = token_logprobs_B(senior, prompts, comps, 0.7, tok.pad_token_id, chunk_rows=chunk_rows)
+        got = token_logprobs_B(senior, prompts, comps, 0.7, tok.pad_token_id, batch_size=chunk_rows)
         for p, c, row in zip(prompts, comps, got):
             with torch.no_grad():
                 logits = senior(torch.tensor([p + c])).logits[0] / 0.7

@@ -15,7 +15,7 @@ MODEL=${1:?usage: serve.sh MODEL_DIR_OR_HUB_ID [PORT] [extra vllm serve args...]
 PORT=${2:-8000}
 shift $(( $# >= 2 ? 2 : 1 ))
 VENV=${VLLM_VENV:-/opt/vllm}
-VLLM_VERSION=${VLLM_VERSION:-0.31.0}   # pyproject's `gpu` extra allows <=0.31.0 (trl 1.16's range)
+VLLM_VERSION=${VLLM_VERSION:-0.32.0}   # the version the rollout service is built and tested with (Makefile: vllm-env)
 
 if [ ! -x "$VENV/bin/vllm" ]; then
   echo "creating $VENV with vllm==$VLLM_VERSION" >&2
