@@ -38,7 +38,7 @@ from tandem.config import params_from_dict
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # What the copy leaves out: environments, VCS, generated outputs (top level only), caches (anywhere).
-_TOP = {".venv", ".git", ".dvc", "dvc.lock", "models", "results", "reports", "metrics", "runs", "wandb", "registry",
+_TOP = {".venv", ".venv-vllm", ".tandem.lock", ".git", ".dvc", "dvc.lock", "models", "results", "reports", "metrics", "runs", "wandb", "registry",
         "scratch", ".prefect", ".pytest_cache", "dvc-remote"}
 STAGES = ("prepare", "base", "train@tandem", "train@grpo", "evaluate", "analyze", "report")
 
