@@ -190,7 +190,7 @@ def run(params: str = PARAMS_OPT,
             report = result.get("report") if isinstance(result, dict) else None
             res = result.get("resources") if isinstance(result, dict) else None
             if res:
-                typer.echo(f"peak resident memory: {res['run_peak_rss_mb']:.0f} MB (per task: metrics/run.json)")
+                typer.echo(f"peak resident memory: {res['run_peak_rss_mb']:.0f} MB (per task: results/run.json)")
     root = Path(p.out_root)
     typer.secho(f"\npipeline finished in {time.perf_counter() - t0:.0f}s. Results:", bold=True)
     for label, rel in [("report", "reports/report.html"), ("metrics", "metrics/"), ("models", "models/"),

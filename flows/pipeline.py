@@ -355,7 +355,10 @@ def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str) -> d
 
 
 def _run_resources(params: Params, view: progress.ProgressView) -> dict:
-    """Per-task wall time and peak memory of this run, written to metrics/run.json (the run's metadata)."""
+    """Per-task wall time and peak memory of this run, written to results/run.json (the run's metadata).
+
+    Not under metrics/: the report stage depends on metrics/, and a file written there after the report would
+    leave the report stale after every run."""
     from tasks.common import Layout, peak_rss, torch_threads, write_json
 
     peaks = view.peak_memory()
@@ -365,7 +368,7 @@ def _run_resources(params: Params, view: progress.ProgressView) -> dict:
                                                                             whole["process_max_rss_mb"] or 0,
                                                                             whole["children_max_rss_mb"] or 0])},
            "torch_threads": torch_threads(), "cpu_count": os.cpu_count()}
-    write_json(Layout.of(params).metrics / "run.json", doc)
+    write_json(Layout.of(params).root / "results" / "run.json", doc)
     return doc["resources"]
 
 
