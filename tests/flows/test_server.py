@@ -105,6 +105,16 @@ class Api:
         arts = self.post("/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": list(flow_run_ids)}}})
         return {a["key"]: a for a in arts if a.get("key")}
 
+    def wait_log(self, flow_run_id: str, needle: str, timeout: float = 90.0) -> str:
+        """The run's logs once they contain `needle`: workers ship log records in batches, so the last lines
+        can reach the API a little after the run's final state."""
+        deadline = time.time() + timeout
+        while True:
+            text = self.logs(flow_run_id)
+            if needle in text or time.time() > deadline:
+                return text
+            time.sleep(1.0)
+
     def logs(self, flow_run_id: str) -> str:
         out, offset = [], 0
         while True:
@@ -206,7 +216,7 @@ def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api)
     for name in ("prepare", "base", "train@tandem", "train@grpo", "dvc-push", "git-commit", "git-push"):
         assert runs[name]["state"]["type"] == "COMPLETED", (name, runs.get(name, {}).get("state"))
     assert not any(n.startswith(("evaluate", "analyze", "report")) for n in runs)
-    logs = api.logs(train_run["id"])
+    logs = api.wait_log(train_run["id"], "train@grpo: done")
     assert "base: corpus" in logs and "train@grpo: done" in logs and "DVC sync: committing" in logs
     arts = api.artifacts(train_run["id"])
     assert {arts[f"train-{a}-progress"]["data"] for a in ("tandem", "grpo")} == {100.0}
@@ -234,7 +244,7 @@ def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api)
     assert {"tandem-model@v1.0.0", "tandem-model#prod#1"} <= set(tags)
     lock = yaml.safe_load(_git(bare, "show", "main:dvc.lock"))["stages"]
     assert {"evaluate", "analyze", "report"} <= set(lock)
-    assert "promotion: promoted" in api.logs(eval_run["id"])
+    assert "promotion: promoted" in api.wait_log(eval_run["id"], "promotion: promoted")
 
     # 3. scheduled retraining on a third fresh worker: nothing changed, so every stage is a Skipped task run,
     # and it sees the promotion of worker 2
@@ -243,7 +253,7 @@ def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api)
     for name in STAGES:
         assert runs[name]["state"]["name"] == "Skipped", (name, runs[name]["state"])
     assert runs["promote"]["state"]["type"] == "COMPLETED"
-    logs = api.logs(sched_run["id"])
+    logs = api.wait_log(sched_run["id"], "already promoted")
     assert "already promoted" in logs and "up to date in dvc.lock, skipped" in logs
     report = api.artifacts(sched_run["id"])["tandem-report"]["data"]
     assert "already promoted" in report
