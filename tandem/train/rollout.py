@@ -41,8 +41,11 @@ def full_weights(trainer):
     kind = str(getattr(getattr(acc, "state", None), "distributed_type", "")) if acc is not None else ""
     if "FSDP" in kind:
         if getattr(acc, "is_fsdp2", False):
-            raise NotImplementedError("train.sharding: fsdp version 2 is not supported by the tandem engine; "
-                                      "use FSDP version 1 (the default of train.sharding: fsdp)")
+            from tandem.errors import BadInputError
+
+            raise BadInputError("train.sharding: fsdp version 2 is not supported by the tandem engine (its "
+                                "DTensor parameters cannot be read by the rollout kernels); use FSDP version 1, "
+                                "the default of train.sharding: fsdp")
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
         with FSDP.summon_full_params(trainer.model_wrapped, writeback=False, recurse=True):
