@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from tandem.rollout.sampling import STREAM_SAMPLE, sample_tokens, uniform
-from tandem.rollout.schedule import Schedule
+from tandem.rollout.schedule import Schedule, check_schedule, uses_junior
 
 FINISH_EOS, FINISH_LENGTH, FINISH_ROUNDS = "eos", "length", "rounds"
 _FINISH_NAMES = {1: FINISH_EOS, 2: FINISH_LENGTH, 3: FINISH_ROUNDS}
@@ -171,3 +171,17 @@ def run_rounds(hist_BS: torch.Tensor, p_max: int, sched: Schedule, sampling: Sam
         hand.append(count_handoffs(own_out[-1]))
         fin.append(_FINISH_NAMES.get(int(finish_B[b]), FINISH_LENGTH))
     return RolloutBatch(ids_out, own_out, lp_out, hand, fin)
+
+
+def check_request(schedule: str, sampling: SamplingParams, seed: int, p_senior: float, max_gap_tokens: int,
+                  max_rounds: int, has_junior: bool) -> None:
+    """The checks every engine's `generate` makes before any work (one definition for the hf engine and the
+    vLLM client): a known schedule with valid settings, a non-negative seed, real sampling settings, and a
+    junior whenever the schedule can hand a token to it."""
+    check_schedule(schedule, p_senior, max_gap_tokens, max_rounds)
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+    if uses_junior(schedule, p_senior) and not has_junior:
+        raise ValueError(f"schedule {schedule!r} (p_senior={p_senior}) needs a junior model, but junior is None")

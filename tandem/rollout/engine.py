@@ -22,8 +22,8 @@ from typing import Any, Sequence
 
 import torch
 
-from tandem.rollout.core import RolloutBatch, SamplingParams  # noqa: F401  (public API lives here)
-from tandem.rollout.schedule import check_schedule, uses_junior, uses_senior
+from tandem.rollout.core import RolloutBatch, SamplingParams, check_request  # noqa: F401  (public API lives here)
+from tandem.rollout.schedule import uses_junior, uses_senior
 from tandem.rollout.vocab import TokenTables, build_tables, check_vocab_compatible
 
 BACKENDS = ("hf", "vllm")
@@ -120,13 +120,7 @@ class TandemEngine:
         if self._vllm is not None:
             return self._vllm.generate(prompt_ids, schedule, sampling, seed, p_senior, max_gap_tokens, max_rounds,
                                        row_ids, batch_size, progress)
-        check_schedule(schedule, p_senior, max_gap_tokens, max_rounds)
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        if not isinstance(sampling, SamplingParams):
-            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-        if uses_junior(schedule, p_senior) and self.junior is None:
-            raise ValueError(f"schedule {schedule!r} (p_senior={p_senior}) needs a junior model, but junior is None")
+        check_request(schedule, sampling, seed, p_senior, max_gap_tokens, max_rounds, self.junior is not None)
         prompts = [list(map(int, p)) for p in prompt_ids]
         B = len(prompts)
         if B == 0:

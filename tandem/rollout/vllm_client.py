@@ -41,8 +41,7 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from tandem.rollout.core import RolloutBatch, SamplingParams
-from tandem.rollout.schedule import check_schedule, uses_junior
+from tandem.rollout.core import RolloutBatch, SamplingParams, check_request
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PYTHON = ".venv-vllm/bin/python"
@@ -410,13 +409,7 @@ class VLLMEngine:
                  progress: bool = False) -> RolloutBatch:
         """Roll out every prompt once (see `TandemEngine.generate`); `batch_size`/`progress` are accepted for
         the same signature: the service batches all rows of a call itself."""
-        check_schedule(schedule, p_senior, max_gap_tokens, max_rounds)
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        if not isinstance(sampling, SamplingParams):
-            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-        if uses_junior(schedule, p_senior) and self.junior is None:
-            raise ValueError(f"schedule {schedule!r} (p_senior={p_senior}) needs a junior model, but junior is None")
+        check_request(schedule, sampling, seed, p_senior, max_gap_tokens, max_rounds, self.junior is not None)
         prompts = [list(map(int, p)) for p in prompt_ids]
         B = len(prompts)
         if B == 0:
