@@ -1,4 +1,5 @@
-"""The `tandem` command line: run one stage, the whole pipeline, check a params file, plan memory, run benchmarks.
+"""The `tandem` command line: run one stage, the whole pipeline, a multi-seed study, check a params file, plan
+memory, run benchmarks.
 
 This is the entry point above every layer (top level, next to `flows/`): it imports `tasks/` and `flows/` lazily
 inside each command, so `tandem --help` and `tandem check-params` start fast.
@@ -198,6 +199,55 @@ def run(params: str = PARAMS_OPT,
         path = Path(report) if (label == "report" and report) else root / rel
         if path.exists():
             typer.echo(f"  {label:12s} {path.resolve()}")
+
+
+@app.command()
+def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds (first-seed, first-seed + 1, ...)"),
+          params: str = typer.Option("params.study.yaml", "--params", "-p", help="complete params file of the study"),
+          first_seed: int = typer.Option(0, "--first-seed", help="the first seed"),
+          out: str = typer.Option("studies", "--out", help="directory for the per-seed roots, claims.json and the report"),
+          jobs: int = typer.Option(2, "--jobs", help="runs side by side (each a one-thread stage process)"),
+          until: str = typer.Option("claims", "--until", help="stop after: train | analyze | claims"),
+          show_status: bool = typer.Option(False, "--status", help="print where each seed x arm stands and exit"),
+          direct: bool = typer.Option(False, help="run the steps in this process without Prefect")) -> None:
+    """Run the pipeline for several seeds x the arms and test the paper's claims with 95% intervals
+    (`<out>/claims.json`, `<out>/report.md`). Rerun after an interruption: it continues where it stopped."""
+    _offline_defaults()
+    if until not in ("train", "analyze", "claims"):
+        typer.secho(f"--until {until!r}: choose train, analyze or claims", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code=2)
+    _load(params)
+    with expected_failures("study"):
+        from tasks import study as st
+
+        s = st.settings(params, seeds, first_seed, out, jobs)
+        if show_status:
+            for r in st.status(s):
+                step = f"{r['step']}/{r['steps']}" if r["steps"] else ""
+                typer.echo(f"seed {r['seed']:>3}  {r['arm']:<8} {r['state']:<10} {step}")
+            return
+        t0 = time.perf_counter()
+        if direct:
+            st.shared_inputs(s)
+            for seed in s.seeds:
+                root = st.prepare_root(s, seed)
+                for arm in s.arms:
+                    typer.echo(f"study: seed {seed} {arm}: training (log: {root / 'logs' / f'train_{arm}.log'})")
+                    st.train(root, arm)
+                if until != "train":
+                    st.evaluate(root)
+                    st.analyze(root)
+            doc = st.aggregate(s) if until == "claims" else None
+        else:
+            from flows.study import tandem_study
+
+            _guard_log_handlers()
+            tandem_study(params_path=params, seeds=seeds, first_seed=first_seed, out=out, jobs=jobs, until=until)
+            doc = st.read_json(s.out / "claims.json") if until == "claims" else None
+    typer.secho(f"\nstudy finished in {time.perf_counter() - t0:.0f}s", bold=True)
+    if doc is not None:
+        typer.echo(st.claims_summary(doc))
+        typer.echo(f"  claims   {s.out / 'claims.json'}\n  report   {s.out / 'report.md'}")
 
 
 @app.command("check-params")
