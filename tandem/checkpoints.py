@@ -8,7 +8,7 @@
 Training writes into the staging name, adds `tandem_state.json` (the run's fingerprint and step) and renames
 the folder to `step-<N>` in one `os.replace` (`commit_dir`). One rule (`is_complete`) decides what every
 reader trusts: training resuming a run, evaluation listing an arm's checkpoints, the analysis and the report.
-Step 0 is the base model itself (`list_checkpoints`).
+Step 0 is the base model itself (`list_checkpoints`, which lists every step or only the base and the last).
 """
 
 from __future__ import annotations
@@ -139,12 +139,21 @@ class Checkpoint:
         return step_name(self.step)
 
 
-def list_checkpoints(checkpoints_dir: str | os.PathLike, arm: str, base_dir: str | os.PathLike) -> list[Checkpoint]:
-    """The base as step 0, then every complete `<checkpoints_dir>/<arm>/step-<N>/` in increasing N.
+CHECKPOINT_SELECTIONS = ("all", "final")  # `evaluate.checkpoints`: every saved step, or the base and the last
+
+
+def list_checkpoints(checkpoints_dir: str | os.PathLike, arm: str, base_dir: str | os.PathLike,
+                     which: str = "all") -> list[Checkpoint]:
+    """The base as step 0, then every complete `<checkpoints_dir>/<arm>/step-<N>/` in increasing N
+    (`which="all"`), or only the last of them (`which="final"`).
 
     An arm never trained has only step 0.
     """
+    if which not in CHECKPOINT_SELECTIONS:
+        raise ValueError(f"list_checkpoints: which={which!r} must be one of {list(CHECKPOINT_SELECTIONS)}")
     found = complete_checkpoints(Path(checkpoints_dir) / arm)
+    if which == "final":
+        found = found[-1:]
     return [Checkpoint(arm, 0, Path(base_dir))] + [Checkpoint(arm, s, p) for s, p in found]
 
 

@@ -4,7 +4,8 @@ Reads `metrics/eval.json` (which checkpoints exist, their paths and content hash
 generations, teacher-forces each checkpoint and the base (= the frozen junior) on the checkpoint's own solo
 completions, and reports junior cross-entropy, distribution overlap, per-token KL(senior || base) (mean,
 quantiles, histogram), and the mean log-ratio on the reference arm's most-drifted token types. Writes
-`metrics/analysis.json` and the CSV tables of docs/metrics.md; identical weights are scored once.
+`metrics/analysis.json` and the CSV tables of docs/metrics.md, among them `per_problem.csv` (the values per
+problem, which a multi-seed study resamples); identical weights are scored once.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from tandem.checkpoints import generations_file
 from tandem.config import Params
 from tandem.evaluation import content_hash, teacher_forced_stats, torch_threads
-from tandem.metrics.analysis import analyze_checkpoints
+from tandem.metrics.analysis import analyze_checkpoints, per_problem_counts, per_problem_means
 from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json
 from tasks.evaluate import write_csv
 from tandem.errors import BadInputError
@@ -49,9 +50,10 @@ def _solo_generations(gen_dir: Path, arm: str, step: int, benchmarks: list[str])
     return out
 
 
-def _checkpoint_stats(senior, base, gens: dict[str, list[dict]], batch_size: int, pad_id: int,
-                      progress: bool, desc: str) -> dict[str, list[dict[str, np.ndarray]]]:
-    """Per benchmark, per completion: the per-token arrays of `teacher_forced_stats` plus `targets`."""
+def _checkpoint_stats(senior, base, gens: dict[str, list[dict]], batch_size: int, pad_id: int, progress: bool,
+                      desc: str) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list]]:
+    """Per benchmark, per completion: the per-token arrays of `teacher_forced_stats` plus `targets`; and per
+    benchmark, the problem id of each completion (same order)."""
     from tqdm.auto import tqdm
 
     flat = [(b, r) for b, rows in gens.items() for r in rows]
@@ -63,7 +65,7 @@ def _checkpoint_stats(senior, base, gens: dict[str, list[dict]], batch_size: int
     for (b, r), s in zip(flat, stats):
         s["targets"] = np.asarray(r["completion_ids"], dtype=np.int64)
         out[b].append(s)
-    return out
+    return out, {b: [r["id"] for r in rows] for b, rows in gens.items()}
 
 
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
@@ -103,6 +105,7 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
 
     # Teacher-force each distinct checkpoint once (every arm's step 0 is the base).
     by_hash: dict[str, dict[str, list[dict]]] = {}
+    ids_by_hash: dict[str, dict[str, list]] = {}
     for arm in arms:
         for c in ev["arms"][arm]["checkpoints"]:
             if c["hash"] in by_hash:
@@ -112,8 +115,8 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
             if c["hash"] != base_hash:
                 senior = load_model(_resolve(c["path"], root), params.model.dtype,
                                     params.model.trust_remote_code).to(device).eval()
-            by_hash[c["hash"]] = _checkpoint_stats(senior, base, gens, an.batch_size, pad_id,
-                                                   params.evaluate.progress, f"analyze {arm} step-{c['step']}")
+            by_hash[c["hash"]], ids_by_hash[c["hash"]] = _checkpoint_stats(
+                senior, base, gens, an.batch_size, pad_id, params.evaluate.progress, f"analyze {arm} step-{c['step']}")
             del senior
 
     doc = {"settings": {"top_drift_tokens": an.top_drift_tokens, "min_type_count": an.min_type_count,
@@ -130,6 +133,8 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
             write_csv(tmp / f"{arm}.csv", *_arm_table(out_arms[arm], an.quantiles, benchmarks))
         write_csv(tmp / "drift_tokens.csv", *_tokens_table(doc["reference"], out_arms))
         write_csv(tmp / "drift_hist.csv", *_hist_table(np.asarray(doc["kl_histogram_edges"]), out_arms))
+        write_csv(tmp / "per_problem.csv", *_problem_table(
+            {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, by_hash, ids_by_hash, benchmarks))
     write_json(outputs["metrics"], doc)
     return {f"{arm}/{k}": v for arm, s in doc["summary"].items() for k, v in s.items() if k != "final_step"}
 
@@ -150,6 +155,24 @@ def _arm_table(arm: dict, qs: list[float], benchmarks: list[str]):
             r.update({f"junior_ce/{b}": leg["junior_ce"]["benchmarks"][b], f"overlap/{b}": leg["overlap"]["benchmarks"][b],
                       f"kl_mean/{b}": dr["kl"]["benchmarks"][b]})
         rows.append(r)
+    return cols, rows
+
+
+PER_PROBLEM = {"junior_ce": "junior_nll", "overlap": "overlap", "kl_mean": "kl"}  # column -> per-token array
+
+
+def _problem_table(arms: dict[str, list[dict]], by_hash: dict, ids_by_hash: dict, benchmarks: list[str]):
+    """One row per (arm, step, benchmark, problem): the per-problem means of `per_problem_means`."""
+    cols = ["arm", "step", "benchmark", "id", "n_completions"] + list(PER_PROBLEM)
+    rows = []
+    for arm, cks in arms.items():
+        for c in cks:
+            for b in benchmarks:
+                st, ids = by_hash[c["hash"]][b], ids_by_hash[c["hash"]][b]
+                means = {col: per_problem_means(st, ids, name) for col, name in PER_PROBLEM.items()}
+                for pid, n in per_problem_counts(st, ids).items():
+                    rows.append({"arm": arm, "step": c["step"], "benchmark": b, "id": pid, "n_completions": n,
+                                 **{col: m[pid] for col, m in means.items()}})
     return cols, rows
 
 

@@ -110,7 +110,8 @@ def base_dir(params: Params, inputs: dict) -> Path:
 
 def _all_checkpoints(params: Params, inputs: dict) -> dict[str, list]:
     base = base_dir(params, inputs)
-    return {arm: list_checkpoints(inputs["checkpoints"], arm, base) for arm in params.train.arms}
+    return {arm: list_checkpoints(inputs["checkpoints"], arm, base, params.evaluate.checkpoints)
+            for arm in params.train.arms}
 
 
 def plan(params: Params, inputs: dict | None = None) -> list[dict]:

@@ -101,6 +101,7 @@ def test_unknown_key_wrong_type_and_range_all_named():
     ("data", "n_train", -3, ">= 0"),
     ("evaluate", "ks", [1, 16], "n_samples"),
     ("evaluate", "top_p", 0.0, "(0, 1]"),
+    ("evaluate", "checkpoints", "last", "one of all, final"),
     ("train", "arms", ["tandem", "nope"], "drawn from"),
 ])
 def test_impossible_values(section, key, value, rule):

@@ -27,6 +27,29 @@ def per_completion_mean(stats: Sequence[Mapping[str, np.ndarray]], name: str) ->
     return float(np.mean(vals)) if vals else None
 
 
+def _by_problem(stats: Sequence[Mapping[str, np.ndarray]], ids: Sequence[Any]) -> dict[Any, list]:
+    if len(stats) != len(ids):
+        raise ValueError(f"per-problem statistics: {len(stats)} completions but {len(ids)} problem ids")
+    groups: dict[Any, list] = {}
+    for s, i in zip(stats, ids):
+        groups.setdefault(i, []).append(s)
+    return groups
+
+
+def per_problem_means(stats: Sequence[Mapping[str, np.ndarray]], ids: Sequence[Any],
+                      name: str) -> dict[Any, float | None]:
+    """Problem id -> `per_completion_mean` of `name` over that problem's completions (`ids[i]` is the problem
+    of `stats[i]`; ids in first-seen order). Weighted by `per_problem_counts`, these average back to
+    `per_completion_mean(stats, name)`, so a study can resample problems and keep the per-completion metric."""
+    return {i: per_completion_mean(g, name) for i, g in _by_problem(stats, ids).items()}
+
+
+def per_problem_counts(stats: Sequence[Mapping[str, np.ndarray]], ids: Sequence[Any],
+                       name: str = "junior_nll") -> dict[Any, int]:
+    """Problem id -> how many of its completions are non-empty (the ones `per_problem_means` averages)."""
+    return {i: sum(1 for s in g if s[name].size) for i, g in _by_problem(stats, ids).items()}
+
+
 def pooled(stats_by_b: StatsByBenchmark, name: str) -> np.ndarray:
     """Every token's `name` value across benchmarks and completions, concatenated in order."""
     arrs = [s[name] for rows in stats_by_b.values() for s in rows]

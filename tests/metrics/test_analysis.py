@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tandem.metrics.analysis import (analyze_checkpoints, checkpoint_entry, kl_histogram_edges,
-                                     per_completion_mean, pooled, reference_types, top_tokens_final)
+                                     per_completion_mean, per_problem_counts, per_problem_means, pooled,
+                                     reference_types, top_tokens_final)
 
 
 def _comp(targets, kl, logratio, nll=None, overlap=None):
@@ -24,6 +25,33 @@ def test_pooled_and_per_completion_means_match_naive():
     assert pooled(ST, "kl").tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.0])
     assert per_completion_mean(ST["b1"], "junior_nll") == pytest.approx(2.0)  # the empty completion is skipped
     assert per_completion_mean([_comp([], [], [])], "kl") is None
+
+
+def test_per_problem_means_match_a_naive_loop_and_average_back_to_the_per_completion_mean():
+    rng = np.random.default_rng(0)
+    ids = ["p2", "p1", "p2", "p3", "p1", "p3", "p2", "p1"]
+    lengths = [3, 0, 1, 4, 2, 0, 5, 2]  # p1 and p3 each have one empty completion
+    stats = [_comp(list(range(n)), rng.random(n), rng.normal(size=n), nll=rng.random(n) * 3) for n in lengths]
+    stats.append(_comp([], [], []))
+    ids.append("p4")  # only an empty completion: undefined, not 0
+    for name in ("junior_nll", "kl", "overlap"):
+        got = per_problem_means(stats, ids, name)
+        assert list(got) == ["p2", "p1", "p3", "p4"]  # first-seen order
+        for pid in got:
+            vals = []
+            for s, i in zip(stats, ids):
+                if i == pid and len(s[name]) > 0:
+                    vals.append(sum(float(x) for x in s[name]) / len(s[name]))
+            if vals:
+                assert got[pid] == pytest.approx(sum(vals) / len(vals), rel=1e-6)
+            else:
+                assert got[pid] is None
+        n = per_problem_counts(stats, ids, name)
+        assert n == {"p2": 3, "p1": 2, "p3": 1, "p4": 0}
+        weighted = sum(n[i] * v for i, v in got.items() if v is not None) / sum(n.values())
+        assert weighted == pytest.approx(per_completion_mean(stats, name), rel=1e-6)
+    with pytest.raises(ValueError, match="2 completions but 1 problem ids"):
+        per_problem_means(stats[:2], ids[:1], "kl")
 
 
 def test_reference_types_rank_by_mean_logratio():

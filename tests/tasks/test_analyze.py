@@ -1,5 +1,6 @@
 """Stage `analyze`: batched teacher forcing against an unbatched naive loop, and the full stage on a tiny
-evaluated checkpoint tree (every field for every arm and checkpoint, base self-drift 0, the reference ranking)."""
+evaluated checkpoint tree (every field for every arm and checkpoint, base self-drift 0, the reference ranking,
+the per-problem table)."""
 
 from __future__ import annotations
 
@@ -137,6 +138,27 @@ def test_analyze_reports_every_metric_for_every_arm_and_checkpoint(evaluated):
     with open(plots / "drift_tokens.csv") as f:
         toks = list(csv.DictReader(f))
     assert len(toks) == ref["n_types"] and {"tandem/logratio", "kl_reg/count"} <= set(toks[0])
+
+    # per problem: one row per (arm, step, benchmark, problem); with every problem sampled n_samples times,
+    # the mean over problems is the benchmark's per-completion mean of analysis.json
+    with open(plots / "per_problem.csv") as f:
+        reader = csv.DictReader(f)
+        pp = list(reader)
+    assert reader.fieldnames == ["arm", "step", "benchmark", "id", "n_completions", "junior_ce", "overlap", "kl_mean"]
+    assert len(pp) == len(F.ARMS) * 3 * len(benches) * 2
+    for arm in F.ARMS:
+        for c in doc["arms"][arm]["checkpoints"]:
+            for b in benches:
+                rows = [r for r in pp if r["arm"] == arm and r["step"] == str(c["step"]) and r["benchmark"] == b]
+                gens = [json.loads(x) for x in (evaluated / "results" / "generations" / arm / f"step-{c['step']}" /
+                                                "solo" / f"{b}.jsonl").read_text().splitlines()]
+                assert sorted(r["id"] for r in rows) == sorted({str(g["id"]) for g in gens})
+                assert all(r["n_completions"] == "4" for r in rows)
+                for col, m in (("junior_ce", "junior_ce"), ("overlap", "overlap")):
+                    got = sum(float(r[col]) for r in rows) / len(rows)
+                    assert got == pytest.approx(c["legibility"][m]["benchmarks"][b], rel=1e-5)
+                if c["step"] == 0:
+                    assert all(float(r["kl_mean"]) == 0.0 and float(r["overlap"]) == pytest.approx(1.0) for r in rows)
 
 
 @pytest.mark.slow

@@ -42,6 +42,26 @@ def test_list_checkpoints_orders_steps_and_skips_partial_dirs(tmp_path):
     assert [c.step for c in list_checkpoints(tmp_path / "ckpt", "tandem", tmp_path / "base")] == [0]
 
 
+def test_final_selection_lists_the_base_and_each_arms_last_checkpoint(tmp_path):
+    ck = tmp_path / "ckpt"
+    for step in (4, 2):
+        _fake_checkpoint(ck / "grpo" / f"step-{step}", weights=f"w{step}".encode())
+    _fake_checkpoint(ck / "grpo" / "step-6", marker=False)  # unfinished: not the last complete one
+    _fake_checkpoint(tmp_path / "base")
+    final = list_checkpoints(ck, "grpo", tmp_path / "base", "final")
+    assert [(c.step, c.path.name) for c in final] == [(0, "base"), (4, "step-4")]
+    assert [c.step for c in list_checkpoints(ck, "grpo", tmp_path / "base", "all")] == [0, 2, 4]
+    assert [c.step for c in list_checkpoints(ck, "tandem", tmp_path / "base", "final")] == [0]
+    with pytest.raises(ValueError, match="all, final|'all', 'final'"):
+        list_checkpoints(ck, "grpo", tmp_path / "base", "last")
+    # the stage follows evaluate.checkpoints
+    inputs = {"checkpoints": ck, "base_model": tmp_path / "base"}
+    for which, steps in (("final", [0, 4]), ("all", [0, 2, 4])):
+        params = params_from_dict({"train": {"arms": ["grpo", "tandem"]}, "evaluate": {"checkpoints": which}})
+        got = ev._all_checkpoints(params, inputs)
+        assert [c.step for c in got["grpo"]] == steps and [c.step for c in got["tandem"]] == [0]
+
+
 def test_content_hash_follows_weight_bytes_only(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
