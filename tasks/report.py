@@ -1,5 +1,8 @@
 """Stage `report`: read the metrics, write `reports/report.html` (self-contained) and `reports/report.md`.
 
+The report opens with the claims table (`tandem.metrics.claims` on the run's per-problem measures,
+`tasks/measures.py`: one seed, so the intervals bootstrap over problems only) and its warnings; the same
+measures give the 95% intervals shown in the final-checkpoint tables and as error bars in figures 2 and 3.
 Figures and tables come from `tandem.report` (paper figures 2, 3, 4, 7 and tables 1, 2), plus training
 reward curves, the promotion comparison against the last promoted checkpoint, a few escaped example
 generations and the run metadata (git commit, dvc.lock hash, params, package versions, seeds, hardware,
@@ -25,23 +28,29 @@ import yaml
 
 from tandem.checkpoints import generations_file
 from tandem.config import Params
+from tandem.errors import BadInputError
+from tandem.metrics.claims import arm_intervals, claims_for, evaluate_claims
 from tandem.report.build import build_report
 from tandem.report.document import Figure, TextBlock
 from tandem.report.render import figure_filename, render_html, render_markdown
 from tandem.redact import redact
 from tasks import promotion
 from tasks.common import Layout, atomic_path, read_json, read_jsonl
+from tasks.measures import run_measures, stack_seeds
 
 PACKAGES = ("torch", "transformers", "trl", "accelerate", "math-verify", "prefect", "dvc", "great-expectations",
             "wandb", "numpy", "matplotlib")
 REWARD_COLUMNS = ("reward", "reward_mean", "rewards/mean", "train/reward", "mean_reward")
+N_BOOT, BOOT_SEED = 2000, 0  # bootstrap draws and their seed: the same metrics give the same intervals
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     L = Layout.of(params)
     inputs = {"eval": L.metrics / "eval.json", "analysis": L.metrics / "analysis.json",
               "base": L.metrics / "base.json", "data": L.metrics / "data.json",
-              "plots": L.plots, "generations": L.generations}
+              "plots": L.plots, "generations": L.generations,
+              # per-problem analysis values (read by tasks/measures.py under out_root; optional)
+              "per_problem": L.plots / "analysis" / "per_problem.csv"}
     outputs = {"html": L.reports / "report.html", "markdown": L.reports / "report.md",
                "figures": L.reports / "figures"}
     return inputs, outputs
@@ -109,6 +118,20 @@ def examples(eval_data: dict, generations: Path, max_examples: int) -> list[Text
                      f"score {row.get('score')}, gold {row.get('answer')}, finish {row.get('finish_reason')}")
             out.append(TextBlock(label, str(row.get("text", ""))))
     return out
+
+
+def claims_and_intervals(params: Params, eval_data: dict) -> tuple[list[dict] | None, dict | None, str]:
+    """The claims rows and the per-arm intervals from this run's per-problem measures (one seed), or
+    (None, None, why) when they cannot be computed, so the report still renders and says why."""
+    ks = eval_data.get("settings", {}).get("ks") or []
+    if not ks:
+        return None, None, "metrics/eval.json records no pass@k."
+    try:
+        measures = stack_seeds([run_measures(Layout.of(params).root, list(params.train.arms))])
+        rows = evaluate_claims(measures, claims_for(max(ks)), n_boot=N_BOOT, seed=BOOT_SEED)
+        return rows, arm_intervals(measures, n_boot=N_BOOT, seed=BOOT_SEED), ""
+    except (BadInputError, OSError, KeyError, ValueError) as e:  # a report without claims beats no report
+        return None, None, f"the per-problem measures could not be computed ({type(e).__name__}: {e})."
 
 
 # --------------------------------------------------------------------------------------------------
@@ -266,11 +289,13 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     train_arms = {arm: v for arm, v in docs["train"].items() if isinstance(v, dict)}
     curves = train_tables(inputs["plots"], list(eval_data.get("arms", {})))
     decision = promotion.decision_for(params, eval_data)
+    claims, intervals, claims_note = claims_and_intervals(params, eval_data)
     rep = build_report(
         title=params.report.title, eval_data=eval_data, analysis=analysis, train_curves=curves,
         reward_key=reward_column(curves), decision=decision, metadata=metadata(params, docs, train_arms),
         params_text=yaml.safe_dump(params.to_dict(), sort_keys=False),
-        examples=examples(eval_data, inputs["generations"], params.report.max_examples))
+        examples=examples(eval_data, inputs["generations"], params.report.max_examples),
+        claims=claims, claims_seeds=1, claims_note=claims_note, intervals=intervals)
     fig_dir = Path(outputs["figures"])
     with atomic_path(fig_dir) as tmp:
         tmp.mkdir(parents=True)
@@ -283,7 +308,8 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
         tmp.write_text(render_html(rep), encoding="utf-8")
     wandb_logged = log_figures_to_wandb(params, rep.figures(), fig_dir)
     return {"html": str(outputs["html"]), "markdown": str(outputs["markdown"]), "figures": len(rep.figures()),
-            "promote": decision.promote, "promotion_reason": decision.reason, "wandb": wandb_logged}
+            "promote": decision.promote, "promotion_reason": decision.reason, "wandb": wandb_logged,
+            "claims": len(claims) if claims is not None else 0}
 
 
 def artifact_markdown(params: Params, summary: dict) -> str:

@@ -78,6 +78,18 @@ def arm_summary(measures: Measures, metric: str, n_boot: int, seed: int) -> dict
                   if _has(measures, arm, metric) else None) for arm in measures}
 
 
+def arm_intervals(measures: Measures, n_boot: int = 2000, seed: int = 0) -> dict[str, dict[str, tuple[float, float]]]:
+    """Every measured arm's and metric's 95% interval: {arm: {metric: (low, high)}}, for the report's tables and
+    figures (error bars next to the values they already show)."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for arm, per_metric in measures.items():
+        for metric, values in per_metric.items():
+            if values:
+                iv = bootstrap_interval(values, n_boot=n_boot, seed=seed)
+                out.setdefault(arm, {})[metric] = (iv.low, iv.high)
+    return out
+
+
 def evaluate_claims(measures: Measures, claims: tuple[Claim, ...], n_boot: int = 2000, seed: int = 0) -> list[dict]:
     """One JSON-ready row per claim: claim, statement, metric, comparison, the three arms' estimates (and the
     base's, when measured) with intervals, difference, ci_low, ci_high, direction, margin, verdict, within_noise."""

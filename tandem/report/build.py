@@ -1,7 +1,8 @@
 """Assemble the whole results report (`Report`) from loaded metrics; no file I/O here.
 
 `tasks/report.py` reads the files and writes the outputs; a notebook can call `build_report` on the same
-dicts. Sections follow the paper: solo accuracy (fig. 2), tandem accuracy (fig. 3), drift (fig. 4), the
+dicts. The claims section comes first (`tandem.report.claims`: the claims table with intervals, error bars and
+the within-noise warnings, or the reason there are no claims), then the summary. Sections follow the paper: solo accuracy (fig. 2), tandem accuracy (fig. 3), drift (fig. 4), the
 KL-Reg comparison (fig. 7), legibility (table 1), the ablation (table 2), then training curves, the
 promotion gate, example generations (escaped by the renderers) and the run metadata.
 """
@@ -12,6 +13,7 @@ from typing import Any
 
 from tandem.report import figures as F
 from tandem.report import tables as T
+from tandem.report.claims import claims_section
 from tandem.report.document import Figure, Report, Section, TextBlock
 from tandem.report.promotion import Decision, comparison_rows
 from tandem.report.render import format_cell
@@ -59,21 +61,37 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
                  train_curves: dict[str, dict[str, list[float]]] | None = None, reward_key: str | None = None,
                  decision: Decision | None = None, metadata: dict[str, Any] | None = None,
                  params_text: str = "", examples: list[TextBlock] | None = None,
-                 notes: list[str] | None = None) -> Report:
+                 notes: list[str] | None = None, claims: list[dict] | None = None, claims_seeds: int = 1,
+                 claims_note: str = "", intervals: T.Intervals | None = None) -> Report:
+    """The report's sections from loaded metrics.
+
+    `claims`: rows of `tandem.metrics.claims.evaluate_claims` over `claims_seeds` seeds, shown first; when None,
+    the Claims section says why (`claims_note`). `intervals` ({arm or "base": {metric: (low, high)}}) add 95%
+    intervals to the final-checkpoint tables and error bars to the pass@k-against-k panels.
+    """
     s = eval_data.get("settings", {})
     k = (s.get("ks") or [1])[0]
     subtitle = (f"{len(eval_data.get('arms', {}))} arm(s), {len(s.get('benchmarks', {}))} benchmark(s), "
                 f"{s.get('n_samples', '?')} samples per problem, modes: {', '.join(s.get('modes', []))}")
     rep = Report(title=title, subtitle=subtitle)
 
+    if claims is not None:
+        rep.sections.append(claims_section(claims, claims_seeds))
+    else:
+        rep.sections.append(Section("Claims", paragraphs=[
+            "No claims table: " + (claims_note or "no per-problem measures were given.") + " Without intervals, "
+            "no difference in this report can be told apart from noise."]))
+
+    bars = (" Error bars: 95% bootstrap intervals over problems (intervals: final checkpoints and the base only; "
+            "the per-checkpoint curves have none).") if intervals else ""
     summ = Section("Summary", paragraphs=summary_lines(eval_data, analysis) + list(notes or []))
     rep.sections.append(summ)
 
     solo = Section("Solo accuracy (figure 2)")
     _fig(solo, "fig2-solo-passk", "Figure 2: solo pass@k of each arm's last checkpoint against the base (left) "
-         f"and solo pass@{k} at every checkpoint (right).", F.solo_passk_figure(eval_data),
+         f"and solo pass@{k} at every checkpoint (right)." + bars, F.solo_passk_figure(eval_data, intervals),
          "No solo evaluation in metrics/eval.json.")
-    _table(solo, T.passk_table(eval_data, "solo", "Solo pass@k (macro) and per-benchmark pass@1"))
+    _table(solo, T.passk_table(eval_data, "solo", "Solo pass@k (macro) and per-benchmark pass@1", intervals))
     _table(solo, T.checkpoint_table(eval_data, k))
     rep.sections.append(solo)
 
@@ -81,10 +99,10 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
     tandem.paragraphs.append("step: the senior writes the first reasoning step, then authorship alternates at "
                              "every blank line (handoff robustness). word: the training schedule, a coin flip "
                              "after each word-initial token.")
-    _fig(tandem, "fig3-tandem-passk", "Figure 3: pass@k of senior + frozen junior per schedule, and per checkpoint.",
-         F.tandem_passk_figure(eval_data), "No tandem (step or word) evaluation in metrics/eval.json.")
+    _fig(tandem, "fig3-tandem-passk", "Figure 3: pass@k of senior + frozen junior per schedule, and per checkpoint." + bars,
+         F.tandem_passk_figure(eval_data, intervals), "No tandem (step or word) evaluation in metrics/eval.json.")
     for mode in ("step", "word"):
-        _table(tandem, T.passk_table(eval_data, mode, f"Tandem ({mode} schedule) pass@k (macro)"))
+        _table(tandem, T.passk_table(eval_data, mode, f"Tandem ({mode} schedule) pass@k (macro)", intervals))
     rep.sections.append(tandem)
 
     drift = Section("Drift from the base (figure 4)")
@@ -92,7 +110,7 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
          "generations (left) and each arm's log-ratio on the reference arm's most-drifted token types (right; "
          "below the diagonal = pulled back toward the base).", F.drift_figure(analysis),
          "No drift analysis in metrics/analysis.json.")
-    _table(drift, T.drift_table(analysis))
+    _table(drift, T.drift_table(analysis, intervals))
     rep.sections.append(drift)
 
     klreg = Section("KL-Reg comparison (figure 7)")
@@ -102,13 +120,13 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
     rep.sections.append(klreg)
 
     leg = Section("Legibility (table 1)")
-    _table(leg, T.legibility_table(analysis))
+    _table(leg, T.legibility_table(analysis, intervals))
     if not leg.tables:
         leg.paragraphs.append("No legibility analysis in metrics/analysis.json.")
     rep.sections.append(leg)
 
     abl = Section("Ablation (table 2)")
-    _table(abl, T.ablation_table(eval_data, analysis, k))
+    _table(abl, T.ablation_table(eval_data, analysis, k, intervals))
     if not abl.tables:
         abl.paragraphs.append("No trained checkpoint was evaluated.")
     rep.sections.append(abl)

@@ -5,14 +5,16 @@ Figures are drawn on matplotlib's Agg canvas through the object API (never pyplo
 Numbering follows the paper: figure 2 (solo pass@k against the base, plus checkpoint curves), figure 3
 (tandem pass@k), figure 4 (drift: per-token KL distribution and the most-drifted-token pull-back),
 figure 7 (KL-Reg: drift against handoff robustness). PNGs carry no timestamp or software tag, so the same
-metrics give the same bytes.
+metrics give the same bytes. Given `intervals` ({arm or "base": {"<mode>/pass@<k>": (low, high)}}), the
+pass@k-against-k panels of figures 2 and 3 draw 95% error bars on the final checkpoints and the base; the
+per-checkpoint curves have no per-problem measures, hence no bars.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
@@ -80,12 +82,29 @@ def _style(ax, xlabel: str, ylabel: str, title: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def _passk_panel(ax, eval_data: dict, mode: str, ks: Sequence[int], base: dict | None) -> bool:
+Intervals = Mapping[str, Mapping[str, tuple[float, float]]]
+
+
+def _error_bars(ax, arm: str, mode: str, ks: Sequence[int], ys: Sequence[float], color: str,
+                intervals: Intervals | None) -> None:
+    """95% error bars at each k whose interval is known (asymmetric, clipped at the point)."""
+    per = (intervals or {}).get(arm, {})
+    pts = [(k, y, per[f"{mode}/pass@{k}"]) for k, y in zip(ks, ys)
+           if f"{mode}/pass@{k}" in per and not math.isnan(y)]
+    if pts:
+        ax.errorbar([p[0] for p in pts], [p[1] for p in pts],
+                    yerr=[[max(p[1] - p[2][0], 0.0) for p in pts], [max(p[2][1] - p[1], 0.0) for p in pts]],
+                    fmt="none", ecolor=color, capsize=3, lw=1)
+
+
+def _passk_panel(ax, eval_data: dict, mode: str, ks: Sequence[int], base: dict | None,
+                 intervals: Intervals | None = None) -> bool:
     drew = False
     if base is not None:
         ys = [_macro(base, mode, f"pass@{k}") for k in ks]
         if any(not math.isnan(y) for y in ys):
             ax.plot(ks, ys, "--o", color=_COLORS["base"], label="base", ms=4)
+            _error_bars(ax, "base", mode, ks, ys, _COLORS["base"], intervals)
             drew = True
     for i, arm in enumerate(_trained_arms(eval_data)):
         fin = _final(eval_data["arms"][arm])
@@ -95,6 +114,7 @@ def _passk_panel(ax, eval_data: dict, mode: str, ks: Sequence[int], base: dict |
         if all(math.isnan(y) for y in ys):
             continue
         ax.plot(ks, ys, "-o", color=arm_color(arm, i), label=f"{arm_label(arm)} (step {fin['step']})", ms=4)
+        _error_bars(ax, arm, mode, ks, ys, arm_color(arm, i), intervals)
         drew = True
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(ks), [str(k) for k in ks])
@@ -115,13 +135,14 @@ def _checkpoint_panel(ax, eval_data: dict, mode: str, key: str) -> bool:
     return drew
 
 
-def solo_passk_figure(eval_data: dict) -> bytes | None:
-    """Figure 2: solo pass@k against k (last checkpoint per arm, and the base), and solo pass@1 per checkpoint."""
+def solo_passk_figure(eval_data: dict, intervals: Intervals | None = None) -> bytes | None:
+    """Figure 2: solo pass@k against k (last checkpoint per arm, and the base; error bars from `intervals`),
+    and solo pass@1 per checkpoint."""
     ks = eval_data.get("settings", {}).get("ks", [])
     if "solo" not in eval_data.get("settings", {}).get("modes", []) or not ks:
         return None
     fig, (ax1, ax2) = _subplots(2, (11, 4))
-    ok1 = _passk_panel(ax1, eval_data, "solo", ks, _base_ckpt(eval_data))
+    ok1 = _passk_panel(ax1, eval_data, "solo", ks, _base_ckpt(eval_data), intervals)
     _style(ax1, "k", "pass@k (macro)", "Solo pass@k, last checkpoint vs base")
     ok2 = _checkpoint_panel(ax2, eval_data, "solo", f"pass@{ks[0]}")
     _style(ax2, "training step (0 = base)", f"pass@{ks[0]} (macro)", f"Solo pass@{ks[0]} per checkpoint")
@@ -133,8 +154,9 @@ def solo_passk_figure(eval_data: dict) -> bytes | None:
     return to_png(fig)
 
 
-def tandem_passk_figure(eval_data: dict) -> bytes | None:
-    """Figure 3: pass@k of senior + frozen junior, per tandem mode (step = handoff robustness, word)."""
+def tandem_passk_figure(eval_data: dict, intervals: Intervals | None = None) -> bytes | None:
+    """Figure 3: pass@k of senior + frozen junior, per tandem mode (step = handoff robustness, word); error
+    bars from `intervals` on the final checkpoints and the base."""
     s = eval_data.get("settings", {})
     ks, modes = s.get("ks", []), [m for m in ("step", "word") if m in s.get("modes", [])]
     if not modes or not ks:
@@ -143,7 +165,7 @@ def tandem_passk_figure(eval_data: dict) -> bytes | None:
     drew = False
     base = _base_ckpt(eval_data)
     for ax, mode in zip(axes, modes):
-        drew |= _passk_panel(ax, eval_data, mode, ks, base)
+        drew |= _passk_panel(ax, eval_data, mode, ks, base, intervals)
         _style(ax, "k", "pass@k (macro)", f"Tandem ({mode} schedule) pass@k")
     drew |= _checkpoint_panel(axes[-1], eval_data, modes[0], f"pass@{ks[0]}")
     _style(axes[-1], "training step (0 = base)", f"pass@{ks[0]} (macro)",

@@ -110,3 +110,41 @@ def write_fake_run(root: Path, arms=("tandem", "grpo", "kl_reg"), steps=(0, 10, 
                  "finish_reason": "eos", "handoffs": 0} for i in range(3)]
         (g / f"{sorted(ev['settings']['benchmarks'])[0]}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return ev
+
+
+def write_full_generations(root: Path, ev: dict, p_correct: dict[str, float] | None = None, seed: int = 0) -> None:
+    """Every generation file the per-problem measures read (tasks/measures.py): each arm's last checkpoint and
+    the base (step 0, under the first arm) in every mode and benchmark, `n_samples` 0/1-scored rows per problem.
+    `p_correct` (arm or "base" -> probability a sample is correct) sets how strong each one looks."""
+    rnd = random.Random(seed)
+    s = ev["settings"]
+    arms = list(ev["arms"])
+    plan = [("base", arms[0], 0)] + [(a, a, max(c["step"] for c in ev["arms"][a]["checkpoints"])) for a in arms]
+    for who, arm, step in plan:
+        p = (p_correct or {}).get(who, 0.5)
+        for mode in s["modes"]:
+            for b, meta in s["benchmarks"].items():
+                g = root / "results" / "generations" / arm / f"step-{step}" / mode
+                g.mkdir(parents=True, exist_ok=True)
+                rows = [{"id": f"{b}-{i}", "sample": j, "text": f"step {i}\n\n\\boxed{{{i}}}", "answer": str(i),
+                         "score": 1.0 if rnd.random() < p else 0.0, "finish_reason": "eos", "handoffs": 0}
+                        for i in range(meta["n_problems"]) for j in range(s["n_samples"])]
+                (g / f"{b}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def write_per_problem_csv(root: Path, ev: dict, kl: dict[str, float] | None = None, seed: int = 0) -> None:
+    """metrics/plots/analysis/per_problem.csv as the analyze stage writes it: one row per arm x evaluated
+    checkpoint x benchmark x problem id (junior_ce, overlap, kl_mean: means over the problem's completions)."""
+    rnd = random.Random(seed)
+    d = root / "metrics" / "plots" / "analysis"
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / "per_problem.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["arm", "step", "benchmark", "id", "n_completions", "junior_ce", "overlap", "kl_mean"])
+        for arm, doc in ev["arms"].items():
+            for c in doc["checkpoints"]:
+                level = 0.0 if c["step"] == 0 else (kl or {}).get(arm, 0.1)
+                for b, meta in ev["settings"]["benchmarks"].items():
+                    for i in range(meta["n_problems"]):
+                        x = level * (1 + 0.2 * rnd.uniform(-1, 1))
+                        w.writerow([arm, c["step"], b, f"{b}-{i}", ev["settings"]["n_samples"], 0.4 + x, 0.9 - x, x])

@@ -69,3 +69,12 @@ def test_undefined_values_are_skipped_not_zeroed():
             m["macro"] = {k: None for k in m["macro"]}
     # every value undefined: nothing to draw rather than a line at 0
     assert F.solo_passk_figure(ev) is None
+
+
+def test_pass_at_k_panels_draw_error_bars_from_intervals(data):
+    ev, _ = data
+    iv = {arm: {f"{m}/pass@{k}": (0.0, 1.0) for m in ("solo", "step", "word") for k in (1, 2, 4, 8)}
+          for arm in ("base", "tandem", "grpo", "kl_reg")}
+    assert F.solo_passk_figure(ev, iv) != F.solo_passk_figure(ev)
+    assert F.tandem_passk_figure(ev, iv) != F.tandem_passk_figure(ev)
+    assert F.solo_passk_figure(ev, {}) == F.solo_passk_figure(ev)  # no interval known: no bars

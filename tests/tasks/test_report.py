@@ -1,4 +1,5 @@
-"""Stage `report` on small fake metrics: outputs, escaping, metadata, the promotion section, and a real
+"""Stage `report` on small fake metrics: outputs, escaping, metadata, the promotion section, the claims section
+first (with intervals in the tables when every generation file is there, a reason when not), and a real
 headless-Chromium load of the HTML (every image decodes, no console error)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from tasks import promotion
 from tasks import report as R
 
 from tests.report.chromium import ensure_chromium, load_page
-from tests.report.fake_metrics import HOSTILE, write_fake_run
+from tests.report.fake_metrics import HOSTILE, write_fake_run, write_full_generations, write_per_problem_csv
 
 
 def _params(root: Path, **report):
@@ -26,6 +27,48 @@ def rendered(tmp_path_factory):
     write_fake_run(root)
     params = _params(root)
     return params, R.run(params)
+
+
+@pytest.fixture(scope="module")
+def rendered_claims(tmp_path_factory):
+    """A run with every generation file the measures read, and the analysis per-problem table: tandem
+    clearly stronger than GRPO on every mode, KL-Reg the same as GRPO."""
+    root = tmp_path_factory.mktemp("report-claims")
+    ev = write_fake_run(root)
+    write_full_generations(root, ev, {"base": 0.3, "tandem": 0.9, "grpo": 0.2, "kl_reg": 0.2})
+    write_per_problem_csv(root, ev, {"tandem": 0.05, "grpo": 0.5, "kl_reg": 0.5})
+    params = _params(root)
+    return params, R.run(params)
+
+
+def _headings(md: str) -> list[str]:
+    return [line[3:] for line in md.splitlines() if line.startswith("## ")]
+
+
+def test_claims_come_first_with_intervals_in_tables_and_figures(rendered_claims):
+    params, out = rendered_claims
+    md, html = Path(out["markdown"]).read_text(), Path(out["html"]).read_text()
+    assert _headings(md)[:2] == ["Claims", "Summary"]
+    assert html.index("<h2>Claims</h2>") < html.index("<h2>Summary</h2>")
+    assert out["claims"] == 8 and out["figures"] == 6  # the claims' error-bar figure joins the five
+    assert "WARNING: one training seed" in md
+    # tandem 0.9 vs GRPO 0.2 on 4 problems x 8 samples per benchmark: step-schedule claim holds
+    claims_rows = [line for line in md.splitlines() if line.startswith("| 2\\. handoff robustness")]
+    assert claims_rows and "| holds |" in claims_rows[0], claims_rows
+    for header in ("pass@1 95% CI", "junior CE 95% CI", "overlap 95% CI", "KL mean 95% CI"):
+        assert header in md, header
+    assert "intervals: final checkpoints and the base only" in md
+    # every row of the solo pass@k table (base and the three final checkpoints) has an interval cell
+    solo = md.split("Solo pass@k (macro)")[1].split("\n\n")[1].splitlines()
+    assert len(solo) == 6 and all("| \\[" in line for line in solo[2:]), solo
+
+
+def test_report_without_measures_says_why_there_are_no_claims(rendered):
+    _, out = rendered  # the plain fake run saves one generation file per arm: the measures cannot be made
+    md = Path(out["markdown"]).read_text()
+    assert _headings(md)[:2] == ["Claims", "Summary"]
+    assert "No claims table: the per-problem measures could not be computed" in md and "missing generations" in md
+    assert out["claims"] == 0 and "95% CI" not in md
 
 
 def test_outputs_and_figures(rendered):

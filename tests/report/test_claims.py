@@ -1,0 +1,69 @@
+"""The claims section (tandem.report.claims) and its place in the report (tandem.report.build): first, before
+the summary; a visible warning for a difference whose interval contains 0 and for a single seed; the reason
+shown when there are no claims."""
+
+from __future__ import annotations
+
+from tandem.report.build import build_report
+from tandem.report.claims import claims_section, noise_warnings
+from tandem.report.render import render_html, render_markdown
+
+from tests.report.fake_metrics import fake_analysis, fake_eval
+
+
+def _row(metric: str, diff: float, lo: float, hi: float, verdict: str, direction: str = "greater") -> dict:
+    r = {"claim": "2. handoff robustness", "statement": "s", "metric": metric, "comparison": "tandem - grpo",
+         "direction": direction, "margin": 0.05 if direction == "equivalent" else None, "difference": diff,
+         "ci_low": lo, "ci_high": hi, "verdict": verdict, "within_noise": lo <= 0 <= hi}
+    for arm, v in (("tandem", 0.5 + diff), ("grpo", 0.5), ("kl_reg", 0.45), ("base", 0.3)):
+        r[arm], r[f"{arm}_ci"] = v, [v - 0.05, v + 0.05]
+    return r
+
+
+NOISY = _row("step/pass@1", 0.02, -0.03, 0.07, "inconclusive")
+CLEAR = _row("kl_mean", -0.2, -0.25, -0.15, "holds", "less")
+
+
+def _report(**kw):
+    return build_report(title="t", eval_data=fake_eval(), analysis=fake_analysis(), **kw)
+
+
+def test_claims_come_first_then_the_summary():
+    rep = _report(claims=[CLEAR, NOISY], claims_seeds=3)
+    assert [s.title for s in rep.sections[:2]] == ["Claims", "Summary"]
+    md = render_markdown(rep)
+    assert md.index("## Claims") < md.index("## Summary")
+    assert "Claims: tandem against GRPO and KL-Reg" in render_html(rep)
+    assert rep.sections[0].figures and rep.sections[0].figures[0].name == "claims-intervals"
+
+
+def test_a_difference_within_noise_is_warned_about_and_a_clear_one_is_not():
+    paras = _report(claims=[CLEAR, NOISY], claims_seeds=3).sections[0].paragraphs
+    noise = [p for p in paras if p.startswith("WARNING: within noise")]
+    assert len(noise) == 1 and "step/pass@1 tandem - grpo" in noise[0] and "kl_mean" not in noise[0]
+    assert not any("one training seed" in p for p in paras)  # three seeds
+    assert not any(p.startswith("WARNING") for p in _report(claims=[CLEAR], claims_seeds=3).sections[0].paragraphs)
+
+
+def test_one_seed_is_warned_about_even_when_every_claim_is_clear():
+    paras = _report(claims=[CLEAR], claims_seeds=1).sections[0].paragraphs
+    assert any(p.startswith("WARNING: one training seed") for p in paras)
+    assert "1 holds (1 comparisons)." in paras
+    assert noise_warnings([CLEAR], 1) == [p for p in paras if p.startswith("WARNING")]
+
+
+def test_without_claims_the_section_says_why():
+    rep = _report(claims_note="the generations are missing.")
+    assert rep.sections[0].title == "Claims" and not rep.sections[0].tables
+    assert rep.sections[0].paragraphs[0].startswith("No claims table: the generations are missing.")
+    assert "no difference in this report can be told apart from noise" in rep.sections[0].paragraphs[0]
+
+
+def test_claims_table_shows_intervals_and_the_not_measured_rows():
+    missing = {**_row("overlap", 0, 0, 0, "not measured"), "difference": None, "ci_low": None, "ci_high": None,
+               "tandem": None, "tandem_ci": None, "within_noise": None}
+    sec = claims_section([NOISY, missing], seeds=2)
+    table = sec.tables[0]
+    assert table.rows[0][-2] == "+0.020 [-0.030, +0.070]" and table.rows[0][3] == "0.520 [0.470, 0.570]"
+    assert table.rows[1][-1] == "not measured" and table.rows[1][-2] == "\u2013" and table.rows[1][3] == "\u2013"
+    assert "bootstrap over seeds and problems" in table.note
