@@ -151,7 +151,7 @@ def stage(name: str = typer.Argument(..., help=f"stage to run, one of: {', '.joi
     t0 = time.perf_counter()
     _guard_log_handlers()
     with expected_failures(f"stage {name}"):
-        # one arm of train writes only that arm's files: it may run next to another arm (dvc, scripts/study.py)
+        # one arm of train writes only that arm's files: it may run next to another arm (dvc, tandem study)
         with workspace_lock(p.out_root, wait=wait, command=f"tandem stage {name}" + (f" --arm {arm}" if arm else ""),
                             scope=f"train-{arm}" if arm else None):
             summary = run_stage(name, p, arm)

@@ -55,8 +55,10 @@ OTHER_FILES = {
     "params.study.yaml": "the study run: the default run's data and base, hundreds of training steps (complete params file)",
     "pyproject.toml": "package metadata, pinned stack, extras (pipeline, test), pytest markers",
     "scripts/gpu_check.sh": "the one GPU check: rollout backends against each other, then training steps through the real stages",
-    "studies/summary.json": "the recorded `study` result: per-run and per-arm accuracy gains with their noise",
-    "studies/summary.md": "the recorded `study` result as a table",
+    "studies/claims.json": "the recorded study (`tandem study --seeds 3`): the four claims with estimates, paired differences, 95% intervals and verdicts",
+    "studies/report.md": "the recorded study's report: claims table, error bars, every measure per arm with its interval",
+    "studies/report.html": "the same report as one self-contained HTML page",
+    "studies/figures/claims-intervals.png": "the study's error-bar figure (each arm's estimate and 95% interval per measure)",
     "tests/flows/tiny_params.yaml": "a minimal params file for the flow and server tests",
 }
 

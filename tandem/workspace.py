@@ -8,7 +8,7 @@ holder's pid and command stay in the file only as information. Runs in different
 lock files and never wait for each other.
 
 A run that writes only its own part of the root (`scope`, e.g. one arm of the train stage, which is what
-`dvc.yaml`'s `train@<arm>` and scripts/study.py run side by side) takes the root's lock shared and an exclusive
+`dvc.yaml`'s `train@<arm>` and tandem study run side by side) takes the root's lock shared and an exclusive
 lock of its own (`.tandem.<scope>.lock`): two different arms run together, the same arm twice does not, and
 neither runs next to a whole-root run.
 """

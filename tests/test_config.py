@@ -37,7 +37,7 @@ def test_shipped_params_files_are_complete_and_load_strictly():
 
 
 def test_study_file_is_the_default_run_with_other_train_and_evaluate_values():
-    """The study reuses the default run's prepared data and base model (scripts/study.py links them), so its
+    """The study reuses the default run's prepared data and base model (tandem study links them), so its
     data and model sections (and everything outside train/evaluate) must equal params.yaml's."""
     main = yaml.safe_load((REPO / "params.yaml").read_text())
     study = yaml.safe_load((REPO / "params.study.yaml").read_text())

@@ -96,7 +96,7 @@ def test_different_output_roots_do_not_wait_for_each_other(tmp_path):
 
 
 def test_two_arms_share_a_root_but_not_an_arm_or_a_whole_root_run(tmp_path):
-    """`tandem stage train --arm A` writes only arm A's files: arms run side by side (dvc, scripts/study.py)."""
+    """`tandem stage train --arm A` writes only arm A's files: arms run side by side (dvc, tandem study)."""
     holder = Holder(tmp_path, scope="train-tandem")
     try:
         with workspace_lock(tmp_path, scope="train-grpo"):
