@@ -163,7 +163,8 @@ def analyze(root: Path) -> dict:
 
 
 def status(s: StudySettings) -> list[dict]:
-    """Where each seed x arm stands: done (with steps and seconds), running/partial (last saved step), pending."""
+    """Where each seed x arm stands: trained, partial (its last saved step), started (no checkpoint yet) or
+    pending, and per seed whether it was evaluated and analysed."""
     rows = []
     total = load_params(s.params_file).train.steps
     for seed in s.seeds:
@@ -178,7 +179,8 @@ def status(s: StudySettings) -> list[dict]:
             saved = [int(p.name[5:]) for p in (root / "scratch" / "train" / arm).glob("step-*")
                      if p.name[5:].isdigit()] + [int(p.name[5:]) for p in (root / "models" / "checkpoints" / arm)
                                                  .glob("step-*") if p.name[5:].isdigit()]
-            rows.append({"seed": seed, "arm": arm, "state": "partial" if saved else "pending",
+            started = (root / "logs" / f"train_{arm}.log").exists()
+            rows.append({"seed": seed, "arm": arm, "state": "partial" if saved else "started" if started else "pending",
                          "step": max(saved, default=0), "steps": total})
         ev, an = root / "metrics" / "eval.json", root / "metrics" / "analysis.json"
         rows.append({"seed": seed, "arm": "-", "state": "analyzed" if an.exists() else
