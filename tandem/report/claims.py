@@ -29,10 +29,15 @@ def _ci(row: dict, arm: str) -> str:
     return f"{format_cell(v)} [{format_cell(ci[0])}, {format_cell(ci[1])}]" if ci else format_cell(v)
 
 
+def signed(x: float) -> str:
+    """A difference with its sign, keeping 3 significant digits for small ones (KL differences are ~1e-4)."""
+    return f"{x:+.3g}" if x != 0 and abs(x) < 1e-2 else f"{x:+.3f}"
+
+
 def _difference(row: dict) -> str:
     if row.get("difference") is None:
         return "\u2013"
-    return f"{row['difference']:+.3f} [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]"
+    return f"{signed(row['difference'])} [{signed(row['ci_low'])}, {signed(row['ci_high'])}]"
 
 
 def claims_table(rows: Sequence[dict], seeds: int) -> Table:
@@ -56,10 +61,13 @@ def noise_warnings(rows: Sequence[dict], seeds: int) -> list[str]:
         out.append("WARNING: one training seed. These intervals only cover which problems were drawn; a second "
                    "training run can move every number by more than they show. Read this run as a demo of the "
                    "pipeline, not as evidence for or against a claim (`tandem study` runs several seeds).")
-    noisy = [r for r in rows if r.get("within_noise")]
+    # inconclusive = within noise: for a greater/less claim the interval contains 0 (the arms are not told
+    # apart); for an equivalence claim it straddles the margin
+    noisy = [r for r in rows if r.get("verdict") == "inconclusive"]
     if noisy:
-        out.append("WARNING: within noise (the interval of the difference contains 0, so the arms are not told "
-                   "apart): " + "; ".join(f"{r['metric']} {r['comparison']} {_difference(r)}" for r in noisy) + ".")
+        out.append("WARNING: within noise, so no conclusion (the interval of the difference does not separate the "
+                   "claim from its negation): " + "; ".join(f"{r['metric']} {r['comparison']} {_difference(r)}"
+                                                             for r in noisy) + ".")
     return out
 
 

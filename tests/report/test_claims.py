@@ -67,3 +67,16 @@ def test_claims_table_shows_intervals_and_the_not_measured_rows():
     assert table.rows[0][-2] == "+0.020 [-0.030, +0.070]" and table.rows[0][3] == "0.520 [0.470, 0.570]"
     assert table.rows[1][-1] == "not measured" and table.rows[1][-2] == "\u2013" and table.rows[1][3] == "\u2013"
     assert "bootstrap over seeds and problems" in table.note
+
+
+def test_an_equivalence_that_holds_is_no_warning_but_one_that_straddles_the_margin_is():
+    match = _row("solo/pass@1", 0.01, -0.02, 0.04, "holds", "equivalent")  # inside +-0.05: the claim holds
+    unsure = _row("solo/pass@4", 0.03, -0.01, 0.08, "inconclusive", "equivalent")  # crosses the margin
+    text = " ".join(noise_warnings([match, unsure], seeds=3))
+    assert "solo/pass@4" in text and "solo/pass@1" not in text
+
+
+def test_small_differences_keep_their_significant_digits():
+    tiny = _row("kl_mean", -2.5e-4, -4.1e-4, -1.2e-4, "holds", "less")
+    row = claims_section([tiny], seeds=3).tables[0].rows[0]
+    assert row[-2] == "-0.00025 [-0.00041, -0.00012]"
