@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import sys
 import threading
 import time
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 _ICONS = {"pending": "[dim]·[/dim]", "running": "[yellow]…[/yellow]", "done": "[green]✓[/green]",
           "failed": "[red]✗[/red]", "skipped": "[dim]-[/dim]"}
@@ -228,8 +229,9 @@ class _LogStream(io.TextIOBase):
     state only). Writes made while it is already logging go to `fallback`, so a log handler that writes to
     the current sys.stderr cannot loop back into it."""
 
-    def __init__(self, logger: logging.Logger, level: int, fallback):
-        self._logger, self._level, self._fallback = logger, level, fallback
+    def __init__(self, logger: logging.Logger, level: int | Callable[[str], int], fallback):
+        self._logger, self._fallback = logger, fallback
+        self._level = level if callable(level) else (lambda _line, lv=level: lv)
         self._buf = ""
         self._busy = threading.local()
 
@@ -258,9 +260,18 @@ class _LogStream(io.TextIOBase):
             return
         self._busy.on = True
         try:
-            self._logger.log(self._level, line.rstrip())
+            self._logger.log(self._level(line), line.rstrip())
         finally:
             self._busy.on = False
+
+
+_ALARM = re.compile(r"warn|error\b|exception|traceback|\bfailed\b|fatal", re.IGNORECASE)
+
+
+def stderr_level(line: str) -> int:
+    """A stage's stderr carries progress bars and notes as well as warnings: WARNING only for a line that says
+    it is one (warning, error, traceback, failed, ...), INFO otherwise, so the UI's warnings mean something."""
+    return logging.WARNING if _ALARM.search(line) else logging.INFO
 
 
 @contextmanager
@@ -273,7 +284,7 @@ def stage_output(logger) -> Iterator[None]:
     hashes a training set) is logged instead of reaching the redirect. Redirecting the streams leaves
     `print` alone. Stages run one at a time, so swapping the process-wide streams is safe here."""
     out = _LogStream(logger, logging.INFO, sys.__stdout__ or sys.stdout)
-    err = _LogStream(logger, logging.WARNING, sys.__stderr__ or sys.stderr)
+    err = _LogStream(logger, stderr_level, sys.__stderr__ or sys.stderr)
     with redirect_stdout(out), redirect_stderr(err):
         try:
             yield

@@ -105,13 +105,17 @@ def test_stage_output_logs_lines_and_leaves_inner_redirects_alone():
         print("base: corpus 200 problems")
         print("validation failed on row 3", file=sys.stderr)
         sys.stderr.write("10%\r50%\r100%\n")
+        print("UserWarning: something odd", file=sys.stderr)
         inner = io.StringIO()
         with contextlib.redirect_stdout(inner):  # what dill does to read `dis` output
             print("LOAD_GLOBAL pa")
         print("no newline at the end", end="")
     assert inner.getvalue() == "LOAD_GLOBAL pa\n"
     assert records == [(logging.INFO, "base: corpus 200 problems"), (logging.WARNING, "validation failed on row 3"),
-                       (logging.WARNING, "100%"), (logging.INFO, "no newline at the end")]
+                       (logging.INFO, "100%"), (logging.WARNING, "UserWarning: something odd"),
+                       (logging.INFO, "no newline at the end")]
+
+
 def test_track_records_each_tasks_peak_memory():
     from flows.progress import ProgressView
 
@@ -122,3 +126,15 @@ def test_track_records_each_tasks_peak_memory():
     peaks = view.peak_memory()
     assert set(peaks) == {"train-a"} and peaks["train-a"] > 64
     assert view.timings()["train-a"] >= 0
+
+
+def test_stderr_lines_are_warnings_only_when_they_say_so():
+    import logging
+
+    from flows.progress import stderr_level
+
+    assert stderr_level("pretrain: 100%|##########| 6/6 [00:46<00:00]") == logging.INFO
+    assert stderr_level("base: corpus 200 problems") == logging.INFO
+    for line in ("WARNING: low disk", "UserWarning: x", "Traceback (most recent call last):", "stage failed",
+                 "RuntimeError: boom"):
+        assert stderr_level(line) == logging.WARNING, line
