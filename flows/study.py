@@ -79,10 +79,11 @@ def study_steps(params_path: str, seeds: int, first_seed: int, out: str, jobs: i
     shared_task(s)
     roots = {seed: study.prepare_root(s, seed) for seed in s.seeds}
     # seed-major order: the first seed's arms finish first, so its evaluation overlaps later seeds' training
-    trains = {(seed, arm): train_task.submit(s, seed, arm) for seed in s.seeds for arm in s.arms}
+    arms = s.arms
+    trains = {(seed, arm): train_task.submit(s, seed, arm) for seed in s.seeds for arm in arms}
     if until == "train":
         return {f"seed-{k[0]}/{k[1]}": f.result() for k, f in trains.items()}
-    evals = {seed: evaluate_task.submit(s, seed, wait_for=[trains[(seed, a)] for a in s.arms]) for seed in s.seeds}
+    evals = {seed: evaluate_task.submit(s, seed, wait_for=[trains[(seed, a)] for a in arms]) for seed in s.seeds}
     analyses = {seed: analyze_task.submit(s, seed, wait_for=[evals[seed]]) for seed in s.seeds}
     results = {f"seed-{seed}": f.result() for seed, f in analyses.items()}
     if until == "analyze":

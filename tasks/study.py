@@ -32,7 +32,7 @@ import yaml
 from tandem.errors import BadInputError, UserError
 from tandem.metrics.claims import EQUIVALENCE_MARGIN, claims_for, evaluate_claims, seeds_of
 from tasks.common import atomic_path, load_params, read_json, write_json
-from tasks.measures import run_measures, stack_seeds
+from tasks.measures import final_steps, run_measures, stack_seeds
 
 CODE_ROOT = Path(__file__).resolve().parents[1]
 SHARED = ("data/prepared", "models/base")
@@ -68,6 +68,13 @@ class StudySettings:
     @property
     def arms(self) -> tuple[str, ...]:
         return tuple(load_params(self.params_file).train.arms)
+
+    @property
+    def main_root(self) -> Path:
+        """The study file's own output root (its `out_root`, relative to the file): where the shared data and
+        base model live."""
+        raw = yaml.safe_load(self.params_file.read_text())
+        return (self.params_file.parent / raw.get("out_root", ".")).resolve()
 
     def root(self, seed: int) -> Path:
         return (self.out / f"seed-{seed}").resolve()
@@ -107,8 +114,7 @@ def _stage(params_file: Path, name: str, log: Path, arm: str | None = None) -> N
 def shared_inputs(s: StudySettings) -> Path:
     """The study file's root with its prepared data and base model (built by the prepare and base stages when
     missing); every seed links them."""
-    raw = yaml.safe_load(s.params_file.read_text())
-    main_root = (s.params_file.parent / raw.get("out_root", ".")).resolve()
+    main_root = s.main_root
     for rel, name in zip(SHARED, ("prepare", "base")):
         if not (main_root / rel).exists():
             _stage(s.params_file, name, s.out / "logs" / f"{name}.log")
@@ -119,7 +125,7 @@ def prepare_root(s: StudySettings, seed: int) -> Path:
     """<out>/seed-<S>/ with params.yaml (the study file, this seed, this root) and links to the shared data and
     base model."""
     raw = yaml.safe_load(s.params_file.read_text())
-    main_root = (s.params_file.parent / raw.get("out_root", ".")).resolve()
+    main_root = s.main_root
     root = s.root(seed)
     raw.update(seed=seed, out_root=str(root))
     for rel in SHARED:
@@ -166,10 +172,11 @@ def status(s: StudySettings) -> list[dict]:
     """Where each seed x arm stands: trained, partial (its last saved step), started (no checkpoint yet) or
     pending, and per seed whether it was evaluated and analysed."""
     rows = []
-    total = load_params(s.params_file).train.steps
+    p = load_params(s.params_file)
+    total, arms = p.train.steps, p.train.arms
     for seed in s.seeds:
         root = s.root(seed)
-        for arm in s.arms:
+        for arm in arms:
             done = root / "metrics" / f"train_{arm}.json"
             if done.exists():
                 d = read_json(done)
@@ -193,9 +200,9 @@ def status(s: StudySettings) -> list[dict]:
 # --------------------------------------------------------------------------------------------------
 
 def _train_summaries(s: StudySettings) -> dict:
-    out = {}
+    out, arms = {}, s.arms
     for seed in s.seeds:
-        for arm in s.arms:
+        for arm in arms:
             f = s.root(seed) / "metrics" / f"train_{arm}.json"
             if f.exists():
                 d = read_json(f)
@@ -244,8 +251,6 @@ def aggregate(s: StudySettings) -> dict:
 
 
 def _final_steps(root: Path, arms: list[str]) -> dict[str, int]:
-    from tasks.measures import final_steps
-
     return {a: st for a, st in final_steps(read_json(root / "metrics" / "eval.json"), arms).items() if a != "base"}
 
 
