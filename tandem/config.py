@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -57,6 +58,8 @@ def _rule(probs: list[str], ok: bool, key: str, value: Any, rule: str) -> None:
 # --------------------------------------------------------------------------------------------------
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# The synthetic reference-solution styles (tandem/data/synthetic.py renders them), in the order a share draw cuts.
+SOLUTION_STYLES = ("verbose", "terse", "compact")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,10 @@ class DataConfig(_Section):
     benchmarks: dict[str, list[int]] = _f(
         {"arith-short": [2, 3], "arith-mid": [4, 5], "arith-long": [6, 8]},
         "synthetic evaluation benchmarks: name -> [min_steps, max_steps]")
+    solution_styles: dict[str, float] = _f(
+        {"verbose": 0.7, "terse": 0.3},
+        "synthetic reference solutions (pretraining corpus and prepared data): style -> share, summing to 1; "
+        "styles verbose, terse, compact (tandem/data/synthetic.py)")
     train_file: str = _f("data/raw/math_train/train.jsonl", "jsonl source: training problems (id, problem, answer)")
     eval_files: dict[str, str] = _f(
         {"math500": "data/raw/math500/test.jsonl"}, "jsonl source: evaluation benchmark name -> jsonl file")
@@ -100,6 +107,12 @@ class DataConfig(_Section):
         for name, rng in self.benchmarks.items():
             _rule(p, len(rng) == 2 and 1 <= rng[0] <= rng[1], f"data.benchmarks.{name}", rng,
                   "must be [min_steps, max_steps] with 1 <= min_steps <= max_steps")
+        unknown = sorted(set(self.solution_styles) - set(SOLUTION_STYLES))
+        _rule(p, not unknown, "data.solution_styles", unknown,
+              f"unknown style(s); known: {', '.join(SOLUTION_STYLES)}")
+        shares = [float(v) for v in self.solution_styles.values()]
+        _rule(p, all(math.isfinite(v) and v >= 0 for v in shares) and abs(sum(shares) - 1.0) < 1e-6,
+              "data.solution_styles", self.solution_styles, "shares must be finite, >= 0 and sum to 1")
         if self.source == "synthetic":
             _rule(p, len(self.benchmarks) > 0, "data.benchmarks", self.benchmarks, "needs at least one benchmark")
             _rule(p, self.n_train > 0, "data.n_train", self.n_train, "synthetic data needs n_train > 0")

@@ -103,6 +103,9 @@ def test_unknown_key_wrong_type_and_range_all_named():
     ("evaluate", "top_p", 0.0, "(0, 1]"),
     ("evaluate", "checkpoints", "last", "one of all, final"),
     ("train", "arms", ["tandem", "nope"], "drawn from"),
+    ("data", "solution_styles", {"verbose": 0.7, "terse": 0.2}, "sum to 1"),
+    ("data", "solution_styles", {"verbose": 0.5, "poetic": 0.5}, "unknown style"),
+    ("data", "solution_styles", {"verbose": 1.5, "terse": -0.5}, ">= 0"),
 ])
 def test_impossible_values(section, key, value, rule):
     with pytest.raises(ParamsError) as e:

@@ -27,7 +27,9 @@ def _write(path: Path, problems) -> None:
 
 
 def _params(root: Path, **model):
-    return params_from_dict({"seed": 0, "out_root": str(root), "data": {"max_steps": 4},
+    # benchmarks as _prepare writes them: the pretraining corpus spans the training and benchmark step counts
+    data = {"max_steps": 4, "benchmarks": {"arith-short": [2, 3], "arith-long": [4, 4]}}
+    return params_from_dict({"seed": 0, "out_root": str(root), "data": data,
                              "model": {**TINY, **model}})
 
 
