@@ -71,10 +71,10 @@ class StudySettings:
 
     @property
     def main_root(self) -> Path:
-        """The study file's own output root (its `out_root`, relative to the file): where the shared data and
-        base model live."""
+        """The study file's own output root (its `out_root`; a relative one is taken from the project root, as the
+        stages take it): where the shared data and base model live."""
         raw = yaml.safe_load(self.params_file.read_text())
-        return (self.params_file.parent / raw.get("out_root", ".")).resolve()
+        return (CODE_ROOT / raw.get("out_root", ".")).resolve()
 
     def root(self, seed: int) -> Path:
         return (self.out / f"seed-{seed}").resolve()
