@@ -250,6 +250,28 @@ def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds
         typer.echo(f"  claims   {s.out / 'claims.json'}\n  report   {s.out / 'report.md'}")
 
 
+@app.command()
+def pilot(registration: str = typer.Option("studies/registration.yaml", "--registration",
+                                          help="the registered pilot, study and claims"),
+          jobs: Optional[int] = typer.Option(None, "--jobs", help="runs side by side (default: the registration's)"),
+          show_status: bool = typer.Option(False, "--status", help="print where each pilot run stands and exit")) -> None:
+    """Run the registered pilot (GRPO against the base on a pilot-only seed) to its room verdict, the KL-Reg
+    beta and the study's params file (`studies/pilot/result.md`). Rerun after an interruption: it continues."""
+    _offline_defaults()
+    with expected_failures("pilot"):
+        from tasks import pilot as pl
+
+        if show_status:
+            for r in pl.status(registration):
+                step = f"{r['step']}/{r['steps']}" if r["steps"] else ""
+                typer.echo(f"{r['variant']:<4} {r['unit']:<16} {r['arm']:<8} {r['state']:<10} {step}")
+            return
+        t0 = time.perf_counter()
+        doc = pl.run(registration, jobs, log=typer.echo)
+    typer.secho(f"\npilot finished in {time.perf_counter() - t0:.0f}s: {doc['verdict']}", bold=True)
+    typer.echo(f"  result   {Path(registration).resolve().parent / 'pilot' / 'result.md'}")
+
+
 @app.command("check-params")
 def check_params(file: str = typer.Argument("params.yaml", help="params file to validate")) -> None:
     """Validate a params file (every setting present, no unknown keys, types, value rules) and print it."""

@@ -336,14 +336,15 @@ class EvaluateConfig(_Section):
     progress: bool = _f(True, "show a progress bar per checkpoint, mode and benchmark")
     cpu_threads: int = _f(1, "torch CPU threads of the evaluate stage (0 = torch's default); tiny models run fastest on 1")
     workers: int = _f(1, "processes evaluating different checkpoints at once in `run` (CPU: up to the core count)")
-    checkpoints: str = _f("all", "checkpoints evaluated per arm: all (the base as step 0 and every saved step) "
-                                 "or final (the base and the arm's last complete checkpoint only)")
+    checkpoints: str = _f("all", "checkpoints evaluated per arm: all (the base as step 0 and every saved step), "
+                                 "final (the base and the arm's last complete checkpoint only) or final_and_best "
+                                 "(also the saved step with the best in-training validation accuracy)")
 
     def problems(self) -> list[str]:
         p: list[str] = []
         _rule(p, self.batch_size >= 1, "evaluate.batch_size", self.batch_size, "must be >= 1")
-        _rule(p, self.checkpoints in ("all", "final"), "evaluate.checkpoints", self.checkpoints,
-              "must be one of all, final (every saved step, or only the base and the last)")
+        _rule(p, self.checkpoints in ("all", "final", "final_and_best"), "evaluate.checkpoints", self.checkpoints,
+              "must be one of all, final, final_and_best (every saved step; the base and the last; or also the best by validation)")
         _rule(p, self.cpu_threads >= 0, "evaluate.cpu_threads", self.cpu_threads, "must be >= 0 (0 = default)")
         _rule(p, self.workers >= 1, "evaluate.workers", self.workers, "must be >= 1")
         _rule(p, self.n_samples >= 1, "evaluate.n_samples", self.n_samples, "must be >= 1")
