@@ -209,13 +209,42 @@ def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds
           jobs: int = typer.Option(2, "--jobs", help="runs side by side (each a one-thread stage process)"),
           until: str = typer.Option("claims", "--until", help="stop after: train | analyze | claims"),
           show_status: bool = typer.Option(False, "--status", help="print where each seed x arm stands and exit"),
-          direct: bool = typer.Option(False, help="run the steps in this process without Prefect")) -> None:
+          direct: bool = typer.Option(False, help="run the steps in this process without Prefect"),
+          registered: bool = typer.Option(False, "--registered", help="the registered study (studies/registration"
+                                          ".yaml: its study file, seeds, arms, positive control); per seed x arm "
+                                          "results go to studies/results/ as they finish")) -> None:
     """Run the pipeline for several seeds x the arms and test the paper's claims with 95% intervals
     (`<out>/claims.json`, `<out>/report.md`). Rerun after an interruption: it continues where it stopped."""
     _offline_defaults()
     if until not in ("train", "analyze", "claims"):
         typer.secho(f"--until {until!r}: choose train, analyze or claims", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2)
+    if registered:
+        with expected_failures("study"):
+            from tasks import pilot as pl
+            from tasks import study as st
+
+            reg = pl.load_registration()
+            sc = reg["study"]
+            study_file = Path(reg["_dir"]) / "study.yaml"
+            if not study_file.exists():
+                raise st.BadInputError(f"study: {study_file} does not exist yet; `tandem pilot` writes it when a "
+                                       "registered variant has room")
+            seeds_ = sorted(int(x) for x in sc["seeds"])
+            if seeds_ != list(range(seeds_[0], seeds_[0] + len(seeds_))):
+                raise st.BadInputError(f"study: registered seeds {seeds_} must be consecutive")
+            s = st.settings(study_file, len(seeds_), seeds_[0], Path(reg["_dir"]), int(sc.get("jobs", jobs)))
+            if show_status:
+                for r in st.status(s):
+                    step = f"{r['step']}/{r['steps']}" if r["steps"] else ""
+                    typer.echo(f"seed {r['seed']:>3}  {r['arm']:<8} {r['state']:<10} {step}")
+                return
+            pc = sc["positive_control"]
+            ctl = st.Control(int(pc["sft_steps"]), int(pc["sft_batch_size"]), float(pc["sft_lr"]))
+            t0 = time.perf_counter()
+            st.run_study(s, until, ctl, Path(reg["_dir"]) / "results", log=typer.echo)
+        typer.secho(f"\nstudy finished in {time.perf_counter() - t0:.0f}s", bold=True)
+        return
     _load(params)
     with expected_failures("study"):
         from tasks import study as st

@@ -45,7 +45,7 @@ def build_tree(root: Path, steps=(2, 4), n_problems: int = 3, benchmarks=("arith
         with open(eval_dir / f"{b}.jsonl", "w") as f:
             for p in generate(n_problems, 2 + i, 3 + i, seed=50 + i, prefix=b):
                 f.write(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer,
-                                    "prompt": user_message(p.problem), "source": b}) + "\n")
+                                    "prompt": user_message(p.problem), "source": b, "solution": p.solution}) + "\n")
     return root
 
 
