@@ -128,3 +128,14 @@ def test_pilot_end_to_end_measures_room_and_reports_no_room(tmp_path):
     assert json.loads((tmp_path / "pilot" / "result.json").read_text()) == json.loads(json.dumps(doc))
     assert "Verdict: no room" in (tmp_path / "pilot" / "result.md").read_text()
     assert [u["state"] for u in pilot.status(path)] == ["analyzed"]
+
+
+def test_every_registered_params_file_loads_strictly():
+    """The committed pilot and study files are records of runs: they must stay complete and valid."""
+    from tasks.common import load_params
+
+    reg = pilot.load_registration()
+    files = [v["params"] for v in reg["pilot"]["variants"]] + [k for v in reg["pilot"]["variants"] for k in v["kl_reg"]]
+    for f in files + ([str(ROOT / "studies" / "study.yaml")] if (ROOT / "studies" / "study.yaml").exists() else []):
+        p = load_params(ROOT / f)
+        assert p.train.max_new_tokens == 88 and p.evaluate.n_samples == 8, f
