@@ -104,8 +104,10 @@ def _complete(u: Unit) -> bool:
         and (root / "metrics" / "analysis.json").stat().st_mtime >= (root / "metrics" / "eval.json").stat().st_mtime
 
 
-def run_units(units: list[Unit], jobs: int, log=print) -> None:
-    """Train the units side by side (`jobs` at a time), then evaluate and analyse each; finished work is skipped."""
+def run_units(units: list[Unit], jobs: int, log=print, skip=None) -> None:
+    """Train the units side by side (`jobs` at a time), then evaluate and analyse each; finished work is skipped,
+    and so is a unit for which `skip(unit)` is true when a worker comes to it (a KL-Reg candidate whose variant
+    has already failed: it would be used only for a chosen variant)."""
     todo = [u for u in units if not _complete(u)]
     if not todo:
         return
@@ -114,6 +116,9 @@ def run_units(units: list[Unit], jobs: int, log=print) -> None:
         st.prepare_root(u.settings(), u.seed)
 
     def one(u: Unit) -> None:
+        if skip is not None and skip(u):
+            log(f"pilot: {u.name}: not trained (variant {u.variant} has no room)")
+            return
         log(f"pilot: {u.name}: training {u.arm} on seed {u.seed} (log: {u.root / 'logs' / f'train_{u.arm}.log'})")
         st.train(u.root, u.arm)
         log(f"pilot: {u.name}: evaluating and analysing")
@@ -241,7 +246,15 @@ def run(registration: str | Path = REGISTRATION, jobs: int | None = None, log=pr
     pilot_dir, study_file = Path(reg["_dir"]) / "pilot", Path(reg["_dir"]) / "study.yaml"
     jobs = int(jobs or pc.get("jobs", 2))
     lengths = sorted(int(x) for x in pc["lengths"])
-    run_units(_first_batch(reg), jobs, log)
+
+    def failed(u: Unit) -> bool:
+        """A KL-Reg candidate of a variant whose GRPO run is done and meets no length's criteria."""
+        if u.arm != "kl_reg":
+            return False
+        (g,) = units_of(reg, u.variant, "grpo")
+        return _complete(g) and not any(room(g.root, g.arm, L, pc["criteria"])["room"] for L in lengths)
+
+    run_units(_first_batch(reg), jobs, log, skip=failed)
     doc: dict = {"registration": _rel(Path(registration).resolve()),
                  "seed": int(pc["seed"]), "criteria": pc["criteria"], "variants": {}, "chosen": None}
     for v in pc["variants"]:
