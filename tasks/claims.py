@@ -108,8 +108,9 @@ class Results:
         return sorted(s for (c, a, s) in self.values if c == checkpoint and a == arm)
 
     def measured(self, checkpoint: str, arm: str, seed: int, measure: str) -> bool:
+        """The unit has a value of `measure` on at least one problem of every benchmark (its macro mean exists)."""
         per_b = self.values.get((checkpoint, arm, seed), {}).get(measure)
-        return bool(per_b) and any(bool(np.isfinite(v).any()) for v in per_b.values())
+        return bool(per_b) and all(bool(np.isfinite(v).any()) for v in per_b.values())
 
     def seeds_with(self, checkpoint: str, arms: Iterable[str], measure: str) -> list[int]:
         """The seeds on which every one of `arms` has `measure` at `checkpoint`."""
@@ -290,7 +291,8 @@ def _row(c: RegisteredClaim, res: Results, stats: Mapping, family: str, expected
     seeds = res.seeds_with(ckpt, c.arms, c.metric)
     row: dict[str, Any] = {
         "id": c.id, "family": family, "claim": c.claim, "statement": c.statement, "metric": c.metric,
-        "checkpoint": c.checkpoint, "test": c.test, "direction": c.direction, "comparison": c.comparison,
+        "checkpoint": c.checkpoint, "test": c.test, "direction": c.direction, "a": c.a, "b": c.b,
+        "comparison": c.comparison,
         "coefficients": c.coefficients, "seeds": seeds, "complete": seeds == expected and bool(seeds),
         "estimate": None, "ci": None, "seed_t": None, "p_one_sided": None, "p_holm": None,
         "sesoi": {"kind": c.sesoi_rule()[0], "registered": c.keep if c.test == "keeps_gain" else c.sesoi_rule()[1],
@@ -306,6 +308,9 @@ def _row(c: RegisteredClaim, res: Results, stats: Mapping, family: str, expected
     row["missing"] = [f"seed {s}" for s in expected if s not in seeds]
     arrays = res.arrays(ckpt, c.arms, c.metric, seeds)
     r = evaluate(c, arrays, int(stats["n_boot"]), float(stats["level"]), int(stats["boot_seed"]))
+    if not all(math.isfinite(x) for x in [r["estimate"], *r["ci"]]):
+        row["missing"] = [f"no finite {c.metric} contrast on seeds {seeds}"]
+        return row
     row.update(estimate=r["estimate"], ci=r["ci"], seed_t=r["seed_t"], p_one_sided=r["p_one_sided"],
                kept_share=r.get("kept_share"), arms=r["arms"])
     row["sesoi"]["threshold"] = r["threshold"]
@@ -320,7 +325,7 @@ def _decide(row: dict, c: RegisteredClaim, p: float, alpha: float) -> None:
         row["excludes"] = excludes(c, lo, hi, row["arms"][c.b]["estimate"], row["kept_share"])
 
 
-def _arm_table(res: Results, ckpt_name: str, stats: Mapping, expected: list[int]) -> dict:
+def _arm_table(res: Results, ckpt_name: str, stats: Mapping) -> dict:
     """{arm: {measure: {estimate, ci, seed_t, seeds}}} at one checkpoint, every measure of every present arm."""
     ckpt = CHECKPOINTS[ckpt_name]
     measures = [f"{m}/pass@{k}" for m in MODES for k in res.ks] + list(FLOAT_MEASURES)
@@ -368,6 +373,10 @@ def compute(res: Results, reg: dict) -> dict:
     stats = reg["statistics"]
     alpha = float(stats["alpha_one_sided"])
     expected = sorted(int(s) for s in reg["study"].get("seeds", []))
+    extra = sorted({s for (_, _, s) in res.values} - set(expected))
+    if extra:
+        raise BadInputError(f"study claims: results for seed(s) {extra}, which the registration does not list "
+                            f"(study.seeds: {expected}); only registered seeds enter the claims")
     primary = [_row(c, res, stats, "primary", expected) for c in reg["_claims"]]
     # Holm over the whole registered family; a row not measured enters with p = 1, so missing rows never make
     # the others' adjustment milder than registered
@@ -397,7 +406,7 @@ def compute(res: Results, reg: dict) -> dict:
         "claims": primary,
         "secondary": secondary,
         "positive_control": _positive_control(res, reg, stats),
-        "arms": {name: _arm_table(res, name, stats, expected) for name in CHECKPOINTS},
+        "arms": {name: _arm_table(res, name, stats) for name in CHECKPOINTS},
     }
 
 

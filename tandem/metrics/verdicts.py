@@ -170,7 +170,7 @@ def excludes(c: RegisteredClaim, low: float, high: float, b_value: float, kept: 
     """What the interval rules out, in words (for rows that do not hold or are inconclusive)."""
     if c.test == "keeps_gain":
         share = ""
-        if kept and kept.get("estimate") is not None and kept.get("ci") and None not in kept["ci"]:
+        if kept and _finite(kept.get("estimate"), *(kept.get("ci") or [None])):
             e, (lo, hi) = kept["estimate"], kept["ci"]
             share = f"{c.a} keeps {100 * e:.0f}% [{100 * lo:.0f}%, {100 * hi:.0f}%] of {c.b}'s gain over the {BASE}; "
             return share + f"keeping more than {100 * hi:.0f}% of it is excluded"
@@ -186,6 +186,10 @@ def excludes(c: RegisteredClaim, low: float, high: float, b_value: float, kept: 
         return f"any {what} reduction of {c.a} against {c.b} is excluded (the interval starts at {sig(low, sign=True)})"
     rel = _relative(c, -low, b_value)
     return f"a {what} reduction of {c.a} against {c.b} larger than {sig(-low)}{rel} is excluded"
+
+
+def _finite(*xs) -> bool:
+    return all(isinstance(x, (int, float)) and math.isfinite(x) for x in xs)
 
 
 def _relative(c: RegisteredClaim, size: float, b_value: float) -> str:
@@ -218,7 +222,7 @@ def evaluate(c: RegisteredClaim, arms: Mapping[str, Values], n_boot: int, level:
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio_N = (stats[c.a] - stats[BASE]) / (stats[c.b] - stats[BASE])
         glo, ghi = percentile_interval(stats[c.b] - stats[BASE], level)
-        row["kept_share"] = {"estimate": gain_a / gain_b if gain_b else None,
+        row["kept_share"] = {"estimate": gain_a / gain_b if gain_b else math.nan,
                              "ci": list(percentile_interval(ratio_N, level)),
                              "gain_b": gain_b, "gain_b_ci": [glo, ghi],
                              # a share of a gain that may be 0 is unstable: say when b's gain is not told from 0

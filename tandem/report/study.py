@@ -57,8 +57,8 @@ def _sesoi(r: dict) -> str:
     if r["test"] == "keeps_gain":
         return f"keeps >= {100 * s['registered']:.0f}% of the gain (contrast > 0)"
     what = {"absolute": "absolute",
-            "relative": f"{100 * s['registered']:.0f}% of {r['comparison'].split(' - ')[-1]}'s value",
-            "tv_relative": f"{100 * s['registered']:.0f}% of {r['comparison'].split(' - ')[-1]}'s 1 - overlap",
+            "relative": f"{100 * s['registered']:.0f}% of {r['b']}'s value",
+            "tv_relative": f"{100 * s['registered']:.0f}% of {r['b']}'s 1 - overlap",
             "none": "none (difference beyond 0)"}[s["kind"]]
     return what if s["threshold"] is None else f"{what}: {_num(s['threshold'], sign=True)}"
 
@@ -214,7 +214,7 @@ def study_report(doc: dict, registration_name: str = "registration.yaml") -> Rep
     for r in doc["claims"]:
         k = r.get("kept_share")
         if k and k.get("estimate") is not None:
-            a, b = r["comparison"].split("(")[1].split(" - ")[0], r["comparison"].split("(")[2].split(" - ")[0]
+            a, b = r["a"], r["b"]
             paras.append(f"{r['id']}: {a} keeps {_pct(k['estimate'])} {_pct_pair(k['ci'])} of {b}'s "
                          f"{metric_words(r['metric'])} gain over the base ({b}'s gain {_iv(k['gain_b'], k['gain_b_ci'], sign=True)}"
                          + ("" if k["gain_b_excludes_0"] else "; not told apart from 0, so the share is unstable")

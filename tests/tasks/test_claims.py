@@ -183,6 +183,12 @@ def test_recompute_from_the_csvs_and_the_registration_alone(tmp_path):
     assert doc["statistics"]["n_boot"] == 4000 and doc["data"]["complete"]
 
 
+def test_an_unregistered_seed_is_refused(tmp_path):
+    write_fake_results(tmp_path / "results", seeds=(0, 7), arms=("base",), benchmarks={"arith-short": 4})
+    with pytest.raises(BadInputError, match=r"seed\(s\) \[7\]"):
+        claims.recompute(tmp_path, _registration(tmp_path, seeds=(0, 1)))
+
+
 def test_recompute_names_a_missing_registration(tmp_path):
     with pytest.raises(BadInputError, match="registration"):
         claims.recompute(tmp_path)
