@@ -36,6 +36,7 @@ import yaml
 
 from tandem.errors import BadInputError, UserError
 from tandem.metrics.claims import EQUIVALENCE_MARGIN, claims_for, evaluate_claims, seeds_of
+from tasks.claims import COLUMNS
 from tasks.common import atomic_path, load_params, read_json, read_jsonl, write_json
 from tasks.measures import final_steps, run_measures, stack_seeds
 
@@ -204,8 +205,7 @@ def status(s: StudySettings) -> list[dict]:
 # Per-problem results of one seed x arm (committed; what the claims are computed from)
 # --------------------------------------------------------------------------------------------------
 
-RESULT_COLUMNS = ("seed", "arm", "checkpoint", "step", "benchmark", "id", "n_samples", "solo_correct",
-                  "step_correct", "junior_ce", "overlap", "kl_mean", "common_kl", "common_overlap", "compact_share")
+RESULT_COLUMNS = COLUMNS  # the results format lives with its reader, tasks/claims.py
 CONTROL = "control"  # the positive control's pseudo-arm (trained as `grpo` in its own root)
 
 
@@ -284,13 +284,11 @@ def export_results(root: Path, seed: int, arm: str, results_dir: Path, label: st
                              "kl_mean": _num(_f(o.get("kl_mean"))), "common_kl": _num(_f(c.get("kl_mean"))),
                              "common_overlap": _num(_f(c.get("overlap"))),
                              "compact_share": _num(d["compact"] / d["n"] if d["n"] else None)})
+    from tasks.claims import write_arm_csv
+
     out = result_file(results_dir, seed, label or arm)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out) as tmp:
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=list(RESULT_COLUMNS), lineterminator="\n")
-            w.writeheader()
-            w.writerows(rows)
+    write_arm_csv(out, rows)
     return out
 
 
