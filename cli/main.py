@@ -205,7 +205,9 @@ def run(params: str = PARAMS_OPT,
 def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds (first-seed, first-seed + 1, ...)"),
           params: str = typer.Option("params.study.yaml", "--params", "-p", help="complete params file of the study"),
           first_seed: int = typer.Option(0, "--first-seed", help="the first seed"),
-          out: str = typer.Option("studies", "--out", help="directory for the per-seed roots, claims.json and the report"),
+          out: Optional[str] = typer.Option(None, "--out", help="directory for the per-seed roots, claims.json and the "
+                                            "report (default: studies/first-study for a --params study, studies for "
+                                            "--registered and --recompute)"),
           jobs: int = typer.Option(2, "--jobs", help="runs side by side (each a one-thread stage process)"),
           until: str = typer.Option("claims", "--until", help="stop after: train | analyze | claims"),
           show_status: bool = typer.Option(False, "--status", help="print where each seed x arm stands and exit"),
@@ -218,6 +220,7 @@ def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds
     """Run the pipeline for several seeds x the arms and test the paper's claims with 95% intervals
     (`<out>/claims.json`, `<out>/report.md`). Rerun after an interruption: it continues where it stopped."""
     _offline_defaults()
+    out = out or ("studies" if (recompute or registered) else "studies/first-study")
     if recompute:  # the committed per-problem CSVs and the registration are all it reads: no params, no models
         with expected_failures("study"):
             from tasks import claims as cl
