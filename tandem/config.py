@@ -25,9 +25,9 @@ value of params.yaml as the code default; tests/test_config.py fails until all o
 
 **out_root** (`out_root_problem`): a relative path may not climb out of the directory it is resolved from
 (no `..` above it); an absolute path must lie under the user's home directory, the temporary directory or the
-current working directory; and the resolved path (symlinks followed) is never `/` or inside a system
-directory (`SYSTEM_DIRS`: /bin, /boot, /dev, /etc, /lib*, /proc, /run, /sbin, /sys, /usr, /var outside
-/var/tmp).
+current working directory; and the path, symlinks followed, is never `/`, never in a system directory
+(`SYSTEM_DIRS`: /bin, /boot, /dev, /etc, /lib*, /proc, /run, /sbin, /sys) and never /usr, /var or one of their
+children (/usr/lib, /var/log; /var/tmp is a temporary directory, and a project may live deeper).
 
 **The environment.** A params file decides a run; the environment decides only what does not change results.
 Two variables override a setting for a deployment (`ENV_OVERRIDES`; `tasks.common.load_params` applies them
@@ -337,7 +337,7 @@ class _Section:
 
 MAX_SYNTHETIC_STEPS = 20  # tandem/data/synthetic.py writes one ordinal per step, "First" to "Twentieth"
 MAX_TOKENS = 131_072      # a token budget or sequence length this project can run
-MAX_ROWS = 65_536         # rows (sequences) in one batch
+MAX_ROWS = 1_048_576      # rows (sequences) in one batch (the memory plan refuses what does not fit)
 MAX_STEPS = 1_000_000     # optimizer or pretraining steps
 MAX_PROBLEMS = 1_000_000  # problems held in memory at once
 MAX_SECONDS = 86_400.0    # one timeout: a day
@@ -624,8 +624,8 @@ class TrainConfig(_Section):
         p: list[str] = []
         self._rule(p, self.sharding == "none" or self.num_processes > 1, "sharding",
                    "fsdp needs train.num_processes > 1")
-        self._rule(p, self.prompts_per_step * self.group_size <= 16 * MAX_ROWS, "prompts_per_step",
-                   f"the rollout batch (prompts_per_step x group_size rows) must stay <= {16 * MAX_ROWS}")
+        self._rule(p, self.prompts_per_step * self.group_size <= MAX_ROWS, "prompts_per_step",
+                   f"the rollout batch (prompts_per_step x group_size rows) must stay <= {MAX_ROWS}")
         self._rule(p, self.prompts_per_step % self.num_processes == 0, "prompts_per_step",
                    f"must be a multiple of train.num_processes ({self.num_processes}): "
                    "each process rolls out whole prompt groups")

@@ -144,7 +144,7 @@ def model_shape(params, model_dir: str | Path | None = None) -> ModelShape:
     if m.source == "tiny":
         # The tiny build's vocabulary is the trained tokenizer's, at most model.vocab_size entries
         return ModelShape(hidden=m.hidden_size, layers=m.num_layers, heads=m.num_heads, kv_heads=m.num_kv_heads,
-                          head_dim=m.hidden_size // m.num_heads, intermediate=m.intermediate_size,
+                          head_dim=m.head_dim or m.hidden_size // m.num_heads, intermediate=m.intermediate_size,
                           vocab=m.vocab_size, tied=True, source="model section (tiny build)")
     if m.source == "hub" and m.hub_id in KNOWN_SHAPES:
         return ModelShape(**KNOWN_SHAPES[m.hub_id], source=f"built-in table ({m.hub_id})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import stat
@@ -34,6 +35,9 @@ DEFAULT_PARAMS = "params.yaml"
 MAX_PARAMS_BYTES = 1 << 20
 MAX_YAML_DEPTH = 32        # nesting of mappings and lists, aliases followed
 MAX_YAML_VALUES = 100_000  # values after alias expansion (a "billion laughs" file expands to 10**9)
+
+
+_DEEP_BRACKETS = re.compile(r"(?:[\[{][ \t\r\n]*){%d}" % (MAX_YAML_DEPTH + 1))
 
 
 class _Refused(yaml.MarkedYAMLError):
@@ -155,6 +159,9 @@ def parse_params_text(data: bytes, name: str = "params file") -> Any:
         line = data[: e.start].count(b"\n") + 1
         raise ParamsError([f"params file: {name} -> is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line})"]) \
             from None
+    if (deep := _DEEP_BRACKETS.search(text)) is not None:  # cheap: the scanner would take seconds on these
+        line = text[: deep.start()].count("\n") + 1
+        raise ParamsError([f"params file: {name} -> nests deeper than {MAX_YAML_DEPTH} levels (line {line})"])
     loader = _ParamsLoader(text)
     try:
         node = loader.get_single_node()
