@@ -35,8 +35,7 @@ DEFAULT_PARAMS = "params.yaml"
 MAX_PARAMS_BYTES = 1 << 20
 MAX_YAML_DEPTH = 32        # nesting of mappings and lists, aliases followed
 MAX_YAML_VALUES = 100_000  # values after alias expansion (a "billion laughs" file expands to 10**9)
-
-
+# a run of opening brackets deeper than the bound, found before PyYAML's scanner spends seconds on it
 _DEEP_BRACKETS = re.compile(r"(?:[\[{][ \t\r\n]*){%d}" % (MAX_YAML_DEPTH + 1))
 
 
@@ -89,8 +88,8 @@ class _ParamsLoader(yaml.SafeLoader):
                 None, None, f"expands to more than {MAX_YAML_VALUES:,} values (YAML aliases repeat what they "
                 "refer to)", mark)
         if depth > MAX_YAML_DEPTH:
-            raise _Refused(None, None, f"nests deeper than {MAX_YAML_DEPTH} levels once its "
-                                              "aliases are followed", mark)
+            raise _Refused(None, None, f"nests deeper than {MAX_YAML_DEPTH} levels once its aliases are followed",
+                           mark)
         self._sizes[id(node)] = (size, depth)
         return node
 
@@ -159,7 +158,7 @@ def parse_params_text(data: bytes, name: str = "params file") -> Any:
         line = data[: e.start].count(b"\n") + 1
         raise ParamsError([f"params file: {name} -> is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line})"]) \
             from None
-    if (deep := _DEEP_BRACKETS.search(text)) is not None:  # cheap: the scanner would take seconds on these
+    if (deep := _DEEP_BRACKETS.search(text)) is not None:
         line = text[: deep.start()].count("\n") + 1
         raise ParamsError([f"params file: {name} -> nests deeper than {MAX_YAML_DEPTH} levels (line {line})"])
     loader = _ParamsLoader(text)
