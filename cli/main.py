@@ -97,19 +97,13 @@ def expected_failures(what: str) -> Iterator[None]:
 
 
 def _offline_defaults() -> None:
-    """Tools that phone home stay quiet unless the user asked otherwise (W&B's mode comes from
-    `train.wandb_mode`, offline by default, unless WANDB_MODE is set)."""
-    for key, value in {
-        "DVC_NO_ANALYTICS": "1",
-        "GX_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "TRL_EXPERIMENTAL_SILENCE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-        # the stages' own loggers reach the flow run's logs (and the UI), not only the terminal
-        "PREFECT_LOGGING_EXTRA_LOGGERS": "tandem,tasks,flows",
-    }.items():
-        os.environ.setdefault(key, value)
+    """Tools that phone home stay quiet unless the user asked otherwise (`tandem.config.TOOL_ENV`; W&B's mode
+    comes from `train.wandb_mode`, offline by default, unless WANDB_MODE is set)."""
+    from tandem.config import apply_tool_env
+
+    apply_tool_env()
+    # the stages' own loggers reach the flow run's logs (and the UI), not only the terminal
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tandem,tasks,flows")
 
 
 def _load(params: str):
@@ -322,10 +316,18 @@ def pilot(registration: str = typer.Option("studies/registration.yaml", "--regis
 
 
 @app.command("check-params")
-def check_params(file: str = typer.Argument("params.yaml", help="params file to validate")) -> None:
+def check_params(file: str = typer.Argument("params.yaml", help="params file to validate"),
+                 explain: bool = typer.Option(False, "--explain", help="print every setting with its value, rule "
+                                                                      "and help instead of the sections")) -> None:
     """Validate a params file (every setting present, no unknown keys, types, value rules) and print it."""
     p = _load(file)
     typer.secho(f"{file}: OK (every setting stated)", fg=typer.colors.GREEN)
+    if explain:
+        from tandem.config import explain as explain_settings, show
+
+        for key, value, rule, help_text in explain_settings(p):
+            typer.echo(f"  {key} = {show(value)}" + (f"  [{rule}]" if rule else "") + f"\n      {help_text}")
+        return
     for section in ("data", "model", "rollout", "train", "evaluate", "analyze", "report"):
         typer.echo(f"  {section}: {json.dumps(getattr(p, section).__dict__, default=str)}")
 

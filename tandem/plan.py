@@ -8,11 +8,10 @@ peak = persistent + max(rollout phase, training phase)
 - persistent: the senior's weights (the optimizer's master copy: float32 under `bf16_mixed`), the AdamW moments
   (two per weight, master dtype), the frozen junior (`model.dtype`), trl's KL reference for arms with a KL
   weight, and with the vLLM backend the two engines' reservations (`rollout.vllm_gpu_memory` of the GPU each);
-  with `train.sharding` zero2 the moments, with zero3/fsdp the weights and moments too, are split over
-  `train.num_processes` (DeepSpeed also keeps a bf16 working copy of the weights under bf16_mixed);
+  with `train.sharding: fsdp` the weights and moments are split over `train.num_processes`;
 - rollout phase (hf backend): both models' KV caches for this process's rows, laid out as the hf backend lays
   them out (one prompt row per distinct prompt, one completion row per sample), plus one step's logits; under
-  zero3/fsdp the senior is gathered whole for generation (as trl's unwrap for generation does);
+  fsdp the senior is gathered whole for generation (as trl's unwrap for generation does);
 - training phase: max(forward/backward, optimizer step). The forward/backward holds the activations autograd
   saves for one micro-batch (`activation_bytes_per_token`: read off transformers' Qwen3 decoder layer, every
   tensor it saves, in fp32 or under bf16 autocast; with gradient checkpointing only each layer's input plus
@@ -145,7 +144,7 @@ def model_shape(params, model_dir: str | Path | None = None) -> ModelShape:
     if m.source == "tiny":
         # The tiny build's vocabulary is the trained tokenizer's, at most model.vocab_size entries
         return ModelShape(hidden=m.hidden_size, layers=m.num_layers, heads=m.num_heads, kv_heads=m.num_kv_heads,
-                          head_dim=m.hidden_size // m.num_heads, intermediate=m.intermediate_size,
+                          head_dim=m.head_dim or m.hidden_size // m.num_heads, intermediate=m.intermediate_size,
                           vocab=m.vocab_size, tied=True, source="model section (tiny build)")
     if m.source == "hub" and m.hub_id in KNOWN_SHAPES:
         return ModelShape(**KNOWN_SHAPES[m.hub_id], source=f"built-in table ({m.hub_id})")
@@ -300,9 +299,8 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     autocast = prec.autocast is not None
     procs, shard = t.num_processes, t.sharding
     P, m, fz = shape.n_params, prec.master_bytes, prec.frozen_bytes
-    split_w = procs if shard in ("zero3", "fsdp") else 1
-    split_o = procs if shard in ("zero2", "zero3", "fsdp") else 1
-    deepspeed = shard in ("zero2", "zero3")
+    # the values of train.sharding (tandem.config.SHARDING): none (DDP, nothing split) or fsdp (all split)
+    split_w = split_o = procs if shard == "fsdp" else 1
     geo = train_geometry(params, group)
     notes: list[str] = [f"shape: {shape.source}; {P:,} parameters",
                         f"precision {t.precision} on {device}: master {prec.senior_dtype}, frozen "
@@ -310,8 +308,6 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     checks: list[str] = []
 
     persistent = {"senior_weights": P * m / split_w}
-    if deepspeed and autocast:  # DeepSpeed keeps the module in bf16 and the fp32 master in its optimizer
-        persistent["senior_bf16_copy"] = P * 2 / split_w
     persistent["optimizer_state"] = 2 * P * m / split_o
     persistent["junior"] = P * fz
     if beta > 0:
@@ -336,11 +332,11 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     mb = geo["micro_batch_size"]
     held, passing = micro_batch_bytes(shape, mb, seq, autocast, m, device, t.gradient_checkpointing)
     grads = P * m / split_o
-    if autocast and not deepspeed:
+    if autocast:
         # autocast caches the bf16 cast of each weight for the forward; sharded: only the gathered layers
         held["autocast_weight_cache"] = 2 * (shape.layer_linear_params * 2 if split_w > 1
                                              else shape.layers * shape.layer_linear_params)
-    if split_w > 1:  # zero3/fsdp gather the current and the prefetched layer
+    if split_w > 1:  # fsdp gathers the current and the prefetched layer
         held["gathered_layers"] = 2 * shape.layer_params * m
     if geo["micro_batches_per_update"] > 1:
         held["accumulated_grads"] = grads
@@ -447,8 +443,8 @@ def advice(plan: Plan, params) -> str:
             tips.append("set train.gradient_checkpointing: true")
         if plan.geometry.get("micro_batch_size", 1) > 1:
             tips.append(f"lower train.micro_batch_size (now {plan.geometry['micro_batch_size']} rows per pass)")
-        if t.sharding in ("none", "zero2") and t.num_processes > 1:
-            tips.append("set train.sharding: zero3 or fsdp (weights, gradients and optimizer split over GPUs)")
+        if t.sharding == "none" and t.num_processes > 1:
+            tips.append("set train.sharding: fsdp (weights, gradients and optimizer split over GPUs)")
         tips.append(f"raise train.num_processes (now {t.num_processes})")
         if t.precision == "fp32" and plan.device == "cuda":
             tips.append("set train.precision: bf16_mixed")

@@ -7,7 +7,8 @@ import pytest
 from tandem.generation import accuracy, accuracy_of, cut_at_eos, generate_and_score, stable_seed
 from tandem.rollout.core import RolloutBatch, SamplingParams
 
-SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, max_position=512)
+SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=0, intermediate_size=64,
+             max_position=512)
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,8 @@ def test_qwen3_4b_parameter_count_equals_transformers_model():
 
 
 def test_shape_sources(tmp_path):
-    tiny = params_from_dict({"model": {"source": "tiny", "hidden_size": 96, "num_layers": 2, "num_heads": 4}})
+    tiny = params_from_dict({"model": {"source": "tiny", "hidden_size": 96, "num_layers": 2, "num_heads": 4,
+                                       "head_dim": 0}})
     s = model_shape(tiny)
     assert (s.hidden, s.layers, s.head_dim, s.tied) == (96, 2, 24, True)
     d = tmp_path / "m"
@@ -255,7 +256,7 @@ def _measure(checkpointing: bool) -> int:
 def test_plan_matches_measured_peak_of_a_cpu_step(checkpointing):
     p = params_from_dict({
         "model": {"source": "tiny", "hidden_size": PROBE["hidden"], "num_layers": PROBE["layers"],
-                  "num_heads": PROBE["heads"], "num_kv_heads": PROBE["kv_heads"],
+                  "num_heads": PROBE["heads"], "num_kv_heads": PROBE["kv_heads"], "head_dim": 0,
                   "intermediate_size": PROBE["intermediate"], "vocab_size": PROBE["vocab"]},
         "train": {"arms": ["grpo"], "prompts_per_step": 1, "group_size": PROBE["rows"],
                   "micro_batch_size": PROBE["rows"], "max_prompt_tokens": PROBE["prompt"],

@@ -233,8 +233,9 @@ _SHARED_LOCK = threading.Lock()
 
 def shared_service(rollout: Any, start_dir: str | os.PathLike) -> VLLMService:
     """The process's rollout service for the `rollout` config section: attached to `rollout.vllm_url` if set
-    (or $TANDEM_VLLM_URL), else started once from `start_dir` and stopped at exit; reused by every caller."""
-    url = rollout.vllm_url or os.environ.get("TANDEM_VLLM_URL", "")
+    ($TANDEM_VLLM_URL overrides it when params are loaded: tandem.config.ENV_OVERRIDES), else started once
+    from `start_dir` and stopped at exit; reused by every caller."""
+    url = rollout.vllm_url
     key = url or f"{rollout.vllm_python}|{rollout.vllm_host}|{rollout.vllm_dtype}|{rollout.vllm_max_model_len}"
     with _SHARED_LOCK:
         svc = _SHARED.get(key)

@@ -24,7 +24,7 @@ def build_tree(root: Path, steps=(2, 4), n_problems: int = 3, benchmarks=("arith
     root = Path(root)
     probs = generate(200, 2, 4, seed=123)
     tok = train_tokenizer([p.problem + "\n\n" + p.solution for p in probs], vocab_size=300)
-    cfg = ModelConfig(hidden_size=hidden, num_layers=2, num_heads=4, num_kv_heads=2,
+    cfg = ModelConfig(hidden_size=hidden, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=0,
                       intermediate_size=2 * hidden, max_position=512)
     base_dir = root / "models" / "base"
     save_model(build_tiny_model(tok, cfg, seed=seed), tok, base_dir)
