@@ -69,6 +69,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tandem.rollout.bench import _prompts
 from tandem.rollout.engine import SamplingParams, TandemEngine
 from tandem.rollout.lockstep import lockstep_generate
+from tandem.rollout.toy import rollout
 
 model_dir = Path(sys.argv[1])
 desc = str(model_dir)
@@ -88,10 +89,10 @@ print(json.dumps({"model": desc, "rows": len(prompts), "max_new_tokens": sp.max_
 
 
 def run(name, engine, schedule):
-    engine.generate(prompts[:8], schedule, SamplingParams(max_new_tokens=8), seed=1)  # warm-up
+    rollout(engine, prompts[:8], schedule, SamplingParams(max_new_tokens=8), seed=1)  # warm-up
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    b = engine.generate(prompts, schedule, sp, seed=0)
+    b = rollout(engine, prompts, schedule, sp, seed=0)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     st = b.stats()
@@ -109,7 +110,7 @@ hf = {s: run("hf", hf_eng, s) for s in ("solo", "word", "step")}
 s64, j64 = senior.double(), junior.double()
 eng64 = TandemEngine(s64, j64, tok)
 few = prompts[::8]
-fast = eng64.generate(few, "word", SamplingParams(max_new_tokens=64), seed=3)
+fast = rollout(eng64, few, "word", SamplingParams(max_new_tokens=64), seed=3)
 with torch.no_grad():
     ref = lockstep_generate(s64, j64, eng64.tables, few, "word", SamplingParams(max_new_tokens=64), 3, eng64.eos_ids)
 print(json.dumps({"check": "hf catch-up == lockstep (cuda, float64)",
