@@ -7,8 +7,10 @@
 #      solo/word/step statistics and tokens/s of the hf engine;
 #   2. the vLLM rollout service on CUDA (vLLM's CUDA build in .venv-vllm, `make vllm-env` picks it on a
 #      machine with nvidia-smi): `tandem bench rollout --backend vllm --json` (log-probs against transformers
-#      <= 0.1, weights synced after an optimizer step, tokens/s, decoded vs kept tokens) and the service tests
-#      (tests/rollout/test_vllm_service.py: schedule rules, budget/EOS contract, sync-and-reset, restart);
+#      <= 0.1, weights synced after an optimizer step, tandem_over_solo, the counters, the predicted GPU ratio),
+#      the same with `--vocab qwen3` (Qwen3's vocabulary, 128 rows of replayed real text at 3,000 tokens:
+#      tandem_over_solo with the layout and vllm_gpu_memory), and the service tests
+#      (tests/rollout/test_vllm_service.py, test_vllm_lifecycle.py);
 #   3. a few training steps of the `tandem` arm through the real stages (prepare, base, train) on CUDA, once
 #      with the hf rollout backend and once with vllm, each checked for the planned steps, a finite loss, a
 #      senior token share near one half and an unchanged junior;
@@ -127,7 +129,11 @@ make vllm-env > /tmp/gpu-check-vllm-env.log 2>&1 || { tail -20 /tmp/gpu-check-vl
 model_arg=()
 [ -d "${1:-models/base}" ] && model_arg=(--model "${1:-models/base}")
 "$PY" -m cli bench rollout --backend vllm --json "${model_arg[@]}" || fail "tandem bench rollout --backend vllm"
-TANDEM_REQUIRE_VLLM=1 "$PY" -m pytest -q -p no:cacheprovider tests/rollout/test_vllm_service.py \
+# Qwen3's real vocabulary on replayed real text at full length (3,000 tokens): tandem_over_solo measured on the
+# GPU beside the cost model's prediction, with the layout and vllm_gpu_memory in the same JSON line
+"$PY" -m cli bench rollout --backend vllm --json --vocab qwen3 --prompts 16 --samples 8 --repeats 1 \
+  || fail "tandem bench rollout --backend vllm --vocab qwen3"
+TANDEM_REQUIRE_VLLM=1 "$PY" -m pytest -q -p no:cacheprovider tests/rollout/test_vllm_service.py tests/rollout/test_vllm_lifecycle.py \
   || fail "vLLM rollout service tests on CUDA"
 
 if [ "${GPU_CHECK_SKIP_TRAIN:-0}" = 1 ]; then exit $failed; fi

@@ -124,7 +124,7 @@ def _counters(st: dict, prefix: str = "") -> dict:
         out[f"{prefix}engine_idle_fraction_{role}"] = max(0.0, 1 - c["busy_seconds"] / st["seconds"]) if steps else 1.0
         out[f"{prefix}sched_cpu_us_per_step_{role}"] = 1e6 * c["sched_cpu_seconds"] / steps if steps else 0.0
         out[f"{prefix}mean_rows_per_step_{role}"] = c["scheduled_rows_sum"] / steps if steps else 0.0
-    chunks = e["senior"]["chunks"] + e["junior"]["chunks"]
+    chunks = st["chunks"]  # chunks the rows sent (the engines count the same: engines.*.chunks)
     out.update({
         f"{prefix}chunks": int(chunks), f"{prefix}session_starts": st["session_starts"],
         f"{prefix}chunks_per_token": chunks / kept,
@@ -148,8 +148,8 @@ def _counters(st: dict, prefix: str = "") -> dict:
 def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_prompts: int = 8,
                        n_samples: int = 8, max_new_tokens: int | None = None, temperature: float = 1.0,
                        seed: int = 0, repeats: int = 2, dtype: str = "auto", python: str | None = None,
-                       vocab: str = "model", gpu: str = "h200", gpu_rows: int = 128, short_tokens: int = 500
-                       ) -> dict:
+                       vocab: str = "model", gpu: str = "h200", gpu_rows: int = 128, short_tokens: int = 500,
+                       gpu_memory: float = 0.35) -> dict:
     """Run the measurements above; returns one flat dict (see the module docstring)."""
     from tandem.models import load_tokenizer
     from tandem.plan import KNOWN_SHAPES, ModelShape
@@ -175,10 +175,12 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
         svc, owned = VLLMService.attach(url), False
     else:
         svc = VLLMService.start(path, path, python=python, dtype=dtype, roots=[path], replay=replay,
-                                max_model_len=(budget + max(map(len, prompts)) + 64) if replay else 0)
+                                max_model_len=(budget + max(map(len, prompts)) + 64) if replay else 0,
+                                gpu_memory=gpu_memory, start_timeout=1800)
         owned = True
     res: dict[str, Any] = {"backend": "vllm", "model": desc, "vocab": vocab, "vocab_size": len(tok),
                            "rows": len(prompts), "max_new_tokens": budget,
+                           "layout": "both engines on one device (one service)", "vllm_gpu_memory": gpu_memory,
                            "service_start_s": time.perf_counter() - t0}
     try:
         health = svc.health()

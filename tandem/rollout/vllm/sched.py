@@ -114,8 +114,8 @@ class TandemScheduler(Scheduler):
         c = time.thread_time()
         super().add_request(request)
         sp = request.sampling_params
-        if sp is not None and sp.extra_args and "tandem" in sp.extra_args:
-            self.tandem_counters.add("chunks", 1)
+        if request.resumable and sp is not None and sp.extra_args and "tandem" in sp.extra_args:
+            self.tandem_counters.add("chunks", 1)  # a session's chunk (its closing request is not resumable)
         self.tandem_counters.add("add_cpu_seconds", time.thread_time() - c)
 
     # -- the stop rule -----------------------------------------------------------------------------

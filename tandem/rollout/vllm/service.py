@@ -222,7 +222,10 @@ class Service:
                                       scheduler_cls="tandem.rollout.vllm.sched.TandemScheduler",
                                       worker_extension_cls="tandem.rollout.vllm.worker.TandemWorker",
                                       additional_config={"tandem_stats": str(self.stats_files[role])},
-                                      max_num_seqs=max_num_seqs, disable_log_stats=True)
+                                      max_num_seqs=max_num_seqs, disable_log_stats=True,
+                                      # one device per engine: the worker runs inside the engine-core process
+                                      # (no extra process to start), and collective_rpc reaches it there
+                                      distributed_executor_backend="uni")
             if role == 1:
                 # processed_logprobs: the sampled token's log-prob after temperature, log_softmax(logits / T),
                 # which is what trl recomputes (training uses top-p 1 and no top-k).
