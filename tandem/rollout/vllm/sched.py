@@ -27,11 +27,11 @@ except ImportError:  # the pipeline's environment has no vLLM: the module import
     Scheduler, check_stop, RequestStatus = object, None, None
 
 from tandem.rollout.schedule import LookupTables
-from tandem.rollout.vllm.turns import ChunkRule
+from tandem.rollout.vllm.turns import STOP_SWITCH, ChunkRule
 
 FIELDS = ("steps", "busy_seconds", "sched_cpu_seconds", "computed_tokens", "generated_tokens", "chunks",
           "add_cpu_seconds", "switch_stops", "scheduled_rows_sum", "max_scheduled_rows", "rule_cpu_seconds",
-          "length_stops", "preemptions", "rule_tokens", "context_tokens")
+          "length_stops", "preemptions", "rule_tokens", "context_tokens", "rounds_stops")
 _TABLES: dict[str, LookupTables] = {}
 
 
@@ -146,7 +146,7 @@ class TandemScheduler(Scheduler):
                 elif why is not None:
                     request.status = RequestStatus.FINISHED_STOPPED
                     request.stop_reason = why
-                    k.add("switch_stops", 1)
+                    k.add("switch_stops" if why == STOP_SWITCH else "rounds_stops", 1)
                     stopped = True
             if stopped:
                 del new_token_ids[num_new:]

@@ -603,7 +603,8 @@ def _role(r: dict) -> int:
 
 
 def _watch_parent(pid: int, stop) -> None:
-    """Stop the service when the process that started it is gone (killed with -9 included)."""
+    """Stop the service when the process that started it is gone (killed with -9 included): `stop` sends this
+    process SIGTERM, whose handler interrupts even an engine start in progress."""
     while True:
         time.sleep(1.0)
         try:
@@ -662,11 +663,17 @@ def main(argv: list[str] | None = None) -> int:
             stopping.set()
             threading.Thread(target=server.shutdown, daemon=True).start()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    if a.parent_pid:
-        threading.Thread(target=_watch_parent, args=(a.parent_pid, stop), daemon=True).start()
+    def on_signal(*_):
+        stop()
+        if service is None:  # still starting the engines: abort the start (the finally below cleans up)
+            raise SystemExit(1)
+
     service = None
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if a.parent_pid:
+        threading.Thread(target=_watch_parent, args=(a.parent_pid, lambda: os.kill(os.getpid(), signal.SIGTERM)),
+                         daemon=True).start()
     inbox = _inbox_root()
     server_thread = threading.Thread(target=server.serve_forever, daemon=True)
     try:
@@ -682,8 +689,9 @@ def main(argv: list[str] | None = None) -> int:
         while server_thread.is_alive() and not stopping.is_set():
             server_thread.join(0.5)
     except BaseException:
-        clean["ok"] = False
-        LOG.error("the rollout service failed:\n%s", traceback.format_exc())
+        if not stopping.is_set():  # a failure, not a stop asked for: keep the log for diagnosis
+            clean["ok"] = False
+            LOG.error("the rollout service failed:\n%s", traceback.format_exc())
         raise
     finally:
         stop()
@@ -694,6 +702,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(inbox, ignore_errors=True)  # pushed weights and counters never outlive the service
         if a.run_dir and clean["ok"]:
             shutil.rmtree(a.run_dir, ignore_errors=True)
+        if service is None and stopping.is_set() and os.getpgid(0) == os.getpid():
+            # stopped while the engines were starting: their processes (this process group, which the client
+            # made ours) would otherwise finish starting and linger; the files are already removed
+            os.killpg(os.getpid(), signal.SIGKILL)
     return 0
 
 
