@@ -235,7 +235,7 @@ class Service:
             if kv_blocks:
                 kw["num_gpu_blocks_override"] = kv_blocks
             if self.replay:  # the benchmark's replayed real text (replay.py)
-                kw["logits_processors"] = ["tandem.rollout.vllm.replay.ReplayLogitsProcessor"]
+                kw["logits_processors"] = ["tandem.rollout.vllm.replay:ReplayLogitsProcessor"]
             if block_size:
                 kw["block_size"] = block_size
             elif current_platform.is_cpu():
