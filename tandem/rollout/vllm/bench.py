@@ -226,7 +226,8 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
         pred = predict(st_t, st_s, gpu_shape, gpu=gpu, rows=gpu_rows)
         res.update({"predicted_gpu_tandem_over_solo": pred["predicted_gpu_tandem_over_solo"],
                     "predicted_gpu_tandem_over_solo_two_gpus": pred["predicted_gpu_tandem_over_solo_two_gpus"],
-                    "predicted_gpu": {k: v for k, v in pred.items() if not k.startswith("predicted")}})
+                    "predicted_gpu": {k: v for k, v in pred.items() if not k.startswith("predicted")},
+                    "service_stats": {"tandem": st_t, "solo": st_s}})
         if replay:
             if short_tokens and short_tokens < budget:
                 _, _, st_short = run("word", SamplingParams(temperature=temperature, max_new_tokens=short_tokens),

@@ -83,10 +83,12 @@ def predict(tandem: dict, solo: dict, shape, gpu: str = "h200", rows: int = 128)
     a_solo2, f_solo2 = engine_time(ss, shape, g, k_s, rows_split=2.0)  # solo, data parallel 2: half the rows
     T_solo2 = max(a_solo2 + f_solo2, front_s / 2)
     tok_t, tok_s = tandem["kept"] * k_t, solo["kept"] * k_s
+    gpu_1 = (tok_t / (a_s + a_j + gap_1)) / (tok_s / (a_solo + f_solo))  # the GPU work alone, no frontend floor
     return {"gpu": g.name, "rows": rows, "model_params": shape.n_params,
             "solo_s": T_solo, "tandem_one_gpu_s": T_1, "tandem_two_gpus_s": T_2,
             "solo_tok_s": tok_s / T_solo, "tandem_one_gpu_tok_s": tok_t / T_1,
             "predicted_gpu_tandem_over_solo": (tok_t / T_1) / (tok_s / T_solo),
             "predicted_gpu_tandem_over_solo_two_gpus": (tok_t / T_2) / (tok_s / T_solo2),
+            "gpu_bound_tandem_over_solo": gpu_1, "frontend_bound": T_1 == front_t,
             "weights_ms_per_step": shape.n_params * 2 / g.bandwidth * 1e3,
             "gap_ms_per_step": (f_solo / ss["steps"] * 1e3) if ss.get("steps") else 0.0}
