@@ -242,6 +242,10 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
     finally:
         if owned:
             svc.stop()
+        if str(path).startswith(tempfile.gettempdir()) and path.name.startswith("tandem-bench-"):
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)  # the model this benchmark built for itself
     res["seconds"] = time.perf_counter() - t_start
     return res
 
