@@ -379,17 +379,28 @@ def bench_rollout(as_json: bool = typer.Option(False, "--json", help="print one 
                   backend: str = typer.Option("hf", help="hf (this process) or vllm (the rollout service in "
                                                          "vLLM's own environment)"),
                   url: Optional[str] = typer.Option(None, help="vllm: attach to a running service instead of "
-                                                               "starting one")) -> None:
+                                                               "starting one ($TANDEM_VLLM_TOKEN: its secret)"),
+                  vocab: str = typer.Option("model", help="vllm: model (the model's tokenizer) or qwen3 (Qwen3's "
+                                                          "real vocabulary, replayed real text at full length)"),
+                  max_new_tokens: Optional[int] = typer.Option(None, help="vllm: tokens per row (default 128; "
+                                                                          "qwen3: 3000)"),
+                  prompts: int = typer.Option(8, help="vllm: distinct prompts"),
+                  samples: Optional[int] = typer.Option(None, help="vllm: rows per prompt (default 8; qwen3: 4)"),
+                  repeats: int = typer.Option(2, help="vllm: timed runs of each (best kept)"),
+                  gpu: str = typer.Option("h200", help="vllm: the GPU the prediction prices (h200 | h100)"),
+                  gpu_rows: int = typer.Option(128, help="vllm: rows the prediction scales the counts to")) -> None:
     """Rollout throughput: solo, tandem (word), lockstep reference and plain generate, with ratios; with
-    --backend vllm: the service's throughput, decoded vs kept tokens, log-probs against transformers and the
-    weight-sync check."""
+    --backend vllm: the service's throughput, its counters, the predicted GPU ratio, log-probs against
+    transformers and the weight-sync check."""
     model_dir = model if model else ("models/base" if Path("models/base/config.json").exists() else None)
     if backend == "vllm":
-        from tandem.rollout.bench_vllm import bench_rollout_vllm
+        from tandem.rollout.vllm.bench import bench_rollout_vllm
 
-        res = bench_rollout_vllm(model_dir=model_dir, url=url)
+        res = bench_rollout_vllm(model_dir=model_dir, url=url, vocab=vocab, max_new_tokens=max_new_tokens,
+                                 n_prompts=prompts, n_samples=samples or (4 if vocab == "qwen3" else 8),
+                                 repeats=repeats, gpu=gpu, gpu_rows=gpu_rows)
         _print_bench(res, as_json)
-        if not (res["weights_synced"] and res["logprob_max_abs_diff"] <= 0.1):
+        if vocab == "model" and not (res["weights_synced"] and res["logprob_max_abs_diff"] <= 0.1):
             raise typer.Exit(code=1)
         return
     if backend != "hf":

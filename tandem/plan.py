@@ -318,8 +318,9 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     if ro.backend == "vllm":
         reserve = _vllm_reserve(params, shape, device, ro.vllm_gpu_memory * _budget(params, "cuda"))
         persistent["vllm_engines"] = 2 * reserve
-        _vllm_check(shape, reserve, rows, seq, kv_tokens, checks, notes,
-                    f"raise {_vllm_knob(device)}, or lower train.max_new_tokens", _vllm_knob(device))
+        _vllm_check(shape, reserve, min(rows, ro.batch_size), seq, arm == "tandem", checks, notes,
+                    f"raise {_vllm_knob(device)}, or lower train.max_new_tokens", _vllm_knob(device),
+                    _budget(params, "cuda") if device == "cuda" else 0.0)
         # the live senior's weights are copied into its engine before each call; sharded, they are gathered
         rollout: dict[str, float] = ({"weight_sync_gather": P * m * (split_w - 1) / split_w} if split_w > 1
                                      else {})
@@ -371,21 +372,51 @@ def _vllm_reserve(params, shape: ModelShape, device: str, gpu_reserve: float) ->
     return shape.n_params * 2 + params.rollout.vllm_cpu_kv_cache_gb * GIB + VLLM_OVERHEAD_GIB * GIB
 
 
-def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, kv_tokens: int, checks: list[str],
-                notes: list[str], fix: str, knob: str = "rollout.vllm_gpu_memory") -> None:
-    """A vLLM engine must hold its bf16 weights and one whole sequence's KV cache (else it refuses to start);
-    rows beyond its KV capacity wait for a free slot (slower, not an error), which the notes report."""
+def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, tandem: bool, checks: list[str],
+                notes: list[str], fix: str, knob: str = "rollout.vllm_gpu_memory", gpu_bytes: float = 0.0,
+                rows_knob: str = "train.prompts_per_step, train.num_processes, rollout.batch_size") -> None:
+    """Both vLLM engines must hold every row of a call at its full length, rows x (prompt + max_new_tokens):
+    a tandem row keeps a streaming session with its KV blocks in each engine for its whole rollout, and rows beyond
+    the cache's capacity wait for others to finish (the service admits only what fits), which turns the
+    overlapped, continuously batched rollout back into rounds of fewer rows. For tandem rollouts a shortfall is
+    a failed check that names the layouts that fit; for solo rollouts (one engine, no parked sessions) it is
+    ordinary continuous batching, and a note."""
     kv_tok = shape.kv_bytes_per_token(2)
-    room = reserve - shape.n_params * 2 - VLLM_OVERHEAD_GIB * GIB
+    weights, runtime = shape.n_params * 2, VLLM_OVERHEAD_GIB * GIB
+    room = reserve - weights - runtime
+    need_kv = rows * seq * kv_tok
     if room < seq * kv_tok:
         checks.append(f"a vLLM engine gets {reserve / GIB:.1f} GiB ({knob}), less than its bf16 "
                       f"weights + {VLLM_OVERHEAD_GIB} GiB + the KV cache of one {seq}-token sequence: {fix}")
-    elif room < kv_tokens * kv_tok:
-        notes.append(f"vLLM KV cache holds {int(room // kv_tok)} of the {kv_tokens} tokens of {rows} rows at once: "
-                     f"the rest wait for free slots (raise {knob} for full concurrency)")
+        return
+    if room >= need_kv:
+        notes.append(f"vLLM KV cache holds all {rows} rows at their full length in each engine "
+                     f"({need_kv / GIB:.1f} of {room / GIB:.1f} GiB)")
+        return
+    fit_rows = int(room // (seq * kv_tok))
+    per_engine = weights + runtime + need_kv
+    ways = []
+    if gpu_bytes:
+        frac = per_engine / gpu_bytes
+        if 2 * frac <= 0.95:
+            ways.append(f"rollout.vllm_gpu_memory {math.ceil(frac * 100) / 100:.2f} (both engines on one GPU)")
+        elif frac <= 0.95:
+            ways.append(f"one GPU per engine: a service on its own node (rollout.vllm_url) with "
+                        f"--gpu-memory-utilization {math.ceil(frac * 100) / 100:.2f} per GPU")
     else:
-        notes.append(f"vLLM KV cache holds all {rows} rows at once ({kv_tokens * kv_tok / GIB:.1f} of "
-                     f"{room / GIB:.1f} GiB)")
+        ways.append(f"{knob} {math.ceil(per_engine / GIB - weights / GIB - runtime / GIB)}")
+    ways.append(f"at most {fit_rows} rows per call ({rows_knob})")
+    max_len = int(room // (rows * kv_tok))
+    if max_len > 0:
+        ways.append(f"prompt + completion capped at {max_len} tokens (train.max_new_tokens, "
+                    f"rollout.vllm_max_model_len)")
+    msg = (f"vLLM KV cache holds {fit_rows} of the {rows} rows at their full length ({seq} tokens): "
+           f"{room / GIB:.1f} GiB of the {need_kv / GIB:.1f} GiB each engine needs ({knob}); layouts "
+           f"that fit: {'; '.join(ways)}")
+    if tandem:
+        checks.append(msg)
+    else:
+        notes.append(msg + " (solo rollouts: the rest wait for free slots)")
 
 
 def plan_evaluate(params, shape: ModelShape, device: str = "cuda") -> Plan:
@@ -402,8 +433,10 @@ def plan_evaluate(params, shape: ModelShape, device: str = "cuda") -> Plan:
     if ro.backend == "vllm":
         reserve = _vllm_reserve(params, shape, device, ro.vllm_gpu_memory * params.train.gpu_memory_gib * GIB)
         persistent = {"vllm_engines": 2 * reserve}
-        _vllm_check(shape, reserve, rows, ev.max_new_tokens + params.train.max_prompt_tokens, kv_tokens, checks,
-                    notes, f"raise {_vllm_knob(device)}, or lower evaluate.max_new_tokens", _vllm_knob(device))
+        _vllm_check(shape, reserve, rows, ev.max_new_tokens + params.train.max_prompt_tokens,
+                    any(m != "solo" for m in ev.modes), checks, notes,
+                    f"raise {_vllm_knob(device)}, or lower evaluate.max_new_tokens", _vllm_knob(device),
+                    params.train.gpu_memory_gib * GIB if device == "cuda" else 0.0, "evaluate.batch_size")
     else:
         rollout = {"kv_cache": 2 * kv_tokens * shape.kv_bytes_per_token(b), "decode_logits": rows * shape.vocab * 8}
     if device == "cuda":

@@ -231,7 +231,8 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict) -> dict
     _wandb_env(params, Path(outputs["runs"]))
     try:
         res = train_arm(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
-                        Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows)
+                        Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows,
+                        weight_roots=(params.out_root,))
     finally:
         _finish_wandb(params)
     if int(os.environ.get("RANK", "0")) == 0:  # one writer; every rank holds the same history

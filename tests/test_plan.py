@@ -287,3 +287,19 @@ def test_vllm_backend_on_a_cpu_plans_the_cpu_engines_instead_of_refusing():
     raw["train"]["max_new_tokens"] = 60_000  # one sequence's KV cache outgrows 1 GiB: refused, naming the knob
     tight = plan_train_arm(params_from_dict(raw), "tandem", shape, device="cpu")
     assert any("rollout.vllm_cpu_kv_cache_gb" in c for c in tight.checks), tight.checks
+
+
+def test_vllm_kv_for_every_row_at_full_length_or_a_failed_tandem_plan_naming_layouts():
+    """Both engines must hold rows x (prompt + max_new_tokens): a tandem plan that does not is refused with the
+    layouts that fit; a solo arm only notes it (rows wait for free slots, no parked sessions)."""
+    p = _params("params.paper.yaml", num_processes=1, sharding="none")  # 128 rows on one GPU: 73.8 GiB of KV per engine
+    shape = model_shape(p)
+    tandem = plan_train_arm(p, "tandem", shape, device="cuda")
+    msg = " ".join(tandem.checks)
+    assert not tandem.fits and "vLLM KV cache holds" in msg and "of the 128 rows" in msg
+    assert "layouts that fit" in msg and "rows per call" in msg and "capped at" in msg
+    grpo = plan_train_arm(p, "grpo", shape, device="cuda")
+    assert not any("vLLM KV" in c for c in grpo.checks)
+    assert any("vLLM KV cache holds" in n and "solo rollouts" in n for n in grpo.notes)
+    ok = plan_train_arm(_params("params.paper.yaml"), "tandem", shape, device="cuda")  # 16 rows per process
+    assert not any("vLLM KV" in c for c in ok.checks) and any("holds all 16 rows" in n for n in ok.notes)

@@ -71,12 +71,12 @@ def use_engine(monkeypatch, counter: list | None = None, fail_after: int | None 
         eng = real_make(senior, junior, tokenizer, rollout, **kw)
         inner = eng.generate
 
-        def generate(prompt_ids, schedule, *a, **k):
+        def generate(request):
             if counter is not None:
                 if fail_after is not None and len(counter) >= fail_after:
                     raise RuntimeError("simulated crash in the middle of evaluate")
-                counter.append((schedule, len(prompt_ids)))
-            return inner(prompt_ids, schedule, *a, **k)
+                counter.append((request.schedule, len(request)))
+            return inner(request)
 
         eng.generate = generate
         return eng
