@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args, get_origin
 
+from tandem.geometry import split_problems
+
 
 class ParamsError(ValueError):
     """A params file broke one or more rules; `problems` lists each as 'key: value -> rule'.
@@ -643,16 +645,10 @@ class TrainConfig(_Section):
                    "fsdp needs train.num_processes > 1")
         self._rule(p, self.prompts_per_step * self.group_size <= MAX_ROWS, "prompts_per_step",
                    f"the rollout batch (prompts_per_step x group_size rows) must stay <= {MAX_ROWS}")
-        self._rule(p, self.prompts_per_step % self.num_processes == 0, "prompts_per_step",
-                   f"must be a multiple of train.num_processes ({self.num_processes}): "
-                   "each process rolls out whole prompt groups")
-        per_update = self.prompts_per_step * self.group_size / (self.num_processes * self.updates_per_batch)
-        self._rule(p, per_update == int(per_update), "updates_per_batch",
-                   "must divide the rows per process (prompts_per_step x group_size / num_processes)")
-        self._rule(p, per_update != int(per_update) or not self.micro_batch_size
-                   or int(per_update) % self.micro_batch_size == 0, "micro_batch_size",
-                   f"must divide the {per_update:g} rows of one update on one process "
-                   "(prompts_per_step x group_size / num_processes / updates_per_batch)")
+        # the cut of the rollout batch into processes, updates and micro-batches (tandem/geometry.py)
+        for name, rule in split_problems(self.prompts_per_step, self.group_size, self.micro_batch_size,
+                                         self.updates_per_batch, self.num_processes):
+            self._rule(p, False, name, rule)
         self._rule(p, "kl_reg" not in self.arms or self.kl_beta > 0, "kl_beta",
                    "must be > 0 when train.arms includes kl_reg (it is GRPO plus the KL penalty)")
         return p

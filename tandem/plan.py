@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tandem.errors import BadInputError
+from tandem.geometry import BatchGeometry
 from tandem.precision import DTYPE_BYTES, precision_plan
 
 GIB = 2**30
@@ -222,20 +223,14 @@ def arm_group_and_beta(arm: str, train) -> tuple[int, float]:
     return train.group_size, (train.kl_beta if arm == "kl_reg" else 0.0)
 
 
-def _rows_per_process(rows: int, procs: int) -> int:
-    return math.ceil(rows / procs)
-
-
 def train_geometry(params, group_size: int) -> dict:
-    """Rows per step, per process, per update and per micro-batch, and micro-batches per update."""
+    """Rows per step, per process, per update and per micro-batch, and micro-batches per update: the cut the
+    trainer makes (`tandem.geometry.BatchGeometry`); raises ValueError when the batch does not split."""
     t = params.train
-    rows = t.prompts_per_step * group_size
-    per_proc = _rows_per_process(rows, t.num_processes)
-    per_update = math.ceil(per_proc / t.updates_per_batch)
-    micro = min(t.micro_batch_size or per_update, per_update)
-    return {"rows_per_step": rows, "rows_per_process": per_proc, "rows_per_update": per_update,
-            "micro_batch_size": micro, "micro_batches_per_update": math.ceil(per_update / micro),
-            "prompts_per_process": math.ceil(t.prompts_per_step / t.num_processes),
+    geo = BatchGeometry.of(t, group_size)
+    return {"rows_per_step": geo.rollout_rows, "rows_per_process": geo.rows_per_process,
+            "rows_per_update": geo.rows_per_update, "micro_batch_size": geo.micro_batch_size,
+            "micro_batches_per_update": geo.grad_accum, "prompts_per_process": geo.prompts_per_process,
             "seq_tokens": t.max_prompt_tokens + t.max_new_tokens}
 
 

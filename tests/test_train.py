@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from tandem.config import RolloutConfig, TrainConfig
+from tandem.geometry import BatchGeometry, batch_geometry
 from tandem.rollout.request import RolloutSettings
-from tandem.train import (CorrectnessReward, JuniorGuard, StepStats, TandemRollout, arm_spec, batch_geometry,
+from tandem.train import (CorrectnessReward, JuniorGuard, StepStats, TandemRollout, arm_spec,
                           build_trainer, commit_dir, complete_checkpoints, k3_kl_BT, latest_checkpoint,
                           run_fingerprint, step_rows, token_logprobs_B, train_arm, weights_hash,
                           zero_variance_fraction)
@@ -206,7 +207,7 @@ def test_rollout_func_returns_owner_as_env_mask(base_dir):
     stats = StepStats()
     spec = arm_spec("tandem", TrainConfig(group_size=2), RolloutConfig())
     fn = TandemRollout(engine, tok, spec, RolloutSettings(spec.schedule, em.SamplingParams(max_new_tokens=8)), stats,
-                       seed=3, base=junior, kl_rows=4)
+                       seed=3, base=junior, kl_rows=4, geometry=BatchGeometry.of(TrainConfig(group_size=2)))
 
     class T:  # the two attributes of the trainer the rollout function reads
         model = senior
@@ -502,7 +503,7 @@ def test_each_rank_rolls_out_its_rows_with_global_row_ids(base_dir):
     engine = ScriptedEngine(senior, tok, [[20, 21]] * 4, [[1, 0]] * 4, 1.0)
     spec = arm_spec("grpo", TrainConfig(group_size=2), RolloutConfig())
     fn = TandemRollout(engine, tok, spec, RolloutSettings(spec.schedule, em.SamplingParams(max_new_tokens=4)),
-                       StepStats(), seed=3, kl_rows=0, updates_per_batch=2)
+                       StepStats(), seed=3, kl_rows=0, geometry=batch_geometry(2, 2, 0, 2, 2))
 
     class T:  # a trainer on rank 1 of 2, at optimizer update 6 = step 3 of 2 updates each
         model = senior

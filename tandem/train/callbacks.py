@@ -1,8 +1,8 @@
 """Trainer callbacks of tandem training: phase timing, in-training validation, the junior guard, a progress bar.
 
-Callbacks fire per optimizer update; with `train.updates_per_batch` U > 1 a training step (one rollout batch)
-holds U updates, so the step-level ones act on the update that closes a step (`global_step % U == 0`) and
-count steps as `global_step // U`.
+Callbacks fire per optimizer update; a training step (one rollout batch) may hold several updates, so the
+step-level ones read the run's step clock (`tandem.geometry.BatchGeometry`): they act on the update that
+closes a step (`is_step_end`) and count steps with `step_of`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Sequence
 
 from transformers import TrainerCallback
 
+from tandem.geometry import BatchGeometry
 from tandem.train.numerics import weights_hash
 from tandem.train.stats import StepStats
 
@@ -24,15 +25,15 @@ class PhaseTimer(TrainerCallback):
     every micro-batch's forward/backward and the U optimizer updates.
     """
 
-    def __init__(self, stats: StepStats, updates_per_batch: int = 1):
-        self.stats, self.updates, self._t0 = stats, updates_per_batch, None
+    def __init__(self, stats: StepStats, geometry: BatchGeometry):
+        self.stats, self.geometry, self._t0 = stats, geometry, None
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step % self.updates == 0:
+        if self.geometry.is_step_end(state.global_step):  # the last step is complete: this update opens one
             self._t0 = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self._t0 is None or state.global_step % self.updates:
+        if self._t0 is None or not self.geometry.is_step_end(state.global_step):
             return
         total = time.perf_counter() - self._t0
         ph = self.stats.phase_s
@@ -48,9 +49,9 @@ class Validation(TrainerCallback):
     """Solo greedy accuracy of the senior on held-out rows every `every` steps (and before the first step)."""
 
     def __init__(self, stats: StepStats, tokenizer, messages: Sequence[str], golds: Sequence[str], every: int,
-                 max_new_tokens: int, batch_size: int = 64, score_workers: int = 1, updates_per_batch: int = 1):
+                 max_new_tokens: int, batch_size: int = 64, score_workers: int = 1, *, geometry: BatchGeometry):
         self.stats, self.tokenizer, self.messages, self.golds = stats, tokenizer, list(messages), list(golds)
-        self.updates = updates_per_batch
+        self.geometry = geometry
         self.every, self.max_new_tokens, self.batch_size, self.score_workers = (
             every, max_new_tokens, batch_size, score_workers)
         self.initial: float | None = None
@@ -68,9 +69,9 @@ class Validation(TrainerCallback):
             self.stats.values["val/accuracy_initial"] = self.initial
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if state.global_step % self.updates:
+        if not self.geometry.is_step_end(state.global_step):
             return
-        if (state.global_step // self.updates) % self.every == 0 or state.global_step == state.max_steps:
+        if self.geometry.step_of(state.global_step) % self.every == 0 or state.global_step == state.max_steps:
             t0 = time.perf_counter()
             self.stats.values["val/accuracy"] = self._measure(model)
             self.stats.add_time("val", time.perf_counter() - t0)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from tandem.config import TrainConfig
+from tandem.geometry import BatchGeometry
 from tandem.train.arms import ArmSpec
 from tandem.train.numerics import k3_kl_BT, token_logprobs_B
 from tandem.train.stats import StepStats
@@ -65,18 +66,18 @@ class TandemRollout:
     `engine` follows `tandem.rollout.engine.TandemEngine` (its senior is the very module trl trains, so
     rollouts always use the current weights); `settings` is the arm's `RolloutSettings` (schedule, sampling,
     `p_senior`, gap and rounds caps, batch size), built once. `base` is the frozen base model used for the KL-to-base
-    diagnostic on `kl_rows` rows per step (0 turns it off). `updates_per_batch` is the number of optimizer
-    updates per rollout batch: the seed follows the rollout step (optimizer step // updates_per_batch).
+    diagnostic on `kl_rows` rows per step (0 turns it off). `geometry` is the run's step clock: the seed
+    follows the rollout step (`geometry.step_of` trl's optimizer step).
     """
 
     def __init__(self, engine, tokenizer, spec: ArmSpec, settings, stats: StepStats, seed: int, base=None,
-                 kl_rows: int = 16, updates_per_batch: int = 1):
+                 kl_rows: int = 16, *, geometry: BatchGeometry):
         if settings.schedule != spec.schedule:
             raise ValueError(f"arm {spec.name} rolls out with schedule {spec.schedule!r}, settings say "
                              f"{settings.schedule!r}")
         self.engine, self.tokenizer, self.spec, self.settings = engine, tokenizer, spec, settings
         self.sampling = settings.sampling
-        self.stats, self.seed, self.updates_per_batch = stats, seed, updates_per_batch
+        self.stats, self.seed, self.geometry = stats, seed, geometry
         self.base, self.kl_rows = base, kl_rows
         self._prompt_cache: dict[str, list[int]] = {}
 
@@ -104,7 +105,7 @@ class TandemRollout:
         try:
             with full_weights(trainer):
                 batch = self.engine.generate(self.settings.request(
-                    prompt_ids, seed=self.step_seed(trainer.state.global_step // self.updates_per_batch),
+                    prompt_ids, seed=self.step_seed(self.geometry.step_of(trainer.state.global_step)),
                     row_ids=row_ids))
         finally:
             trainer.model.train(was_training)

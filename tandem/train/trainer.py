@@ -1,4 +1,4 @@
-"""One arm end to end on trl's `GRPOTrainer`: batch geometry, the trl config, the trainer subclass, `train_arm`.
+"""One arm end to end on trl's `GRPOTrainer`: the trl config, the trainer subclass, `train_arm`.
 
 trl owns the GRPO maths (group-normalised advantages, PPO clip, token-mean loss, the optional k3 KL to a
 reference model) and the loop. One training step, top to bottom, with the phase each part is timed under
@@ -36,6 +36,7 @@ import torch
 from transformers import TrainerCallback
 
 from tandem.config import RolloutConfig, TrainConfig
+from tandem.geometry import BatchGeometry
 from tandem.guards import NonFiniteGuard
 from tandem.rollout.request import RolloutSettings
 from tandem.train.arms import ArmSpec, arm_spec, run_fingerprint
@@ -52,54 +53,8 @@ STEP_KEY = "tandem/step"  # the training step (rollout batch) of a log entry; tr
 
 
 # --------------------------------------------------------------------------------------------------
-# Batch geometry
+# Processes
 # --------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class BatchGeometry:
-    """How one rollout batch is cut: per process, per optimizer update, per forward/backward.
-
-    `rollout_rows` = prompts_per_step x group_size completions per step (global, any number of processes);
-    each process holds `rows_per_process`, of which each update uses `rows_per_update`, fed through
-    `grad_accum` micro-batches of `micro_batch_size` rows. In trl's terms: `generation_batch_size` =
-    rollout_rows, `per_device_train_batch_size` = micro_batch_size, `gradient_accumulation_steps` =
-    grad_accum, `steps_per_generation` = updates x grad_accum (derived by trl).
-    """
-
-    rollout_rows: int
-    processes: int
-    updates: int
-    rows_per_process: int
-    rows_per_update: int
-    micro_batch_size: int
-    grad_accum: int
-
-    @property
-    def steps_per_generation(self) -> int:
-        return self.updates * self.grad_accum
-
-
-def batch_geometry(prompts_per_step: int, group_size: int, micro_batch_size: int = 0, updates: int = 1,
-                   processes: int = 1) -> BatchGeometry:
-    """The geometry of one step; raises ValueError naming the setting to change when the batch does not split.
-
-    `micro_batch_size` 0 means one micro-batch per update (all of a process's update rows in one forward).
-    """
-    if prompts_per_step % processes:
-        raise ValueError(f"train.prompts_per_step ({prompts_per_step}) must be a multiple of train.num_processes "
-                         f"({processes}): each process rolls out whole prompt groups")
-    rows = prompts_per_step * group_size
-    per_proc = rows // processes
-    if per_proc % updates:
-        raise ValueError(f"the {per_proc} rows per process (prompts_per_step x group_size / num_processes) do not "
-                         f"split into train.updates_per_batch = {updates} equal updates")
-    per_update = per_proc // updates
-    micro = micro_batch_size or per_update
-    if per_update % micro:
-        raise ValueError(f"train.micro_batch_size ({micro_batch_size}) must divide the {per_update} rows of one "
-                         f"update on one process (prompts_per_step x group_size / num_processes / updates_per_batch)")
-    return BatchGeometry(rows, processes, updates, per_proc, per_update, micro, per_update // micro)
-
 
 def merge_rank_stats(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
     """One step's diagnostics from every process's own: times take the slowest process (the step waits for
@@ -129,25 +84,22 @@ def precision_kwargs(train: TrainConfig, junior) -> dict:
     return trainer_precision_kwargs(train, device, str(junior.dtype).removeprefix("torch."))
 
 
-def grpo_config(spec: ArmSpec, train: TrainConfig, out_dir: Path, seed: int, report_to: str,
-                run_name: str, bf16: bool = False, processes: int | None = None, precision: dict | None = None):
+def grpo_config(spec: ArmSpec, train: TrainConfig, geo: BatchGeometry, out_dir: Path, seed: int, report_to: str,
+                run_name: str, bf16: bool = False, precision: dict | None = None):
     """trl's GRPOConfig for one arm: one rollout batch of prompts_per_step x group_size per step, cut by
-    `batch_geometry` into `updates_per_batch` optimizer updates of accumulated micro-batches.
+    `geo` into `geo.updates` optimizer updates of accumulated micro-batches.
     `precision` (GRPOConfig keywords, see `precision_kwargs`) overrides `bf16`."""
     from trl import GRPOConfig
 
-    geo = batch_geometry(train.prompts_per_step, spec.group_size, train.micro_batch_size,
-                         train.updates_per_batch, processes or world_size())
-    u = geo.updates
     return GRPOConfig(
         output_dir=str(out_dir), run_name=run_name, seed=seed, data_seed=seed,
         use_cpu=not torch.cuda.is_available(), **(precision or {"bf16": bf16, "fp16": False}),
         activation_checkpointing=train.gradient_checkpointing,
         per_device_train_batch_size=geo.micro_batch_size, gradient_accumulation_steps=geo.grad_accum,
         generation_batch_size=geo.rollout_rows, num_generations=spec.group_size, num_iterations=1,
-        # trl counts optimizer updates; a tandem step is one rollout batch of `u` updates
-        max_steps=train.steps * u, warmup_steps=train.warmup_steps * u, save_steps=train.save_every * u,
-        logging_steps=u,
+        # trl counts optimizer updates; a tandem step is one rollout batch of `geo.updates` updates
+        max_steps=geo.to_updates(train.steps), warmup_steps=geo.to_updates(train.warmup_steps),
+        save_steps=geo.to_updates(train.save_every), logging_steps=geo.to_updates(1),
         learning_rate=train.learning_rate, lr_scheduler_type=train.lr_schedule,
         max_grad_norm=train.max_grad_norm, weight_decay=0.0,
         epsilon=train.clip_epsilon, beta=spec.beta, loss_type=train.loss_type, scale_rewards="group",
@@ -174,10 +126,10 @@ def _make_trainer_class():
     class TandemGRPOTrainer(GRPOTrainer):
         """GRPOTrainer + tandem diagnostics in every training log + atomic `step-<N>` checkpoints."""
 
-        def __init__(self, *args, step_stats: StepStats, tandem_state: dict, **kwargs):
+        def __init__(self, *args, step_stats: StepStats, tandem_state: dict, geometry: BatchGeometry, **kwargs):
             self.step_stats = step_stats
             self.tandem_state = dict(tandem_state)
-            self.updates_per_batch = int(tandem_state.get("updates_per_batch", 1))
+            self.geometry = geometry
             super().__init__(*args, **kwargs)
 
         def _generate_and_score_completions(self, inputs):
@@ -193,7 +145,7 @@ def _make_trainer_class():
 
                     stats = merge_rank_stats(gather_object([stats]))
                 logs.update(stats)
-                logs[STEP_KEY] = self.state.global_step // self.updates_per_batch
+                logs[STEP_KEY] = self.geometry.step_of(self.state.global_step)
             super().log(logs, start_time)
 
         def create_model_card(self, *args, **kwargs):
@@ -202,7 +154,7 @@ def _make_trainer_class():
         def _save_checkpoint(self, model, trial):
             super()._save_checkpoint(model, trial)  # every rank writes its part (its RNG state at least)
             updates = self.state.global_step
-            step = updates // self.updates_per_batch
+            step = self.geometry.step_of(updates)
             staging = Path(self._get_output_dir(trial=trial)) / f"{STAGING_PREFIX}{updates}"
             self.accelerator.wait_for_everyone()  # every rank's files are in the staging folder
             if self.accelerator.is_main_process:
@@ -284,8 +236,7 @@ def train_arm(arm: str, senior, junior, tokenizer, train_rows: Sequence[dict], t
 def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout, arm_dir, seed, val_rows,
                report_to, engine, score_fn, progress, stop_after, weight_roots=()) -> ArmResult:
     ranks = _Ranks()
-    geo = batch_geometry(train.prompts_per_step, spec.group_size, train.micro_batch_size, train.updates_per_batch,
-                         ranks.world)  # fail on a batch that does not split before any work
+    geo = BatchGeometry.of(train, spec.group_size, ranks.world)  # fail on a batch that does not split before any work
     arm_dir.mkdir(parents=True, exist_ok=True)
     shared = {p.data_ptr() for p in senior.parameters()} & {p.data_ptr() for p in junior.parameters()}
     if shared:
@@ -345,36 +296,36 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
 
     from tandem.data.prompts import render_prompt
 
-    u = train.updates_per_batch
+    geo = BatchGeometry.of(train, spec.group_size, world_size())
     stats = StepStats()
     ds = Dataset.from_list([{"prompt": render_prompt(r["prompt"], tokenizer), "answer": str(r["answer"]),
                              "id": str(r.get("id", i))} for i, r in enumerate(train_rows)])
     settings = RolloutSettings.from_config(rollout, sampling_params(train), schedule=spec.schedule)
     rollout_fn = TandemRollout(engine, tokenizer, spec, settings, stats, seed, base=junior, kl_rows=train.kl_rows,
-                               updates_per_batch=u)
+                               geometry=geo)
     reward = CorrectnessReward(stats, spec.group_size, train.score_timeout, train.score_workers, score_fn)
-    callbacks: list[TrainerCallback] = [PhaseTimer(stats, u), guard, NonFiniteGuard(train.nonfinite_loss)]
+    callbacks: list[TrainerCallback] = [PhaseTimer(stats, geo), guard, NonFiniteGuard(train.nonfinite_loss)]
     if train.val_every > 0 and val_rows:
         vr = list(val_rows)[:train.val_problems or None]
         callbacks.append(Validation(stats, tokenizer, [r["prompt"] for r in vr], [str(r["answer"]) for r in vr],
                                     train.val_every, train.max_new_tokens, rollout.batch_size,
-                                    train.score_workers, updates_per_batch=u))
+                                    train.score_workers, geometry=geo))
     if rollout.backend == "vllm":  # push the senior to the rollout service after every optimizer step
         from tandem.rollout.vllm.sync import VLLMWeightSync
 
         callbacks.append(VLLMWeightSync(lambda: rollout_fn.engine, stats))
     callbacks.append(ProgressBar(spec.name, enabled=progress))
     if stop_after is not None:
-        callbacks.append(StopAfter(stop_after * u))
-    args = grpo_config(spec, train, arm_dir, seed, report_to, run_name=spec.name,
+        callbacks.append(StopAfter(geo.to_updates(stop_after)))
+    args = grpo_config(spec, train, geo, arm_dir, seed, report_to, run_name=spec.name,
                        precision=precision_kwargs(train, junior))
     state0 = {"arm": spec.name, "fingerprint": fingerprint, "junior_hash": guard.before, "seed": seed,
               "prompts_per_step": train.prompts_per_step, "group_size": spec.group_size,
               "schedule": spec.schedule, "beta": spec.beta, "data_seed": seed, "train_rows": len(ds),
-              "updates_per_batch": u, "world_size": world_size()}
+              "updates_per_batch": geo.updates, "world_size": geo.processes}
     trainer = _make_trainer_class()(
         model=senior, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tokenizer,
-        rollout_func=rollout_fn, callbacks=callbacks, step_stats=stats, tandem_state=state0)
+        rollout_func=rollout_fn, callbacks=callbacks, step_stats=stats, tandem_state=state0, geometry=geo)
     for cb in (ProgressCallback, PrinterCallback):  # one compact bar (ProgressBar) instead of a dict per step
         trainer.remove_callback(cb)
     junior.to(trainer.args.device)  # trl placed the senior; the junior decodes next to it
