@@ -34,7 +34,7 @@ def bench_train(params: Params, steps: int = 6, base_dir: str | None = None, arm
     `<out_root>/data/prepared/train.jsonl`. `engine_factory(senior, junior, tokenizer)` overrides the engine.
     """
     from tandem.models import load_model, load_tokenizer
-    from tandem.train import step_rows, train_arm
+    from tandem.train import ArmRun, step_rows, train_arm
 
     if steps < 2:
         raise ValueError("bench_train needs steps >= 2 (the first step is warm-up and is left out)")
@@ -55,8 +55,8 @@ def bench_train(params: Params, steps: int = 6, base_dir: str | None = None, arm
             senior = load_model(base, params.model.dtype, params.model.trust_remote_code)
             junior = load_model(base, params.model.dtype, params.model.trust_remote_code)
             engine = engine_factory(senior, junior, tok) if engine_factory else None
-            res = train_arm(arm, senior, junior, tok, rows, train, params.rollout, Path(tmp) / arm,
-                            seed=params.seed, engine=engine, progress=False)
+            res = train_arm(ArmRun(arm, senior, junior, tok, rows, train, params.rollout, Path(tmp) / arm,
+                                   seed=params.seed, engine=engine, progress=False))
             timed = step_rows(res.log_history)[1:]
             mean = lambda key: sum(r[key] or 0.0 for r in timed) / len(timed)  # noqa: E731
             out[f"{arm}_step_s"] = mean("time_step")

@@ -213,7 +213,7 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict) -> dict
     from tandem.models import check_model_dir, load_model, load_tokenizer
     from tandem.plan import check_fits
     from tandem.precision import load_dtypes
-    from tandem.train import step_rows, train_arm
+    from tandem.train import ArmRun, step_rows, train_arm
 
     base = Path(inputs["base_model"])
     check_model_dir(base)
@@ -230,9 +230,9 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict) -> dict
     tokenizer = load_tokenizer(base, trust)
     _wandb_env(params, Path(outputs["runs"]))
     try:
-        res = train_arm(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
-                        Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows,
-                        weight_roots=(params.out_root,))
+        res = train_arm(ArmRun(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
+                               Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows,
+                               weight_roots=(params.out_root,)))
     finally:
         _finish_wandb(params)
     if int(os.environ.get("RANK", "0")) == 0:  # one writer; every rank holds the same history

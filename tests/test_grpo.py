@@ -108,7 +108,7 @@ def test_matches_trls_compute_loss_on_one_batch(beta, tmp_path):
     from tandem.data.prompts import render_prompt
     from tandem.logprobs import token_logprobs_B
     from tandem.models import load_model, load_tokenizer
-    from tandem.train import JuniorGuard, arm_spec, build_trainer
+    from tandem.train import ArmRun, JuniorGuard, build_trainer
     from train_fixtures import FakeBatch, build_base, write_prepared
     from tasks.common import read_jsonl
 
@@ -132,9 +132,9 @@ def test_matches_trls_compute_loss_on_one_batch(beta, tmp_path):
 
     train = TrainConfig(steps=1, prompts_per_step=2, group_size=G, temperature=T, max_new_tokens=12,
                         report_to="none", kl_rows=0, clip_epsilon=eps)
-    trainer = build_trainer(arm_spec("grpo", train, RolloutConfig()), senior, junior, tok, picked, train,
-                            RolloutConfig(), tmp_path / "arm", 0, "fp", JuniorGuard(junior), engine=Scripted(),
-                            progress=False, score_fn=lambda texts, golds, **kw: rewards)
+    trainer = build_trainer(ArmRun("grpo", senior, junior, tok, picked, train, RolloutConfig(), tmp_path / "arm", 0,
+                                   engine=Scripted(), progress=False, score_fn=lambda texts, golds, **kw: rewards),
+                            "fp", JuniorGuard(junior))
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     prompts = [render_prompt(r["prompt"], tok) for r in picked]

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from tandem.config import RolloutConfig, TrainConfig
-from tandem.geometry import BatchGeometry, batch_geometry
+from tandem.geometry import batch_geometry
 from tandem.rollout.request import RolloutSettings
-from tandem.train import (CorrectnessReward, JuniorGuard, StepStats, TandemRollout, arm_spec,
+from tandem.train import (ArmRun, CorrectnessReward, JuniorGuard, StepStats, TandemRollout, arm_spec,
                           build_trainer, commit_dir, complete_checkpoints, k3_kl_BT, latest_checkpoint,
                           run_fingerprint, step_rows, token_logprobs_B, train_arm, weights_hash,
                           zero_variance_fraction)
@@ -205,9 +205,9 @@ def test_rollout_func_returns_owner_as_env_mask(base_dir):
     comps, owners = [[20, 21, 22], [23, 24], [], [26]], [[1, 0, 1], [0, 0], [], [1]]
     engine = ScriptedEngine(senior, tok, comps, owners, 1.0)
     stats = StepStats()
-    spec = arm_spec("tandem", TrainConfig(group_size=2), RolloutConfig())
-    fn = TandemRollout(engine, tok, spec, RolloutSettings(spec.schedule, em.SamplingParams(max_new_tokens=8)), stats,
-                       seed=3, base=junior, kl_rows=4, geometry=BatchGeometry.of(TrainConfig(group_size=2)))
+    run = ArmRun("tandem", senior, junior, tok, [], TrainConfig(group_size=2, kl_rows=4), RolloutConfig(), ".",
+                 seed=3, engine=engine)
+    fn = TandemRollout(run, RolloutSettings(run.spec.schedule, em.SamplingParams(max_new_tokens=8)), stats)
 
     class T:  # the two attributes of the trainer the rollout function reads
         model = senior
@@ -285,10 +285,9 @@ def test_junior_tokens_get_exactly_zero_gradient(base_dir, rows, tmp_path):
         model = _load(base_dir)[0]
         own = [[1] * len(o) for o in owners] if mask_all_ones else owners
         engine = ScriptedEngine(model, tok, comps, own, temperature)
-        trainer = build_trainer(arm_spec("tandem", train, RolloutConfig()), model, junior, tok, picked, train,
-                                RolloutConfig(), tmp_path / f"arm{int(mask_all_ones)}", 0, "fp",
-                                JuniorGuard(junior), engine=engine, progress=False,
-                                score_fn=lambda texts, golds, **kw: rewards)
+        trainer = build_trainer(ArmRun("tandem", model, junior, tok, picked, train, RolloutConfig(),
+                                       tmp_path / f"arm{int(mask_all_ones)}", 0, engine=engine, progress=False,
+                                       score_fn=lambda texts, golds, **kw: rewards), "fp", JuniorGuard(junior))
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = 1
         inputs = trainer._generate_and_score_completions([dict(r) for r in batch_rows])
@@ -349,8 +348,8 @@ def test_a_few_steps_change_the_senior_only(base_dir, rows, tmp_path):
     def score(texts, golds, **kw):  # a reward with variance for an untrained model: more digits is better
         return [float(sum(ch.isdigit() for ch in t) >= 2) for t in texts]
 
-    res = train_arm("tandem", senior, junior, tok, rows["train"], train, RolloutConfig(),
-                    tmp_path / "tandem", val_rows=rows["val"], score_fn=score, progress=False)
+    res = train_arm(ArmRun("tandem", senior, junior, tok, rows["train"], train, RolloutConfig(),
+                           tmp_path / "tandem", val_rows=rows["val"], score_fn=score, progress=False))
     s = res.summary
     assert s["steps"] == 3 and s["loss_finite"] and s["junior_unchanged"]
     assert res.checkpoints == ["step-2", "step-3"]
@@ -372,8 +371,8 @@ def test_a_few_steps_change_the_senior_only(base_dir, rows, tmp_path):
 
     # Rerunning a finished arm trains nothing and rebuilds the same summary from the last checkpoint.
     senior2, junior2, _ = _load(base_dir)
-    again = train_arm("tandem", senior2, junior2, tok, rows["train"], train, RolloutConfig(),
-                      tmp_path / "tandem", score_fn=score, progress=False)
+    again = train_arm(ArmRun("tandem", senior2, junior2, tok, rows["train"], train, RolloutConfig(),
+                             tmp_path / "tandem", score_fn=score, progress=False))
     assert again.summary["resumed_from"] == "step-3" and again.summary["steps"] == 3
     assert again.summary["reward_mean"] == pytest.approx(s["reward_mean"])
 
@@ -434,8 +433,8 @@ def test_clip_acts_only_when_a_rollout_batch_feeds_several_updates(base_dir, row
     train = TrainConfig(arms=["grpo"], steps=1, prompts_per_step=2, group_size=4, max_new_tokens=12, save_every=1,
                         report_to="none", learning_rate=0.05, warmup_steps=0, kl_rows=0, clip_epsilon=0.05,
                         updates_per_batch=updates, micro_batch_size=2)
-    trainer = build_trainer(arm_spec("grpo", train, ro), senior, junior, tok, rows["train"], train, ro,
-                            tmp_path / "arm", 0, "fp", JuniorGuard(junior), score_fn=_alternating_score, progress=False)
+    trainer = build_trainer(ArmRun("grpo", senior, junior, tok, rows["train"], train, ro, tmp_path / "arm", 0,
+                                   score_fn=_alternating_score, progress=False), "fp", JuniorGuard(junior))
     seen = []
     compute = trainer._compute_loss
 
@@ -478,8 +477,8 @@ def test_resume_with_two_updates_per_batch_matches_an_uninterrupted_run(base_dir
 
     def run(arm_dir, stop_after=None):
         senior, junior, tok = _load(base_dir)
-        res = train_arm("tandem", senior, junior, tok, rows["train"], train, ro, arm_dir, score_fn=_digits_score,
-                        progress=False, stop_after=stop_after)
+        res = train_arm(ArmRun("tandem", senior, junior, tok, rows["train"], train, ro, arm_dir,
+                               score_fn=_digits_score, progress=False, stop_after=stop_after))
         return res, senior
 
     full, w_full = run(tmp_path / "full")
@@ -501,9 +500,9 @@ def test_each_rank_rolls_out_its_rows_with_global_row_ids(base_dir):
     from tandem.rollout import engine as em
 
     engine = ScriptedEngine(senior, tok, [[20, 21]] * 4, [[1, 0]] * 4, 1.0)
-    spec = arm_spec("grpo", TrainConfig(group_size=2), RolloutConfig())
-    fn = TandemRollout(engine, tok, spec, RolloutSettings(spec.schedule, em.SamplingParams(max_new_tokens=4)),
-                       StepStats(), seed=3, kl_rows=0, geometry=batch_geometry(2, 2, 0, 2, 2))
+    run = ArmRun("grpo", senior, junior, tok, [], TrainConfig(group_size=2, kl_rows=0, updates_per_batch=2),
+                 RolloutConfig(), ".", seed=3, engine=engine)
+    fn = TandemRollout(run, RolloutSettings(run.spec.schedule, em.SamplingParams(max_new_tokens=4)), StepStats())
 
     class T:  # a trainer on rank 1 of 2, at optimizer update 6 = step 3 of 2 updates each
         model = senior

@@ -11,6 +11,7 @@ reference model) and the loop; this package feeds it. By concern:
 - `reward`      - `CorrectnessReward`, the reward of the whole joint completion.
 - `callbacks`   - phase timing, in-training validation, the junior guard, the progress bar.
 - `checkpoints` - fsync'd `checkpoint-<N>` -> `step-<N>` commits and the discovery of complete checkpoints.
+- `run`         - `ArmRun`, everything one arm's training run reads, with its spec and batch geometry.
 - `trainer`     - trl's config, the trainer subclass and `train_arm` (the loop, top to bottom, is described
                   there); the batch geometry and the step clock they share are `tandem.geometry`.
 - `summary`     - the run summary and the per-step table.
@@ -27,7 +28,8 @@ from tandem.train.reward import CorrectnessReward
 from tandem.train.rollout import TandemRollout, full_weights, make_engine, sampling_params
 from tandem.train.stats import StepStats
 from tandem.train.summary import PHASES, TABLE_COLUMNS, step_rows, summarize
-from tandem.train.trainer import ArmResult, build_trainer, grpo_config, train_arm, world_size
+from tandem.train.run import ArmRun, world_size
+from tandem.train.trainer import ArmResult, build_trainer, grpo_config, train_arm
 
 __all__ = [
     "TANDEM_SCHEDULES", "ArmSpec", "arm_spec", "run_fingerprint",
@@ -37,5 +39,5 @@ __all__ = [
     "k3_kl_BT", "token_logprobs_B", "weights_hash", "zero_variance_fraction",
     "CorrectnessReward", "TandemRollout", "full_weights", "make_engine", "sampling_params", "StepStats",
     "PHASES", "TABLE_COLUMNS", "step_rows", "summarize",
-    "ArmResult", "build_trainer", "grpo_config", "train_arm", "world_size",
+    "ArmRun", "ArmResult", "build_trainer", "grpo_config", "train_arm", "world_size",
 ]

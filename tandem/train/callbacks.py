@@ -46,14 +46,15 @@ class PhaseTimer(TrainerCallback):
 
 
 class Validation(TrainerCallback):
-    """Solo greedy accuracy of the senior on held-out rows every `every` steps (and before the first step)."""
+    """Solo greedy accuracy of the senior on held-out `rows` (prepared: prompt, answer) every `train.val_every`
+    steps (and before the first step), `batch_size` rows per generation call."""
 
-    def __init__(self, stats: StepStats, tokenizer, messages: Sequence[str], golds: Sequence[str], every: int,
-                 max_new_tokens: int, batch_size: int = 64, score_workers: int = 1, *, geometry: BatchGeometry):
-        self.stats, self.tokenizer, self.messages, self.golds = stats, tokenizer, list(messages), list(golds)
-        self.geometry = geometry
+    def __init__(self, stats: StepStats, tokenizer, rows: Sequence[dict], train, geometry: BatchGeometry,
+                 batch_size: int = 64):
+        self.stats, self.tokenizer, self.geometry = stats, tokenizer, geometry
+        self.messages, self.golds = [r["prompt"] for r in rows], [str(r["answer"]) for r in rows]
         self.every, self.max_new_tokens, self.batch_size, self.score_workers = (
-            every, max_new_tokens, batch_size, score_workers)
+            train.val_every, train.max_new_tokens, batch_size, train.score_workers)
         self.initial: float | None = None
 
     def _measure(self, model) -> float:

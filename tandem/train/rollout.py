@@ -22,9 +22,8 @@ from typing import Any
 import torch
 
 from tandem.config import TrainConfig
-from tandem.geometry import BatchGeometry
-from tandem.train.arms import ArmSpec
 from tandem.train.numerics import k3_kl_BT, token_logprobs_B
+from tandem.train.run import ArmRun
 from tandem.train.stats import StepStats
 from tandem.rollout.factory import rollout_engine as make_engine  # noqa: F401  (one engine factory)
 
@@ -63,22 +62,23 @@ def full_weights(trainer):
 class TandemRollout:
     """trl `rollout_func`: one engine call per step over the repeated prompts; env_mask = owner mask.
 
-    `engine` follows `tandem.rollout.engine.TandemEngine` (its senior is the very module trl trains, so
-    rollouts always use the current weights); `settings` is the arm's `RolloutSettings` (schedule, sampling,
-    `p_senior`, gap and rounds caps, batch size), built once. `base` is the frozen base model used for the KL-to-base
-    diagnostic on `kl_rows` rows per step (0 turns it off). `geometry` is the run's step clock: the seed
-    follows the rollout step (`geometry.step_of` trl's optimizer step).
+    The run (`ArmRun`) gives the engine, the tokenizer, the arm's spec, the seed, the step clock and the
+    frozen junior, which is the base of the KL-to-base diagnostic on `train.kl_rows` rows per step (0 turns it
+    off). `run.engine` follows `tandem.rollout.engine.TandemEngine` (its senior is the very module trl trains,
+    so rollouts always use the current weights; `build_trainer` sets it when the run has none); `settings` is
+    the arm's `RolloutSettings` (schedule, sampling, `p_senior`, gap and rounds caps, batch size), built once.
+    The seed follows the rollout step (`geometry.step_of` trl's optimizer step).
     """
 
-    def __init__(self, engine, tokenizer, spec: ArmSpec, settings, stats: StepStats, seed: int, base=None,
-                 kl_rows: int = 16, *, geometry: BatchGeometry):
+    def __init__(self, run: ArmRun, settings, stats: StepStats):
+        spec = run.spec
         if settings.schedule != spec.schedule:
             raise ValueError(f"arm {spec.name} rolls out with schedule {spec.schedule!r}, settings say "
                              f"{settings.schedule!r}")
-        self.engine, self.tokenizer, self.spec, self.settings = engine, tokenizer, spec, settings
+        self.engine, self.tokenizer, self.spec, self.settings = run.engine, run.tokenizer, spec, settings
         self.sampling = settings.sampling
-        self.stats, self.seed, self.geometry = stats, seed, geometry
-        self.base, self.kl_rows = base, kl_rows
+        self.stats, self.seed, self.geometry = stats, run.seed, run.geometry
+        self.base, self.kl_rows = run.junior, run.train.kl_rows
         self._prompt_cache: dict[str, list[int]] = {}
 
     def step_seed(self, step: int) -> int:

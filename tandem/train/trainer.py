@@ -26,24 +26,24 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from transformers import TrainerCallback
 
-from tandem.config import RolloutConfig, TrainConfig
+from tandem.config import TrainConfig
 from tandem.geometry import BatchGeometry
 from tandem.guards import NonFiniteGuard
 from tandem.rollout.request import RolloutSettings
-from tandem.train.arms import ArmSpec, arm_spec, run_fingerprint
+from tandem.train.arms import run_fingerprint
 from tandem.train.callbacks import JuniorGuard, PhaseTimer, ProgressBar, StopAfter, Validation
 from tandem.train.checkpoints import (STAGING_PREFIX, STEP_PREFIX, TANDEM_STATE, clean_arm_dir, commit_dir,
                                       complete_checkpoints, latest_checkpoint, wipe_arm_dir)
 from tandem.train.numerics import weights_hash
+from tandem.train.run import ArmRun, world_size
 from tandem.train.reward import CorrectnessReward
 from tandem.train.rollout import TandemRollout, make_engine, sampling_params
 from tandem.train.stats import StepStats
@@ -66,11 +66,6 @@ def merge_rank_stats(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def world_size() -> int:
-    """Processes of this training run (accelerate/torchrun set WORLD_SIZE in each of them)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 # --------------------------------------------------------------------------------------------------
 # trl's config and the trainer subclass
 # --------------------------------------------------------------------------------------------------
@@ -84,16 +79,17 @@ def precision_kwargs(train: TrainConfig, junior) -> dict:
     return trainer_precision_kwargs(train, device, str(junior.dtype).removeprefix("torch."))
 
 
-def grpo_config(spec: ArmSpec, train: TrainConfig, geo: BatchGeometry, out_dir: Path, seed: int, report_to: str,
-                run_name: str, bf16: bool = False, precision: dict | None = None):
-    """trl's GRPOConfig for one arm: one rollout batch of prompts_per_step x group_size per step, cut by
-    `geo` into `geo.updates` optimizer updates of accumulated micro-batches.
-    `precision` (GRPOConfig keywords, see `precision_kwargs`) overrides `bf16`."""
+def grpo_config(run: ArmRun, precision: dict | None = None):
+    """trl's GRPOConfig for one arm: one rollout batch of prompts_per_step x group_size per step, cut by the
+    run's geometry into `geometry.updates` optimizer updates of accumulated micro-batches, written to
+    `run.arm_dir`. `precision`: GRPOConfig keywords (see `precision_kwargs`; default fp32)."""
     from trl import GRPOConfig
 
+    spec, train, geo, seed = run.spec, run.train, run.geometry, run.seed
+    report_to = run.report_to or "none"
     return GRPOConfig(
-        output_dir=str(out_dir), run_name=run_name, seed=seed, data_seed=seed,
-        use_cpu=not torch.cuda.is_available(), **(precision or {"bf16": bf16, "fp16": False}),
+        output_dir=str(run.arm_dir), run_name=spec.name, seed=seed, data_seed=seed,
+        use_cpu=not torch.cuda.is_available(), **(precision or {"bf16": False, "fp16": False}),
         activation_checkpointing=train.gradient_checkpointing,
         per_device_train_batch_size=geo.micro_batch_size, gradient_accumulation_steps=geo.grad_accum,
         generation_batch_size=geo.rollout_rows, num_generations=spec.group_size, num_iterations=1,
@@ -201,42 +197,34 @@ class _Ranks:
             self.state.wait_for_everyone()
 
 
-def train_arm(arm: str, senior, junior, tokenizer, train_rows: Sequence[dict], train: TrainConfig,
-              rollout: RolloutConfig, arm_dir: str | os.PathLike, seed: int = 0,
-              val_rows: Sequence[dict] = (), report_to: str | None = None, engine=None,
-              score_fn: Callable[..., list[float]] | None = None, progress: bool = True,
-              stop_after: int | None = None, weight_roots: Sequence[str | os.PathLike] = ()) -> ArmResult:
-    """Train one arm from `senior` (a fresh copy of the base) next to the frozen `junior` (another copy).
+def train_arm(run: ArmRun) -> ArmResult:
+    """Train one arm (`ArmRun`: the senior, a fresh copy of the base, next to the frozen junior, another copy).
 
-    `train_rows` are prepared rows (id, answer, prompt = the user message). Checkpoints land in
-    `arm_dir/step-<N>/`; with `train.resume == "auto"` the run continues from the last complete checkpoint of
-    the same run (same fingerprint), and checkpoints of a different run are removed first. `engine`
-    defaults to `make_engine(senior, junior, tokenizer, rollout)`. `stop_after` ends the
-    run after that many steps of this call (benchmarks). `weight_roots`: directories a vLLM rollout service
-    started here may load weights from (the run's output root), besides the junior's. Under `accelerate launch` every process calls this;
-    the main process alone removes stale checkpoints and publishes new ones.
+    Checkpoints land in `run.arm_dir/step-<N>/`; with `train.resume == "auto"` the run continues from the last
+    complete checkpoint of the same run (same fingerprint), and checkpoints of a different run are removed
+    first. Under `accelerate launch` every process calls this; the main process alone removes stale
+    checkpoints and publishes new ones.
     """
-    if not train_rows:
+    if not run.train_rows:
         raise ValueError("train_arm needs at least one training row")
-    missing = [k for k in ("prompt", "answer") if k not in train_rows[0]]
+    missing = [k for k in ("prompt", "answer") if k not in run.train_rows[0]]
     if missing:
         raise ValueError(f"training rows lack {missing}: expected prepared rows (id, problem, answer, prompt)")
-    spec = arm_spec(arm, train, rollout)
+    run.spec  # an unknown arm or an arm the settings do not allow fails here, before any work
     threads = torch.get_num_threads()
-    if train.cpu_threads > 0:
+    if run.train.cpu_threads > 0:
         # Tiny models gain nothing from a second thread, and OpenMP threads spin badly on an oversubscribed CPU
-        torch.set_num_threads(train.cpu_threads)
+        torch.set_num_threads(run.train.cpu_threads)
     try:
-        return _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout, Path(arm_dir), seed,
-                          val_rows, report_to, engine, score_fn, progress, stop_after, weight_roots)
+        return _train_arm(run)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout, arm_dir, seed, val_rows,
-               report_to, engine, score_fn, progress, stop_after, weight_roots=()) -> ArmResult:
+def _train_arm(run: ArmRun) -> ArmResult:
     ranks = _Ranks()
-    geo = BatchGeometry.of(train, spec.group_size, ranks.world)  # fail on a batch that does not split before any work
+    spec, train, senior, junior, arm_dir = run.spec, run.train, run.senior, run.junior, run.arm_dir
+    geo = run.geometry  # fail on a batch that does not split before any work
     arm_dir.mkdir(parents=True, exist_ok=True)
     shared = {p.data_ptr() for p in senior.parameters()} & {p.data_ptr() for p in junior.parameters()}
     if shared:
@@ -245,7 +233,7 @@ def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout,
         p.requires_grad_(False)
     junior.eval()
     guard = JuniorGuard(junior)
-    fingerprint = run_fingerprint(spec, train, rollout, seed, guard.before)
+    fingerprint = run_fingerprint(spec, train, run.rollout, run.seed, guard.before)
     removed: list[str] = []
     if ranks.is_main:
         removed = clean_arm_dir(arm_dir, fingerprint) if train.resume == "auto" else wipe_arm_dir(arm_dir)
@@ -259,9 +247,7 @@ def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout,
         history = json.loads((resume_from / "trainer_state.json").read_text())["log_history"]
         guard.on_train_end(None, None, None)
     else:
-        trainer = build_trainer(spec, senior, junior, tokenizer, train_rows, train, rollout, arm_dir, seed,
-                                fingerprint, guard, val_rows, report_to or train.report_to, engine, score_fn,
-                                progress, stop_after, weight_roots)
+        trainer = build_trainer(replace(run, report_to=run.report_to or train.report_to), fingerprint, guard)
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         history = list(trainer.state.log_history)
         distributed = trainer.accelerator.distributed_type.value  # MULTI_CPU / MULTI_GPU (DDP), FSDP, ...
@@ -272,7 +258,7 @@ def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout,
             guard.on_train_end(None, None, None)
     ranks.barrier()
     ckpts = [p.name for _, p in complete_checkpoints(arm_dir)]
-    summary = summarize(arm, history, spec, train)
+    summary = summarize(run.arm, history, spec, train)
     summary.update({
         "wall_seconds_this_run": time.perf_counter() - t0, "resumed_from": resume_from.name if resume_from else None,
         "removed_stale": removed, "checkpoints": ckpts, "fingerprint": fingerprint,
@@ -282,55 +268,49 @@ def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout,
         "world_size": ranks.world, "distributed": distributed, "updates_per_batch": geo.updates, "micro_batch_size": geo.micro_batch_size,
         "grad_accum": geo.grad_accum,
     })
-    return ArmResult(arm, summary, history, ckpts)
+    return ArmResult(run.arm, summary, history, ckpts)
 
 
-def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence[dict], train: TrainConfig,
-                  rollout: RolloutConfig, arm_dir: Path, seed: int, fingerprint: str, guard: JuniorGuard,
-                  val_rows: Sequence[dict] = (), report_to: str = "none", engine=None,
-                  score_fn: Callable[..., list[float]] | None = None, progress: bool = True,
-                  stop_after: int | None = None, weight_roots: Sequence[str | os.PathLike] = ()):
-    """The `TandemGRPOTrainer` of one arm with its rollout function, reward and callbacks (not yet trained)."""
+def build_trainer(run: ArmRun, fingerprint: str, guard: JuniorGuard):
+    """The `TandemGRPOTrainer` of one arm with its rollout function, reward and callbacks (not yet trained);
+    `fingerprint` identifies the run in its checkpoints, `guard` holds the junior's hash before training."""
     from datasets import Dataset
     from transformers import PrinterCallback, ProgressCallback
 
     from tandem.data.prompts import render_prompt
 
-    geo = BatchGeometry.of(train, spec.group_size, world_size())
+    spec, train, rollout, tokenizer, junior, seed = run.spec, run.train, run.rollout, run.tokenizer, run.junior, run.seed
+    geo = run.geometry
     stats = StepStats()
     ds = Dataset.from_list([{"prompt": render_prompt(r["prompt"], tokenizer), "answer": str(r["answer"]),
-                             "id": str(r.get("id", i))} for i, r in enumerate(train_rows)])
+                             "id": str(r.get("id", i))} for i, r in enumerate(run.train_rows)])
     settings = RolloutSettings.from_config(rollout, sampling_params(train), schedule=spec.schedule)
-    rollout_fn = TandemRollout(engine, tokenizer, spec, settings, stats, seed, base=junior, kl_rows=train.kl_rows,
-                               geometry=geo)
-    reward = CorrectnessReward(stats, spec.group_size, train.score_timeout, train.score_workers, score_fn)
+    rollout_fn = TandemRollout(run, settings, stats)
+    reward = CorrectnessReward(stats, spec.group_size, train.score_timeout, train.score_workers, run.score_fn)
     callbacks: list[TrainerCallback] = [PhaseTimer(stats, geo), guard, NonFiniteGuard(train.nonfinite_loss)]
-    if train.val_every > 0 and val_rows:
-        vr = list(val_rows)[:train.val_problems or None]
-        callbacks.append(Validation(stats, tokenizer, [r["prompt"] for r in vr], [str(r["answer"]) for r in vr],
-                                    train.val_every, train.max_new_tokens, rollout.batch_size,
-                                    train.score_workers, geometry=geo))
+    if train.val_every > 0 and run.val_rows:
+        callbacks.append(Validation(stats, tokenizer, list(run.val_rows)[:train.val_problems or None], train,
+                                    geo, rollout.batch_size))
     if rollout.backend == "vllm":  # push the senior to the rollout service after every optimizer step
         from tandem.rollout.vllm.sync import VLLMWeightSync
 
         callbacks.append(VLLMWeightSync(lambda: rollout_fn.engine, stats))
-    callbacks.append(ProgressBar(spec.name, enabled=progress))
-    if stop_after is not None:
-        callbacks.append(StopAfter(geo.to_updates(stop_after)))
-    args = grpo_config(spec, train, geo, arm_dir, seed, report_to, run_name=spec.name,
-                       precision=precision_kwargs(train, junior))
+    callbacks.append(ProgressBar(spec.name, enabled=run.progress))
+    if run.stop_after is not None:
+        callbacks.append(StopAfter(geo.to_updates(run.stop_after)))
+    args = grpo_config(run, precision=precision_kwargs(train, junior))
     state0 = {"arm": spec.name, "fingerprint": fingerprint, "junior_hash": guard.before, "seed": seed,
               "prompts_per_step": train.prompts_per_step, "group_size": spec.group_size,
               "schedule": spec.schedule, "beta": spec.beta, "data_seed": seed, "train_rows": len(ds),
               "updates_per_batch": geo.updates, "world_size": geo.processes}
     trainer = _make_trainer_class()(
-        model=senior, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tokenizer,
+        model=run.senior, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tokenizer,
         rollout_func=rollout_fn, callbacks=callbacks, step_stats=stats, tandem_state=state0, geometry=geo)
     for cb in (ProgressCallback, PrinterCallback):  # one compact bar (ProgressBar) instead of a dict per step
         trainer.remove_callback(cb)
     junior.to(trainer.args.device)  # trl placed the senior; the junior decodes next to it
-    if engine is None:  # built after trl moved the senior, so the engine sees both models on their device
-        rollout_fn.engine = make_engine(senior, junior, tokenizer, rollout, live=True, roots=weight_roots)
+    if run.engine is None:  # built after trl moved the senior, so the engine sees both models on their device
+        rollout_fn.engine = make_engine(run.senior, junior, tokenizer, rollout, live=True, roots=run.weight_roots)
     if trainer.ref_model is not None and weights_hash(trainer.ref_model) != guard.before:
         # trl loads the KL reference from the senior's own path: it must be the base the junior copies
         raise RuntimeError("the kl_reg reference model differs from the frozen base: load the senior from the "

@@ -106,7 +106,7 @@ def tiny(tmp_path_factory):
 def _train(tiny, arm_dir: Path, mode: str, nan_at_step: int):
     from tandem.config import RolloutConfig, TrainConfig
     from tandem.models import load_model, load_tokenizer
-    from tandem.train import JuniorGuard, arm_spec, build_trainer, run_fingerprint, weights_hash
+    from tandem.train import ArmRun, JuniorGuard, arm_spec, build_trainer, run_fingerprint, weights_hash
 
     base, rows = tiny
     senior, junior, tok = load_model(base), load_model(base), load_tokenizer(base)
@@ -120,9 +120,8 @@ def _train(tiny, arm_dir: Path, mode: str, nan_at_step: int):
     def score(texts, golds, **kw):  # a reward with variance for an untrained model, so gradients are non-zero
         return [float(i % 2) for i in range(len(texts))]
 
-    trainer = build_trainer(spec, senior, junior, tok, rows, train, rollout, arm_dir, 0,
-                            run_fingerprint(spec, train, rollout, 0, guard.before), guard, progress=False,
-                            score_fn=score)
+    trainer = build_trainer(ArmRun("grpo", senior, junior, tok, rows, train, rollout, arm_dir, 0, progress=False,
+                                   score_fn=score), run_fingerprint(spec, train, rollout, 0, guard.before), guard)
     nf = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, NonFiniteGuard)]
     if not nf:  # the hook in the trainer's callbacks (see tandem/guards.py); added here until it is wired in
         nf = [NonFiniteGuard(train.nonfinite_loss)]
