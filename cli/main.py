@@ -416,9 +416,7 @@ def bench_rollout(as_json: bool = typer.Option(False, "--json", help="print one 
 def bench_train(as_json: bool = typer.Option(False, "--json", help="print one JSON line"),
                 params: str = PARAMS_OPT) -> None:
     """Mean training step time of the tandem and grpo arms with the phase split, and their ratio."""
-    from tandem.bench_train import bench_train as _bench
-
-    res = _bench(_load(params))
+    res = load_benchmark("bench_train").bench_train(_load(params))
     _print_bench(res, as_json)
 
 
@@ -428,12 +426,28 @@ def bench_orchestration(as_json: bool = typer.Option(False, "--json", help="prin
     """Orchestration overhead: the Prefect flow against calling the stages directly, on a tiny config."""
     import subprocess
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "orchestration.py"
+    script = _benchmark_file("orchestration")
+    cmd = [sys.executable, str(script), "--repeats", str(repeats)] + (["--json"] if as_json else [])
+    raise typer.Exit(code=subprocess.call(cmd))
+
+
+def _benchmark_file(name: str) -> Path:
+    """`benchmarks/<name>.py` of this source checkout (benchmarks live beside the package, not in it)."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
     if not script.exists():
         typer.secho(f"{script} not found (run from a source checkout)", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2)
-    cmd = [sys.executable, str(script), "--repeats", str(repeats)] + (["--json"] if as_json else [])
-    raise typer.Exit(code=subprocess.call(cmd))
+    return script
+
+
+def load_benchmark(name: str):
+    """The module `benchmarks/<name>.py`, imported from its file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"benchmarks.{name}", _benchmark_file(name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _print_bench(res: dict, as_json: bool) -> None:

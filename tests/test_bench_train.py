@@ -9,7 +9,10 @@ from train_fixtures import build_base, write_prepared
 
 @pytest.mark.slow
 def test_bench_train_reports_both_arms_and_the_ratio(tmp_path):
-    from tandem.bench_train import PHASES, bench_train
+    from cli.main import load_benchmark
+
+    mod = load_benchmark("bench_train")
+    PHASES, bench_train = mod.PHASES, mod.bench_train
     from tandem.config import params_from_dict
 
     build_base(tmp_path / "models" / "base")
@@ -28,7 +31,9 @@ def test_bench_train_reports_both_arms_and_the_ratio(tmp_path):
 
 
 def test_bench_train_needs_the_base_and_data(tmp_path):
-    from tandem.bench_train import bench_train
+    from cli.main import load_benchmark
+
+    bench_train = load_benchmark("bench_train").bench_train
     from tandem.config import params_from_dict
 
     with pytest.raises(FileNotFoundError, match="base stage"):

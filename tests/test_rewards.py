@@ -1,4 +1,4 @@
-"""Tests for tandem.rewards: boxed extraction, math-verify scoring, the integer fast path, and the
+"""Tests for tandem.rewards and its worker pool (tandem.score_pool): boxed extraction, math-verify scoring, the integer fast path, and the
 time-limited worker pool (adversarial input, threads, crashed workers, shutdown)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tandem import rewards
+from tandem import rewards, score_pool
 from tandem.rewards import extract_boxed, parses, parses_many, score, score_many
 
 # an exponent tower that math-verify's comparison evaluates for far longer than any test allows
@@ -20,7 +20,7 @@ HANGS = r"The answer is \boxed{9^{9^{9^{9}}}}"
 @pytest.fixture(scope="module", autouse=True)
 def _stop_pool_after_module():
     yield
-    rewards.shutdown_pool()
+    score_pool.shutdown_pool()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -156,14 +156,14 @@ def test_score_many_matches_score():
 
 def test_score_many_bounds_a_hanging_sample():
     """The tower hangs math-verify; it scores 0 after the limit and the other samples are still scored."""
-    restarts = rewards.pool_restarts()
+    restarts = score_pool.pool_restarts()
     score_many([r"\boxed{0.5}"], [r"\frac12"])  # start the workers outside the timed part
     t0 = time.monotonic()
     out = score_many([HANGS, r"\boxed{\frac12}", r"\boxed{3}"], ["5", "0.5", "4"], timeout=1.0)
     elapsed = time.monotonic() - t0
     assert out == [0.0, 1.0, 0.0]
     assert elapsed < 15, f"a hanging sample held the pool for {elapsed:.1f} s"
-    assert rewards.pool_restarts() == restarts + 1  # the stuck worker was replaced
+    assert score_pool.pool_restarts() == restarts + 1  # the stuck worker was replaced
     assert score_many([r"\boxed{\frac{2}{4}}"], ["0.5"]) == [1.0]  # and the pool still works
 
 
@@ -183,15 +183,15 @@ def test_score_many_from_threads():
 
 
 def test_score_many_integer_fast_path_skips_the_pool():
-    rewards.shutdown_pool()
+    score_pool.shutdown_pool()
     out = score_many([rf"\boxed{{{i}}}" for i in range(1000)], [str(i % 10) for i in range(1000)])
     assert out == [float(i % 10 == i) for i in range(1000)]
-    assert rewards._POOL is None  # no worker was started
+    assert score_pool._POOL is None  # no worker was started
 
 
 def test_a_killed_worker_is_replaced():
     assert score_many([r"\boxed{0.5}"], [r"\frac12"]) == [1.0]
-    for w in rewards._POOL._workers:
+    for w in score_pool._POOL._workers:
         w.proc.kill()
         w.proc.wait()
     assert score_many([r"\boxed{0.5}", r"\boxed{x=2}"], [r"\frac12", "2"]) == [1.0, 1.0]
@@ -199,9 +199,9 @@ def test_a_killed_worker_is_replaced():
 
 def test_shutdown_pool_stops_the_workers():
     score_many([r"\boxed{0.5}"], [r"\frac12"])
-    procs = [w.proc for w in rewards._POOL._workers]
-    rewards.shutdown_pool()
-    assert rewards._POOL is None
+    procs = [w.proc for w in score_pool._POOL._workers]
+    score_pool.shutdown_pool()
+    assert score_pool._POOL is None
     assert all(p.poll() is not None for p in procs)
 
 

@@ -4,7 +4,7 @@ Both arms train from the same base on the same prompts with the same settings (`
 for a few steps in a throwaway directory; the first step of each is left out (one-off warm-up). Reports the
 mean step time per arm, its split by phase (rollout, reward, kl, update) and `tandem_over_grpo`, the cost of
 a tandem step relative to a solo GRPO step (the paper reports about 1.8-2x with lockstep decoding; the
-catch-up engine targets <= 1.25).
+catch-up engine targets <= 1.25). Run as `tandem bench train [--params FILE] [--json]`.
 """
 
 from __future__ import annotations
