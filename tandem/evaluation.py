@@ -1,8 +1,8 @@
 """Evaluation helpers: checkpoints, content hashes, result keys, one benchmark run, batched teacher forcing.
 
 Stage plumbing (paths, caching on disk, JSON/CSV tables) lives in `tasks/evaluate.py` and
-`tasks/analyze.py`; this module holds what a notebook would import: enumerate an arm's checkpoints
-(`list_checkpoints`, from `tandem.checkpoints`), hash a model directory's weights (`content_hash`), key a
+`tasks/analyze.py`; this module holds what a notebook would import (an arm's checkpoints are enumerated by
+`tandem.checkpoints.list_checkpoints`): hash a model directory's weights (`content_hash`), key a
 result by everything that determines its distribution (`result_key`), generate and score `n` samples per
 problem of one benchmark in one mode (`run_benchmark`, over the shared `tandem.generation` path), summarise
 them (`summarize_benchmark`), and teacher-force a senior and the base on saved completions
@@ -14,10 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -25,10 +24,8 @@ import torch
 if TYPE_CHECKING:
     from tandem.rollout.request import RolloutSettings
 
-from tandem.checkpoints import Checkpoint, list_checkpoints  # noqa: F401  (re-exported)
 from tandem.checkpoints import weight_files as checkpoint_weight_files
-from tandem.generation import (cut_at_eos, encode_prompts, eos_token_ids,  # noqa: F401  (re-exported)
-                               generate_and_score, stable_seed)
+from tandem.generation import generate_and_score
 from tandem.logprobs import iter_logp_chunks
 from tandem.metrics.drift import kl_BT, token_logratio_BT
 from tandem.metrics.legibility import overlap_BT, token_nll_BT
@@ -208,20 +205,3 @@ def teacher_forced_stats(senior, base, prompt_ids: Sequence[Sequence[int]], comp
             for b, i in enumerate(ch.rows):
                 out[i][name][ch.t0:ch.t0 + n_B[b]] = v_BT[b, :n_B[b]]
     return out
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run a block with `n` torch intra-op CPU threads (0 = leave as is), restoring the previous count.
-
-    Why: a ~1M-parameter model's matmuls are too small to split, and on a busy 2-core machine two threads
-    spin-waiting on each other made generation 40x slower than one thread (measured).
-    """
-    old = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if n:
-            torch.set_num_threads(old)

@@ -1,6 +1,6 @@
 """The GRPO objective that training optimises, written out as small pure tensor functions.
 
-trl's `GRPOTrainer` computes the loss during training (`tandem/train.py` feeds it rollouts and rewards); this
+trl's `GRPOTrainer` computes the loss during training (`tandem/train/` feeds it rollouts and rewards); this
 module states the same maths so a reader sees it without opening trl, and `tests/test_grpo.py` checks it
 against trl's own `compute_loss` on one batch, so a trl upgrade that changes the objective fails a test.
 With the settings `tandem.train.grpo_config` passes (scale_rewards "group", loss_type "dapo", one

@@ -21,7 +21,8 @@ import torch
 
 from tandem.checkpoints import generations_file
 from tandem.config import Params
-from tandem.evaluation import content_hash, teacher_forced_stats, torch_threads
+from tandem.evaluation import content_hash, teacher_forced_stats
+from tandem.threads import torch_threads
 from tandem.metrics.analysis import analyze_checkpoints, per_problem_counts, per_problem_means
 from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json
 from tasks.evaluate import write_csv

@@ -25,10 +25,10 @@ import os
 import shutil
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from tandem.config import Params
+from tandem.threads import torch_threads as cpu_threads
 from tasks.common import (Layout, atomic_path, load_params, peak_rss, read_jsonl, reset_peak_rss, torch_threads,
                           write_json)
 
@@ -249,21 +249,6 @@ def _evaluate(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]])
     return out
 
 
-@contextmanager
-def _torch_threads(n: int):
-    """Run the block with `n` torch CPU threads (0: leave as is). Two threads on two busy cores are several
-    times slower than one: the OpenMP workers wait on each other."""
-    import torch
-
-    before = torch.get_num_threads()
-    if n > 0:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """Build or fetch the base into models/base, evaluate it, write metrics/base.json; returns the metrics."""
     t0 = time.perf_counter()
@@ -273,7 +258,7 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     mc = params.model
     eval_sets = _eval_sets(Path(inputs["eval"]), mc.eval_problems)
     metrics: dict = {"source": mc.source, "seed": params.seed}
-    with _torch_threads(mc.cpu_threads):
+    with cpu_threads(mc.cpu_threads):
         with atomic_path(outputs["model"]) as tmp:
             if mc.source == "tiny":
                 metrics["pretrain"] = _build_tiny(params, Path(inputs["prepared"]), tmp, eval_sets)

@@ -21,9 +21,10 @@ from typing import Any
 from tandem.checkpoints import generations_file, list_checkpoints
 from tandem.config import Params
 from tandem.data.prompts import user_message
-from tandem.evaluation import (FORMAT_VERSION, EvalSettings, content_hash, eos_token_ids,
-                               result_key, rows_hash, run_benchmark, stable_seed, summarize_benchmark,
-                               torch_threads)
+from tandem.evaluation import (FORMAT_VERSION, EvalSettings, content_hash, result_key, rows_hash, run_benchmark,
+                               summarize_benchmark)
+from tandem.generation import eos_token_ids, stable_seed
+from tandem.threads import torch_threads
 from tandem.metrics.passk import macro_mean
 from tandem.rollout.factory import rollout_engine
 from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json, write_jsonl

@@ -90,7 +90,7 @@ def materialise(work_dir: Path, out_dir: Path) -> list[str]:
 
     Nothing ever writes into a committed checkpoint, so sharing its files with the output is safe.
     """
-    from tandem.train import complete_checkpoints
+    from tandem.checkpoints import complete_checkpoints
 
     names = []
     with atomic_path(out_dir) as tmp:

@@ -4,8 +4,8 @@
 RNG state), all ranks meet at a barrier, the main process adds `tandem_state.json`, fsyncs the tree and
 renames it to `step-<N>` with one `os.replace`; the ranks meet again before training goes on. A crash leaves
 at worst a staging directory, removed on the next start; `latest_checkpoint` only ever sees complete ones.
-The layout and the one completeness rule live in `tandem.checkpoints`, shared with evaluation and analysis;
-this module adds what only training needs.
+The layout and the one completeness rule live in `tandem.checkpoints`, shared with evaluation and analysis
+(import them from there); this module adds what only training needs.
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tandem.checkpoints import STAGING_PREFIX, STEP_PREFIX  # noqa: F401  (re-exported)
-from tandem.checkpoints import STATE_FILE as TANDEM_STATE  # noqa: F401
-from tandem.checkpoints import clean_arm_dir, commit_dir, complete_checkpoints, latest_checkpoint  # noqa: F401
 
 
 def wipe_arm_dir(arm_dir: Path) -> list[str]:

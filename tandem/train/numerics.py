@@ -1,5 +1,5 @@
 """Small pure functions of training: the zero-variance share and a weights hash (the k3 KL lives in tandem.grpo,
-teacher-forced log-probs in tandem.logprobs; both are re-exported here for the training modules)."""
+teacher-forced log-probs in tandem.logprobs)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from typing import Sequence
 
 import torch
 
-from tandem.grpo import k3_kl_BT  # noqa: F401  (re-exported)
-from tandem.logprobs import token_logprobs_B  # noqa: F401  (re-exported)
 
 
 def zero_variance_fraction(rewards_B: Sequence[float], group_size: int) -> float:

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 
 from tandem.config import TrainConfig
-from tandem.train.numerics import k3_kl_BT, token_logprobs_B
+from tandem.grpo import k3_kl_BT
+from tandem.logprobs import token_logprobs_B
 from tandem.train.run import ArmRun
 from tandem.train.stats import StepStats
-from tandem.rollout.factory import rollout_engine as make_engine  # noqa: F401  (one engine factory)
 
 
 @contextmanager

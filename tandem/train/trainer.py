@@ -40,12 +40,16 @@ from tandem.guards import NonFiniteGuard
 from tandem.rollout.request import RolloutSettings
 from tandem.train.arms import run_fingerprint
 from tandem.train.callbacks import JuniorGuard, PhaseTimer, ProgressBar, StopAfter, Validation
-from tandem.train.checkpoints import (STAGING_PREFIX, STEP_PREFIX, TANDEM_STATE, clean_arm_dir, commit_dir,
-                                      complete_checkpoints, latest_checkpoint, wipe_arm_dir)
+from tandem.checkpoints import STAGING_PREFIX, STEP_PREFIX
+from tandem.checkpoints import STATE_FILE as TANDEM_STATE
+from tandem.checkpoints import clean_arm_dir, commit_dir, complete_checkpoints, latest_checkpoint
+from tandem.rollout.factory import rollout_engine
+from tandem.threads import torch_threads
+from tandem.train.checkpoints import wipe_arm_dir
 from tandem.train.numerics import weights_hash
 from tandem.train.run import ArmRun, world_size
 from tandem.train.reward import CorrectnessReward
-from tandem.train.rollout import TandemRollout, make_engine, sampling_params
+from tandem.train.rollout import TandemRollout, sampling_params
 from tandem.train.stats import StepStats
 from tandem.train.summary import first_value, summarize
 
@@ -211,14 +215,8 @@ def train_arm(run: ArmRun) -> ArmResult:
     if missing:
         raise ValueError(f"training rows lack {missing}: expected prepared rows (id, problem, answer, prompt)")
     run.spec  # an unknown arm or an arm the settings do not allow fails here, before any work
-    threads = torch.get_num_threads()
-    if run.train.cpu_threads > 0:
-        # Tiny models gain nothing from a second thread, and OpenMP threads spin badly on an oversubscribed CPU
-        torch.set_num_threads(run.train.cpu_threads)
-    try:
+    with torch_threads(run.train.cpu_threads):  # rollouts included: tiny models gain nothing from more threads
         return _train_arm(run)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _train_arm(run: ArmRun) -> ArmResult:
@@ -310,7 +308,7 @@ def build_trainer(run: ArmRun, fingerprint: str, guard: JuniorGuard):
         trainer.remove_callback(cb)
     junior.to(trainer.args.device)  # trl placed the senior; the junior decodes next to it
     if run.engine is None:  # built after trl moved the senior, so the engine sees both models on their device
-        rollout_fn.engine = make_engine(run.senior, junior, tokenizer, rollout, live=True, roots=run.weight_roots)
+        rollout_fn.engine = rollout_engine(run.senior, junior, tokenizer, rollout, live=True, roots=run.weight_roots)
     if trainer.ref_model is not None and weights_hash(trainer.ref_model) != guard.before:
         # trl loads the KL reference from the senior's own path: it must be the base the junior copies
         raise RuntimeError("the kl_reg reference model differs from the frozen base: load the senior from the "

@@ -139,7 +139,7 @@ def _train(tiny, arm_dir: Path, mode: str, nan_at_step: int):
 @pytest.mark.slow
 def test_the_trainer_skips_a_nan_step_and_keeps_training(tiny, tmp_path):
     from tandem.models import load_model
-    from tandem.train import complete_checkpoints
+    from tandem.checkpoints import complete_checkpoints
 
     trainer, guard, weights_hash = _train(tiny, tmp_path / "grpo", "skip", nan_at_step=2)
     trainer.train()
@@ -154,7 +154,7 @@ def test_the_trainer_skips_a_nan_step_and_keeps_training(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_the_trainer_stops_on_nan_and_the_last_checkpoint_stays_intact(tiny, tmp_path):
-    from tandem.train import complete_checkpoints
+    from tandem.checkpoints import complete_checkpoints
 
     trainer, _, _ = _train(tiny, tmp_path / "grpo", "stop", nan_at_step=2)
     with pytest.raises(NonFiniteLossError, match="step 2"):

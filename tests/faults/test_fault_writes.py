@@ -124,7 +124,8 @@ def test_a_checkpoint_save_that_fails_midway_keeps_the_last_good_checkpoint(tmp_
 
     from trl import GRPOTrainer
 
-    from tandem.train import STAGING_PREFIX, TANDEM_STATE, complete_checkpoints, latest_checkpoint
+    from tandem.checkpoints import STAGING_PREFIX, complete_checkpoints, latest_checkpoint
+    from tandem.checkpoints import STATE_FILE as TANDEM_STATE
     from tandem.train.trainer import _make_trainer_class
 
     arm = tmp_path / "tandem"
@@ -155,7 +156,7 @@ def test_a_checkpoint_save_that_fails_midway_keeps_the_last_good_checkpoint(tmp_
     assert latest_checkpoint(arm, "fp") == good
     assert {p.name: p.read_bytes() for p in good.iterdir()} == before
     assert not (arm / "step-4").exists()
-    from tandem.train import clean_arm_dir
+    from tandem.checkpoints import clean_arm_dir
 
     assert clean_arm_dir(arm, "fp") == [f"{STAGING_PREFIX}4"]  # the rerun removes the half-written staging dir
     assert latest_checkpoint(arm, "fp") == good

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tandem.config import params_from_dict
-from tandem.evaluation import EvalSettings, content_hash, list_checkpoints, result_key, summarize_benchmark
+from tandem.checkpoints import list_checkpoints
+from tandem.evaluation import EvalSettings, content_hash, result_key, summarize_benchmark
 from tests.tasks import eval_fixtures as F
 
 import tasks.evaluate as ev

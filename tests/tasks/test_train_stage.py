@@ -111,7 +111,8 @@ def _moved(root: Path, step: int) -> bool:
 @pytest.mark.slow
 def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(boxing_src, tmp_path):
     from tandem.models import load_model
-    from tandem.train import complete_checkpoints, weights_hash
+    from tandem.checkpoints import complete_checkpoints
+    from tandem.train import weights_hash
 
     clean, crashed = tmp_path / "clean", tmp_path / "crashed"
     p_clean, p_crash = _project(clean, boxing_src), _project(crashed, boxing_src)
@@ -170,7 +171,8 @@ def test_two_process_stage_resumes_after_sigkill_of_the_launcher(boxing_src, tmp
     """2 processes x 2 updates per batch: the killed stage takes its workers down, the rerun resumes and ends
     with the weights of an uninterrupted 2-process run; metrics record world_size 2."""
     from tandem.models import load_model
-    from tandem.train import complete_checkpoints, weights_hash
+    from tandem.checkpoints import complete_checkpoints
+    from tandem.train import weights_hash
 
     clean, crashed = tmp_path / "clean", tmp_path / "crashed"
     p_clean, p_crash = _project(clean, boxing_src, **MP), _project(crashed, boxing_src, **MP)
