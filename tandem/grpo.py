@@ -43,12 +43,12 @@ def group_advantages_B(rewards_B: torch.Tensor, group_size: int, scale: str = "g
     B = rewards_B.shape[0]
     if group_size < 1 or B % group_size:
         raise ValueError(f"{B} rewards do not split into groups of {group_size}")
-    r_GB = rewards_B.reshape(-1, group_size)
-    centred_B = (r_GB - r_GB.mean(-1, keepdim=True)).reshape(B)
+    r_PG = rewards_B.reshape(-1, group_size)
+    centred_B = (r_PG - r_PG.mean(-1, keepdim=True)).reshape(B)
     if scale == "none":
         return centred_B
     if scale == "group":
-        std_B = (r_GB.std(-1, unbiased=True, keepdim=True).expand_as(r_GB).reshape(B) if group_size > 1
+        std_B = (r_PG.std(-1, unbiased=True, keepdim=True).expand_as(r_PG).reshape(B) if group_size > 1
                  else torch.zeros_like(rewards_B))
     elif scale == "batch":
         std_B = rewards_B.std(unbiased=True).expand(B) if B > 1 else torch.zeros_like(rewards_B)
