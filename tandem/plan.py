@@ -313,9 +313,12 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     if ro.backend == "vllm":
         reserve = _vllm_reserve(params, shape, device, ro.vllm_gpu_memory * _budget(params, "cuda"))
         persistent["vllm_engines"] = 2 * reserve
-        _vllm_check(shape, reserve, min(rows, ro.batch_size), seq, arm == "tandem", checks, notes,
-                    f"raise {_vllm_knob(device)}, or lower train.max_new_tokens", _vllm_knob(device),
-                    _budget(params, "cuda") if device == "cuda" else 0.0)
+        c, n = _vllm_check(shape, reserve, min(rows, ro.batch_size), seq, arm == "tandem",
+                           _VllmAdvice(f"raise {_vllm_knob(device)}, or lower train.max_new_tokens",
+                                       _vllm_knob(device)),
+                           _budget(params, "cuda") if device == "cuda" else 0.0)
+        checks += c
+        notes += n
         # the live senior's weights are copied into its engine before each call; sharded, they are gathered
         rollout: dict[str, float] = ({"weight_sync_gather": P * m * (split_w - 1) / split_w} if split_w > 1
                                      else {})
@@ -367,15 +370,26 @@ def _vllm_reserve(params, shape: ModelShape, device: str, gpu_reserve: float) ->
     return shape.n_params * 2 + params.rollout.vllm_cpu_kv_cache_gb * GIB + VLLM_OVERHEAD_GIB * GIB
 
 
-def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, tandem: bool, checks: list[str],
-                notes: list[str], fix: str, knob: str = "rollout.vllm_gpu_memory", gpu_bytes: float = 0.0,
-                rows_knob: str = "train.prompts_per_step, train.num_processes, rollout.batch_size") -> None:
+@dataclass(frozen=True)
+class _VllmAdvice:
+    """What a failed vLLM check tells the user to change: the general `fix`, the memory `knob`, the row knobs."""
+
+    fix: str
+    knob: str = "rollout.vllm_gpu_memory"
+    rows_knob: str = "train.prompts_per_step, train.num_processes, rollout.batch_size"
+
+
+def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, tandem: bool, advice: _VllmAdvice,
+                gpu_bytes: float = 0.0) -> tuple[list[str], list[str]]:
     """Both vLLM engines must hold every row of a call at its full length, rows x (prompt + max_new_tokens):
     a tandem row keeps a streaming session with its KV blocks in each engine for its whole rollout, and rows beyond
     the cache's capacity wait for others to finish (the service admits only what fits), which turns the
     overlapped, continuously batched rollout back into rounds of fewer rows. For tandem rollouts a shortfall is
     a failed check that names the layouts that fit; for solo rollouts (one engine, no parked sessions) it is
-    ordinary continuous batching, and a note."""
+    ordinary continuous batching, and a note. Returns (checks, notes)."""
+    checks: list[str] = []
+    notes: list[str] = []
+    fix, knob, rows_knob = advice.fix, advice.knob, advice.rows_knob
     kv_tok = shape.kv_bytes_per_token(2)
     weights, runtime = shape.n_params * 2, VLLM_OVERHEAD_GIB * GIB
     room = reserve - weights - runtime
@@ -383,11 +397,11 @@ def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, tandem: 
     if room < seq * kv_tok:
         checks.append(f"a vLLM engine gets {reserve / GIB:.1f} GiB ({knob}), less than its bf16 "
                       f"weights + {VLLM_OVERHEAD_GIB} GiB + the KV cache of one {seq}-token sequence: {fix}")
-        return
+        return checks, notes
     if room >= need_kv:
         notes.append(f"vLLM KV cache holds all {rows} rows at their full length in each engine "
                      f"({need_kv / GIB:.1f} of {room / GIB:.1f} GiB)")
-        return
+        return checks, notes
     fit_rows = int(room // (seq * kv_tok))
     per_engine = weights + runtime + need_kv
     ways = []
@@ -412,6 +426,7 @@ def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, tandem: 
         checks.append(msg)
     else:
         notes.append(msg + " (solo rollouts: the rest wait for free slots)")
+    return checks, notes
 
 
 def plan_evaluate(params, shape: ModelShape, device: str = "cuda") -> Plan:
@@ -428,10 +443,13 @@ def plan_evaluate(params, shape: ModelShape, device: str = "cuda") -> Plan:
     if ro.backend == "vllm":
         reserve = _vllm_reserve(params, shape, device, ro.vllm_gpu_memory * params.train.gpu_memory_gib * GIB)
         persistent = {"vllm_engines": 2 * reserve}
-        _vllm_check(shape, reserve, rows, ev.max_new_tokens + params.train.max_prompt_tokens,
-                    any(m != "solo" for m in ev.modes), checks, notes,
-                    f"raise {_vllm_knob(device)}, or lower evaluate.max_new_tokens", _vllm_knob(device),
-                    params.train.gpu_memory_gib * GIB if device == "cuda" else 0.0, "evaluate.batch_size")
+        c, n = _vllm_check(shape, reserve, rows, ev.max_new_tokens + params.train.max_prompt_tokens,
+                           any(m != "solo" for m in ev.modes),
+                           _VllmAdvice(f"raise {_vllm_knob(device)}, or lower evaluate.max_new_tokens",
+                                       _vllm_knob(device), "evaluate.batch_size"),
+                           params.train.gpu_memory_gib * GIB if device == "cuda" else 0.0)
+        checks += c
+        notes += n
     else:
         rollout = {"kv_cache": 2 * kv_tokens * shape.kv_bytes_per_token(b), "decode_logits": rows * shape.vocab * 8}
     if device == "cuda":
