@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
+import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,9 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 # files only a resumed training run reads; evaluation verifies the rest (the model, its config and tokenizer)
 RESUME_ONLY = ("optimizer", "scheduler", "rng_state", "scaler", "trainer_state.json", "training_args.bin")
 _CHUNK = 1 << 22
+log = logging.getLogger("tandem.checkpoints")
+UNRECORDED = ("records no file checksums (an older checkpoint layout): used without verification; retrain the "
+              "arm to have it verified")
 
 
 def step_name(step: int) -> str:
@@ -167,9 +172,14 @@ def verify_checkpoint(path: str | os.PathLike, scope: str = "all", advice: str =
         raise ValueError(f"verify_checkpoint: scope={scope!r} must be 'all' or 'model'")
     path = Path(path)
     recorded = read_state(path).get(FILES_KEY)
+    if recorded is None:  # an older layout: said once per checkpoint and process, never silently
+        if (str(path), "unrecorded") not in _VERIFIED:
+            log.warning("%s: %s %s", path, STATE_FILE, UNRECORDED)
+            _VERIFIED.add((str(path), "unrecorded"))
+        return
     if not isinstance(recorded, dict) or not recorded:
-        raise CheckpointError(f"{path}: {STATE_FILE} records no file checksums, so the checkpoint cannot be checked "
-                              f"(it was not written by this project's training). {advice}".strip())
+        raise CheckpointError(f"{path}: {STATE_FILE} holds no valid file checksums; the checkpoint's record is "
+                              f"damaged. {advice}".strip())
     wanted = {r: v for r, v in recorded.items() if scope == "all" or not resume_only(r)}
     present = {r: p for r, p in _files(path) if scope == "all" or not resume_only(r)}
     try:
@@ -272,9 +282,16 @@ def copy_verified(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     recorded = read_state(src).get(FILES_KEY)
     advice = (f"The resume copy is damaged: remove {src} and every later step-<N> folder beside it, then rerun the "
               f"stage, which trains those steps again from the checkpoint before")
+    if recorded is None:  # an older layout: copied as it is, and said so
+        log.warning("%s: %s %s", src, STATE_FILE, UNRECORDED)
+        for rel, p in _files(src):
+            if not stat.S_ISREG(os.lstat(p).st_mode):
+                raise CheckpointError(f"{p}: not a regular file. {advice}")
+        shutil.copytree(src, dst)
+        return
     if not isinstance(recorded, dict) or not recorded:
-        raise CheckpointError(f"{src}: {STATE_FILE} records no file checksums, so it cannot be published as "
-                              f"verified. {advice}")
+        raise CheckpointError(f"{src}: {STATE_FILE} holds no valid file checksums; the checkpoint's record is "
+                              f"damaged. {advice}")
     present = dict(_files(src))
     if set(present) != set(recorded):
         extra, gone = sorted(set(present) - set(recorded)), sorted(set(recorded) - set(present))

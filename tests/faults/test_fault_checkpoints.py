@@ -10,6 +10,7 @@ copy on the rerun, a damaged resume copy fails the rerun with the file named.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -121,6 +122,17 @@ def test_evaluation_refuses_a_published_checkpoint_that_differs_from_its_checksu
         _plan(root, "all")
     msg = str(exc.value)
     assert "kl_reg/step-2/model" in msg and "recorded when it was saved" in msg and "\n" not in msg
+
+
+def test_a_checkpoint_of_the_older_layout_without_checksums_is_used_with_a_warning(tmp_path, caplog):
+    """Not silently either: each such checkpoint is named once, as unverified."""
+    d = scratch_checkpoint(tmp_path / "tandem", 2)
+    state = read_state(d)
+    del state["files"]
+    (d / "tandem_state.json").write_text(json.dumps(state))
+    with caplog.at_level("WARNING", logger="tandem.checkpoints"):
+        assert [c.step for c in list_checkpoints(tmp_path, "tandem", tmp_path / "base")] == [0, 2]
+    assert f"{d}: tandem_state.json records no file checksums" in caplog.text
 
 
 def test_a_resume_file_that_differs_stops_the_resume_not_the_evaluation(tmp_path):

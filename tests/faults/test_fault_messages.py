@@ -282,12 +282,12 @@ def _rank_of(pid: int) -> str | None:
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("victim", ["1", "launcher"])
-def test_a_killed_rank_or_launcher_is_one_line(tmp_path, victim):
-    from train_fixtures import build_boxing_base, write_prepared
+def test_a_killed_rank_or_launcher_is_one_line(base_src, tmp_path, victim):
+    from train_fixtures import write_prepared
 
     root = tmp_path / "out"
-    build_boxing_base(root / "models" / "base")
-    write_prepared(root / "data" / "prepared", n_train=16, n_val=4, answer="7")
+    shutil.copytree(base_src, root / "models" / "base")
+    write_prepared(root / "data" / "prepared", n_train=16, n_val=4)
     params = root / "params.yaml"
     params.write_text(yaml.safe_dump(complete_params({
         "seed": 0, "out_root": str(root), "rollout": {"batch_size": 8},

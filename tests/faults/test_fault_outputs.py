@@ -292,11 +292,11 @@ def test_the_two_process_stage_keeps_the_old_summary_until_the_new_one_is_comple
 def test_a_killed_two_process_stage_leaves_nothing_behind(tmp_path):
     """SIGKILL of the stage mid-run: no process survives, nothing is left in /tmp, the previous summary stays;
     the rerun sweeps the staging directory and completes."""
-    from train_fixtures import build_boxing_base, write_prepared
+    from train_fixtures import build_base, write_prepared
 
     root = tmp_path / "out"
-    build_boxing_base(root / "models" / "base")
-    write_prepared(root / "data" / "prepared", n_train=16, n_val=4, answer="7")
+    build_base(root / "models" / "base", hidden=32)
+    write_prepared(root / "data" / "prepared", n_train=16, n_val=4)
     params = root / "params.yaml"
     params.write_text(yaml.safe_dump(complete_params({
         "seed": 0, "out_root": str(root), "rollout": {"batch_size": 8},
