@@ -41,15 +41,9 @@ def resume_checkpoint(arm_dir, fingerprint):
     return resume(arm_dir, fingerprint)
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
-    """A tiny base and two checkpoints per arm (steps 2 and 4), complete, with recorded checksums."""
-    return F.build_tree(tmp_path_factory.mktemp("ckpt") / "src", steps=(2, 4), n_problems=1)
-
-
 @pytest.fixture
-def root(tree, tmp_path) -> Path:
-    shutil.copytree(tree, tmp_path / "out")
+def root(fault_tree, tmp_path) -> Path:
+    shutil.copytree(fault_tree, tmp_path / "out")
     return tmp_path / "out"
 
 

@@ -32,9 +32,9 @@ from params_files import complete_params  # noqa: E402
 EVAL_KEYS = ("n_samples", "ks", "max_new_tokens", "batch_size", "progress", "score_workers", "checkpoints")
 
 
-@pytest.fixture(scope="module")
-def eval_src(tmp_path_factory) -> Path:
-    return F.build_tree(tmp_path_factory.mktemp("msg") / "eval", steps=(2,), n_problems=1, benchmarks=("arith-short",))
+@pytest.fixture
+def eval_src(fault_tree) -> Path:
+    return fault_tree
 
 
 @pytest.fixture(scope="module")
