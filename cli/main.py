@@ -5,8 +5,9 @@ This is the entry point above every layer (top level, next to `flows/`): it impo
 inside each command, so `tandem --help` and `tandem check-params` start fast.
 
 Failures: a params error exits with code 2 before any work; an expected failure (`tandem.errors.UserError`: bad
-data, a missing input, a busy output root, a stopped run, or a missing file) prints one message without a
-traceback and exits with code 1; anything else is a bug and keeps its traceback. `tandem --debug ...` or
+data, a missing input, a damaged model file or checkpoint, a busy output root, a stopped run or a failed training
+worker; or a missing file, or a full disk, named as such) prints one message without a traceback and exits with
+code 1; anything else is a bug and keeps its traceback. `tandem --debug ...` or
 `TANDEM_DEBUG=1` shows the traceback of expected failures too. `tandem run` and `tandem stage` hold the output
 root's lock (tandem/workspace.py) while they work.
 """
@@ -27,7 +28,7 @@ from typing import Iterator, Optional
 import typer
 
 from tandem.config import ParamsError
-from tandem.errors import UserError
+from tandem.errors import as_user_error, is_expected
 
 STAGES = ("prepare", "base", "train", "evaluate", "analyze", "report")
 
@@ -53,8 +54,8 @@ def _main(debug: bool = typer.Option(False, "--debug", help="show tracebacks of 
 
 
 def _expected(e: BaseException) -> bool:
-    """An expected failure: a UserError, or a missing file (an input an earlier stage did not make)."""
-    return isinstance(e, (UserError, FileNotFoundError))
+    """An expected failure: a UserError, a missing file (an input an earlier stage did not make), a full disk."""
+    return is_expected(e)
 
 
 class _NoTracebackForExpected(logging.Filter):
@@ -82,8 +83,10 @@ def _guard_log_handlers() -> None:
 
 
 @contextmanager
-def expected_failures(what: str) -> Iterator[None]:
-    """Turn an expected failure into one red message and exit code 1 (the traceback with --debug)."""
+def expected_failures(what: str, where: str | os.PathLike | None = None) -> Iterator[None]:
+    """Turn an expected failure into one red message and exit code 1 (the traceback with --debug).
+
+    A full disk is reported as such, naming the file (or `where`, the output root, when the error names none)."""
     try:
         yield
     except typer.Exit:
@@ -91,6 +94,7 @@ def expected_failures(what: str) -> Iterator[None]:
     except Exception as e:
         if not _expected(e) or debug_enabled():
             raise
+        e = as_user_error(e, where)
         message = e.summary() if hasattr(e, "summary") else str(e)
         typer.secho(f"{what} failed: {message}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=getattr(e, "exit_code", 1))
@@ -144,7 +148,7 @@ def stage(name: str = typer.Argument(..., help=f"stage to run, one of: {', '.joi
 
     t0 = time.perf_counter()
     _guard_log_handlers()
-    with expected_failures(f"stage {name}"):
+    with expected_failures(f"stage {name}", p.out_root):
         # one arm of train writes only that arm's files: it may run next to another arm (dvc, tandem study)
         with workspace_lock(p.out_root, wait=wait, command=f"tandem stage {name}" + (f" --arm {arm}" if arm else ""),
                             scope=f"train-{arm}" if arm else None):
@@ -171,7 +175,7 @@ def run(params: str = PARAMS_OPT,
             direct = True
     from tandem.workspace import workspace_lock
 
-    with expected_failures("pipeline"), workspace_lock(p.out_root, wait=wait, command="tandem run"):
+    with expected_failures("pipeline", p.out_root), workspace_lock(p.out_root, wait=wait, command="tandem run"):
         if direct:
             for name in STAGES:
                 if importlib.util.find_spec(f"tasks.{name}") is None:

@@ -1,30 +1,49 @@
 """The checkpoint layout: where training puts `step-<N>` folders, what makes one complete, and who reads them.
 
     models/checkpoints/<arm>/step-<N>/      a complete checkpoint (N >= 1): config.json, weights, tandem_state.json
-    models/checkpoints/<arm>/checkpoint-<N>/ trl's staging name while it writes; never read
-    models/checkpoints/<arm>/.old-step-<N>-<pid>/ a replaced checkpoint on its way out; never read
+    scratch/train/<arm>/step-<N>/          the same, where training writes and resumes (published as copies)
+    scratch/train/<arm>/checkpoint-<N>/    trl's staging name while it writes; never read
     results/generations/<arm>/step-<N>/<mode>/<benchmark>.jsonl   the evaluate stage's saved samples
 
-Training writes into the staging name, adds `tandem_state.json` (the run's fingerprint and step) and renames
-the folder to `step-<N>` in one `os.replace` (`commit_dir`). One rule (`is_complete`) decides what every
-reader trusts: training resuming a run, evaluation listing an arm's checkpoints, the analysis and the report.
-Step 0 is the base model itself (`list_checkpoints`, which lists every step or only the base and the last).
+Training writes into the staging name, adds `tandem_state.json` (the run's fingerprint and step, and the size
+and SHA-256 of every other file of the checkpoint: `write_state`) and renames the folder to `step-<N>` in one
+step (`commit_dir`); the train stage publishes copies of those folders (`copy_verified`), never links, so
+damage to a published file cannot reach the resume state. One rule (`is_complete`) decides what every reader trusts: training resuming a run,
+evaluation listing an arm's checkpoints, the analysis and the report. Nothing is substituted silently: a
+`step-<N>` folder that is not complete is an error naming it (`list_checkpoints`, `resume_checkpoint`), never
+skipped in favour of the step before, and a file that no longer matches its recorded checksum is an error
+naming the file (`verify_checkpoint`: on resume every file, on evaluation the model's files, on publication
+every file as it is copied). Step 0 is the base model itself (`list_checkpoints`, which lists every step or
+only the base and the last).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.errors import CheckpointError
+from tandem.transactions import fsync_dir, fsync_path, remove, swap_in
+
 STATE_FILE = "tandem_state.json"
+FILES_KEY = "files"  # in the state: {relative path: {"bytes": N, "sha256": hex}} of every other file
 STAGING_PREFIX = "checkpoint-"  # what trl/transformers writes; renamed to step-<N> once complete
 STEP_PREFIX = "step-"
 OLD_PREFIX = ".old-"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+# files only a resumed training run reads; evaluation verifies the rest (the model, its config and tokenizer)
+RESUME_ONLY = ("optimizer", "scheduler", "rng_state", "scaler", "trainer_state.json", "training_args.bin")
+_CHUNK = 1 << 22
+log = logging.getLogger("tandem.checkpoints")
+UNRECORDED = ("records no file checksums (an older checkpoint layout): used without verification; retrain the "
+              "arm to have it verified")
 
 
 def step_name(step: int) -> str:
@@ -44,31 +63,153 @@ def weight_files(model_dir: str | os.PathLike) -> list[Path]:
     return sorted(d.glob("*.safetensors")) or sorted(d.glob("*.bin"))
 
 
+def incomplete_reason(path: str | os.PathLike) -> str | None:
+    """None when `path` is a complete checkpoint folder, else what it lacks."""
+    p = Path(path)
+    if not p.is_dir():
+        return "not a directory"
+    missing = [n for n in (STATE_FILE, "config.json") if not (p / n).is_file()]
+    if not weight_files(p):
+        missing.append("weight files (*.safetensors)")
+    return f"missing {', '.join(missing)}" if missing else None
+
+
 def is_complete(path: str | os.PathLike) -> bool:
     """True when `path` is a finished checkpoint: a `step-<N>` folder (N >= 1) with the training marker
     (`tandem_state.json`, written just before the rename), `config.json` and weight files."""
-    p = Path(path)
-    step = parse_step(p.name)
-    return (step is not None and step > 0 and p.is_dir() and (p / STATE_FILE).is_file()
-            and (p / "config.json").is_file() and bool(weight_files(p)))
+    step = parse_step(Path(path).name)
+    return step is not None and step > 0 and incomplete_reason(path) is None
+
+
+def _step_entries(arm_dir: Path) -> list[tuple[int, Path]]:
+    if not arm_dir.is_dir():
+        return []
+    found = [(parse_step(p.name), p) for p in arm_dir.iterdir()]
+    return sorted((s, p) for s, p in found if s is not None and s > 0)  # step 0 is the base, never a checkpoint
 
 
 def complete_checkpoints(arm_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """(step, path) of every complete `step-<N>` checkpoint under `arm_dir`, by step."""
-    arm_dir = Path(arm_dir)
-    if not arm_dir.is_dir():
-        return []
-    return sorted((parse_step(p.name), p) for p in arm_dir.iterdir() if is_complete(p))  # type: ignore[misc]
+    return [(s, p) for s, p in _step_entries(Path(arm_dir)) if incomplete_reason(p) is None]
+
+
+def damaged_checkpoints(arm_dir: str | os.PathLike) -> list[tuple[Path, str]]:
+    """(path, what it lacks) of every `step-<N>` entry under `arm_dir` that is not a complete checkpoint."""
+    out = []
+    for _, p in _step_entries(Path(arm_dir)):
+        reason = incomplete_reason(p)
+        if reason is not None:
+            out.append((p, reason))
+    return out
 
 
 def read_state(path: str | os.PathLike) -> dict:
-    """The `tandem_state.json` of a checkpoint folder (arm, fingerprint, step, ...)."""
-    return json.loads((Path(path) / STATE_FILE).read_text())
+    """The `tandem_state.json` of a checkpoint folder (arm, fingerprint, step, file checksums, ...)."""
+    f = Path(path) / STATE_FILE
+    try:
+        state = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{f}: cannot be read as JSON ({type(e).__name__}: {str(e)[:200]}); the checkpoint's "
+                              f"record is damaged") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{f}: holds no JSON object; the checkpoint's record is damaged")
+    return state
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(path: Path) -> list[tuple[str, Path]]:
+    """(relative path, path) of every file (or symlink) in a checkpoint folder but its state file."""
+    out = []
+    for p in path.rglob("*"):
+        if (p.is_dir() and not p.is_symlink()) or (p.parent == path and p.name == STATE_FILE):
+            continue
+        out.append((p.relative_to(path).as_posix(), p))
+    return sorted(out)
+
+
+def file_checksums(path: str | os.PathLike) -> dict[str, dict]:
+    """{relative path: {"bytes", "sha256"}} of every file of a checkpoint folder but its state file."""
+    path = Path(path)
+    out = {}
+    for rel, p in _files(path):
+        st = os.lstat(p)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{p}: not a regular file; a checkpoint holds plain files only")
+        out[rel] = {"bytes": st.st_size, "sha256": _sha256(p)}
+    return out
 
 
 def write_state(path: str | os.PathLike, state: dict) -> None:
-    """Write the marker that, once the folder carries its `step-<N>` name, makes it a complete checkpoint."""
+    """Write the marker that, once the folder carries its `step-<N>` name, makes it a complete checkpoint,
+    with the checksums of every file already in the folder."""
+    state = {**state, FILES_KEY: file_checksums(path)}
     (Path(path) / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+def resume_only(rel: str) -> bool:
+    """Whether a checkpoint file is read only when training resumes (optimizer, scheduler, RNG, trainer state)."""
+    return Path(rel).name.startswith(RESUME_ONLY)
+
+
+_VERIFIED: set[tuple] = set()
+
+
+def verify_checkpoint(path: str | os.PathLike, scope: str = "all", advice: str = "") -> None:
+    """Check the files of a checkpoint against the checksums recorded when it was saved; raise
+    `CheckpointError` naming every file that is missing, unexpected, of another size or other bytes.
+
+    `scope="model"` checks what loading the model reads (every file but `RESUME_ONLY` ones), `"all"` every
+    file. `advice` ends the message (what to do). Remembered per process while sizes and times stay the same.
+    """
+    if scope not in ("all", "model"):
+        raise ValueError(f"verify_checkpoint: scope={scope!r} must be 'all' or 'model'")
+    path = Path(path)
+    recorded = read_state(path).get(FILES_KEY)
+    if recorded is None:  # an older layout: said once per checkpoint and process, never silently
+        if (str(path), "unrecorded") not in _VERIFIED:
+            log.warning("%s: %s %s", path, STATE_FILE, UNRECORDED)
+            _VERIFIED.add((str(path), "unrecorded"))
+        return
+    if not isinstance(recorded, dict) or not recorded:
+        raise CheckpointError(f"{path}: {STATE_FILE} holds no valid file checksums; the checkpoint's record is "
+                              f"damaged. {advice}".strip())
+    wanted = {r: v for r, v in recorded.items() if scope == "all" or not resume_only(r)}
+    present = {r: p for r, p in _files(path) if scope == "all" or not resume_only(r)}
+    try:
+        key = (str(path.resolve()), scope, tuple((r, os.lstat(p).st_size, os.lstat(p).st_mtime_ns)
+                                                 for r, p in sorted(present.items())))
+    except OSError:
+        key = None
+    if key in _VERIFIED:
+        return
+    problems = [f"{path / r}: missing" for r in sorted(set(wanted) - set(present))]
+    problems += [f"{path / r}: not written by training (no recorded checksum)" for r in sorted(set(present) - set(wanted))]
+    for r in sorted(set(wanted) & set(present)):
+        p, want = present[r], wanted[r]
+        st = os.lstat(p)
+        if not stat.S_ISREG(st.st_mode):
+            problems.append(f"{p}: no longer a regular file")
+        elif st.st_size != want.get("bytes"):
+            problems.append(f"{p}: {st.st_size} bytes, {want.get('bytes')} when saved")
+        else:
+            try:
+                if _sha256(p) != want.get("sha256"):
+                    problems.append(f"{p}: other bytes than when saved (SHA-256 differs)")
+            except OSError as e:
+                problems.append(f"{p}: cannot be read ({e.strerror or e})")
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise CheckpointError(f"checkpoint {path} does not match the checksums recorded when it was saved: {shown}. "
+                              f"{advice}".strip())
+    if key is not None:
+        _VERIFIED.add(key)
 
 
 def latest_checkpoint(arm_dir: str | os.PathLike, fingerprint: str | None = None) -> Path | None:
@@ -79,51 +220,103 @@ def latest_checkpoint(arm_dir: str | os.PathLike, fingerprint: str | None = None
     return None
 
 
+def _fingerprint_of(p: Path) -> str | None:
+    try:
+        return json.loads((p / STATE_FILE).read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def clean_arm_dir(arm_dir: str | os.PathLike, fingerprint: str) -> list[str]:
-    """Remove staging leftovers of a crash and checkpoints of a different run; returns what was removed."""
+    """Remove staging leftovers of a crash and checkpoints of a different run; returns what was removed.
+
+    A `step-<N>` folder whose record is missing or unreadable is not removed: it is not known to belong to
+    another run (`resume_checkpoint` refuses it, naming it)."""
     arm_dir = Path(arm_dir)
     removed: list[str] = []
     if not arm_dir.is_dir():
         return removed
     for p in arm_dir.iterdir():
         stale = p.name.startswith((STAGING_PREFIX, OLD_PREFIX))
-        if p.is_dir() and p.name.startswith(STEP_PREFIX):
-            stale = not (p / STATE_FILE).exists() or read_state(p).get("fingerprint") != fingerprint
+        if p.is_dir() and parse_step(p.name) is not None:
+            theirs = _fingerprint_of(p)
+            stale = theirs is not None and theirs != fingerprint
         if stale:
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            remove(p)
             removed.append(p.name)
     return removed
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def resume_checkpoint(arm_dir: str | os.PathLike, fingerprint: str) -> Path | None:
+    """The checkpoint a run with `fingerprint` resumes from, every file verified; None when there is none.
 
-
-def _fsync_tree(path: Path) -> None:
-    # Data on disk before the rename publishes it: a power cut must not leave a named but empty checkpoint.
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_dir(path)
+    Raises `CheckpointError` when a `step-<N>` folder of this run (or of no known run) is incomplete or
+    damaged: resuming from the step before it would hide the damage."""
+    arm_dir = Path(arm_dir)
+    fix = (f"Remove the named folder to resume from the checkpoint before it (those steps are trained again), or "
+           f"set train.resume: never to start the arm over")
+    damaged = [(p, why) for p, why in damaged_checkpoints(arm_dir) if _fingerprint_of(p) in (None, fingerprint)]
+    if damaged:
+        listed = "; ".join(f"{p} ({why})" for p, why in damaged)
+        raise CheckpointError(f"train: {listed}: not a complete checkpoint. {fix}")
+    found = latest_checkpoint(arm_dir, fingerprint)
+    if found is not None:
+        verify_checkpoint(found, "all", advice=fix)
+    return found
 
 
 def commit_dir(staging: str | os.PathLike, final: str | os.PathLike) -> None:
-    """Make `staging` appear as `final` in one rename (replacing an older `final` if any)."""
+    """Make `staging` appear as `final` in one step, flushed to disk first (replacing an older `final`)."""
     staging, final = Path(staging), Path(final)
-    _fsync_tree(staging)
-    old = None
-    if final.exists():
-        old = final.with_name(f"{OLD_PREFIX}{final.name}-{os.getpid()}")
-        os.replace(final, old)
-    os.replace(staging, final)
-    _fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    # data on disk before the rename publishes it: a power cut must not leave a named but empty checkpoint
+    fsync_path(staging)
+    swap_in(staging, final)
+    fsync_dir(final.parent)
+
+
+def copy_verified(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Copy checkpoint `src` to the new folder `dst` file by file, checking every file's bytes against the
+    checksums recorded in `src` as they are copied (one read per file); raises `CheckpointError` naming the
+    file that differs. The state file is copied as is."""
+    src, dst = Path(src), Path(dst)
+    recorded = read_state(src).get(FILES_KEY)
+    advice = (f"The resume copy is damaged: remove {src} and every later step-<N> folder beside it, then rerun the "
+              f"stage, which trains those steps again from the checkpoint before")
+    if recorded is None:  # an older layout: copied as it is, and said so
+        log.warning("%s: %s %s", src, STATE_FILE, UNRECORDED)
+        for rel, p in _files(src):
+            if not stat.S_ISREG(os.lstat(p).st_mode):
+                raise CheckpointError(f"{p}: not a regular file. {advice}")
+        shutil.copytree(src, dst)
+        return
+    if not isinstance(recorded, dict) or not recorded:
+        raise CheckpointError(f"{src}: {STATE_FILE} holds no valid file checksums; the checkpoint's record is "
+                              f"damaged. {advice}")
+    present = dict(_files(src))
+    if set(present) != set(recorded):
+        extra, gone = sorted(set(present) - set(recorded)), sorted(set(recorded) - set(present))
+        raise CheckpointError(f"checkpoint {src} does not match its record: missing {gone or 'none'}, "
+                              f"unrecorded {extra or 'none'}. {advice}")
+    dst.mkdir(parents=True)
+    for rel in sorted(recorded):
+        s, d = present[rel], dst / rel
+        st = os.lstat(s)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != recorded[rel].get("bytes"):
+            what = "no longer a regular file" if not stat.S_ISREG(st.st_mode) else \
+                f"{st.st_size} bytes, {recorded[rel].get('bytes')} when saved"
+            raise CheckpointError(f"{s}: {what}. {advice}")
+        d.parent.mkdir(parents=True, exist_ok=True)
+        h, n = hashlib.sha256(), 0
+        with open(s, "rb") as fi, open(d, "wb") as fo:
+            for block in iter(lambda: fi.read(_CHUNK), b""):
+                h.update(block)
+                n += len(block)
+                fo.write(block)
+        if n != recorded[rel].get("bytes") or h.hexdigest() != recorded[rel].get("sha256"):
+            raise CheckpointError(f"{s}: other bytes than when checkpoint {src.name} was saved (SHA-256 differs). "
+                                  f"{advice}")
+        os.utime(d, ns=(os.stat(s).st_atime_ns, os.stat(s).st_mtime_ns))
+    (dst / STATE_FILE).write_bytes((src / STATE_FILE).read_bytes())
 
 
 @dataclass(frozen=True)
@@ -161,21 +354,34 @@ def best_by_validation(found: list[tuple[int, Path]]) -> int | None:
 
 
 def list_checkpoints(checkpoints_dir: str | os.PathLike, arm: str, base_dir: str | os.PathLike,
-                     which: str = "all") -> list[Checkpoint]:
+                     which: str = "all", verify: bool = True) -> list[Checkpoint]:
     """The base as step 0, then every complete `<checkpoints_dir>/<arm>/step-<N>/` in increasing N
     (`which="all"`), only the last of them (`which="final"`), or the best by in-training validation and the
     last (`which="final_and_best"`, one entry when they coincide or no step was validated).
 
-    An arm never trained has only step 0.
+    An arm never trained has only step 0. A `step-<N>` folder that is not complete is an error naming it,
+    whichever selection is asked for (with "final" an incomplete last step would otherwise quietly make the
+    one before it "the final model"); `verify` checks the listed checkpoints' model files against their
+    recorded checksums.
     """
     if which not in CHECKPOINT_SELECTIONS:
         raise ValueError(f"list_checkpoints: which={which!r} must be one of {list(CHECKPOINT_SELECTIONS)}")
-    found = complete_checkpoints(Path(checkpoints_dir) / arm)
+    arm_dir = Path(checkpoints_dir) / arm
+    fix = (f"Rerun `tandem stage train --arm {arm}`, which publishes the arm's checkpoints again from its resume "
+           f"copies, or remove the folder to go on without that step")
+    damaged = damaged_checkpoints(arm_dir)
+    if damaged:
+        listed = "; ".join(f"{p} ({why})" for p, why in damaged)
+        raise CheckpointError(f"{listed}: not a complete checkpoint, and no earlier step is used in its place. {fix}")
+    found = complete_checkpoints(arm_dir)
     if which == "final":
         found = found[-1:]
     elif which == "final_and_best":
         best = best_by_validation(found)
         found = [(s, p) for s, p in found if s == best or (s, p) == found[-1]] if found else []
+    if verify:
+        for _, p in found:
+            verify_checkpoint(p, "model", advice=fix)
     return [Checkpoint(arm, 0, Path(base_dir))] + [Checkpoint(arm, s, p) for s, p in found]
 
 

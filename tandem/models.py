@@ -5,6 +5,12 @@ the synthetic corpus (word starts visible as `Ġ`/`Ċ`, every digit its own toke
 followed by its digits), a ~1M-parameter `Qwen3ForCausalLM`, and supervised pretraining on reference
 solutions. Loading goes through safetensors only and never runs model code unless asked
 (`trust_remote_code`). Accuracy is measured by `tandem.generation` (the sampler every stage shares).
+
+A model directory is checked before anything reads it (`check_model_dir`): config and tokenizer files must be
+regular files holding JSON objects, and every `*.safetensors` file a regular, readable file whose header is
+well formed, within the format's size limit and describes exactly the bytes the file holds (so a truncated,
+empty, header-bombed or symlinked-to-a-device weight file is named, not fed to the loader). What the loader
+still refuses becomes a `ModelFileError` naming the directory.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import math
 import os
 import random
 import shutil
+import stat
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +31,7 @@ import torch
 
 from tandem.config import ModelConfig
 from tandem.data.prompts import render_prompt
-from tandem.errors import ModelUnavailableError
+from tandem.errors import MissingInputError, ModelFileError, ModelUnavailableError
 
 PAD_TOKEN = "<|endoftext|>"
 EOS_TOKEN = "<|im_end|>"
@@ -88,7 +96,13 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False):
     """Load a saved tokenizer with left padding (transformers 5.24 does not persist `padding_side`)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    for name in TOKENIZER_JSON:
+        if (Path(path) / name).exists():
+            check_json_file(Path(path) / name)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except Exception as e:  # the tokenizers library raises bare Exceptions for files it cannot parse
+        raise ModelFileError(f"{path}: the tokenizer cannot be loaded ({_short(e)}). {REPAIR}") from e
     tok.padding_side = "left"
     if tok.pad_token is None:
         # Batched generation needs a pad id; padded positions are masked, so EOS serves.
@@ -143,13 +157,21 @@ def load_model(path: str | os.PathLike, dtype: str = "float32", trust_remote_cod
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
-    if not list(path.glob("*.safetensors")):
-        raise FileNotFoundError(f"{path}: no *.safetensors weights; this project loads safetensors only "
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        raise MissingInputError(f"{path}: no *.safetensors weights; this project loads safetensors only "
                                 f"(pickled .bin/.pt checkpoints can run code when loaded)")
     if not hasattr(torch, dtype):
         raise ValueError(f"unknown dtype {dtype!r}")
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), use_safetensors=True,
-                                                trust_remote_code=trust_remote_code)
+    if (path / "config.json").exists():
+        check_json_file(path / "config.json")
+    for f in weights:
+        check_safetensors(f)
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), use_safetensors=True,
+                                                    trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, RuntimeError, EnvironmentError) as e:
+        raise ModelFileError(f"{path}: the model cannot be loaded ({_short(e)}). {REPAIR}") from e
 
 
 def save_model(model, tokenizer, path: str | os.PathLike) -> None:
@@ -160,21 +182,130 @@ def save_model(model, tokenizer, path: str | os.PathLike) -> None:
     tokenizer.save_pretrained(str(path))
 
 
-def check_model_dir(path: str | os.PathLike) -> None:
-    """Raise a clear error unless `path` looks like a loadable HF model directory (config + safetensors)."""
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+MAX_JSON_BYTES = 512 * 2**20  # a large vocabulary's tokenizer.json is tens of MB; far more is no tokenizer
+SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors format's own limit on its JSON header
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8,
+                "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+REPAIR = ("Restore the file, or rerun the stage that wrote it (`tandem stage base` for models/base, "
+          "`tandem stage train` for a checkpoint)")
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
+def _damaged(path: Path, what: str) -> ModelFileError:
+    return ModelFileError(f"{path}: {what}. {REPAIR}")
+
+
+def _regular_file(path: Path) -> os.stat_result:
+    """The stat of `path` (following a symlink) if it is a regular, readable file; else a `ModelFileError`."""
+    link = f" (a symlink to {os.readlink(path)})" if path.is_symlink() else ""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise _damaged(path, f"does not exist{link}") from None
+    except OSError as e:
+        raise _damaged(path, f"cannot be opened{link} ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _damaged(path, f"is not a regular file{link}")
+    return st
+
+
+def check_json_file(path: str | os.PathLike, limit: int = MAX_JSON_BYTES) -> dict:
+    """The JSON object in `path` (config, tokenizer files); `ModelFileError` naming the file otherwise."""
+    path = Path(path)
+    st = _regular_file(path)
+    if st.st_size == 0:
+        raise _damaged(path, "is empty (0 bytes)")
+    if st.st_size > limit:
+        raise _damaged(path, f"is {st.st_size} bytes, over the {limit}-byte limit for a JSON file of a model")
+    try:
+        obj = json.loads(path.read_bytes())
+    except PermissionError:
+        raise _damaged(path, "cannot be read (permission denied)") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _damaged(path, f"is not valid JSON ({_short(e)})") from None
+    except RecursionError:
+        raise _damaged(path, "is JSON nested too deeply to be a model file") from None
+    if not isinstance(obj, dict):
+        raise _damaged(path, f"holds a JSON {type(obj).__name__}, not an object")
+    return obj
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Raise `ModelFileError` naming `path` unless it is a well-formed safetensors file: a readable regular
+    file with a JSON header (at most the format's 100 MB) whose tensors fill exactly the bytes after it."""
+    path = Path(path)
+    size = _regular_file(path).st_size
+    if size == 0:
+        raise _damaged(path, "is empty (0 bytes)")
+    if size < 8:
+        raise _damaged(path, f"is truncated ({size} bytes, shorter than a safetensors header)")
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > SAFETENSORS_MAX_HEADER:
+                raise _damaged(path, f"claims a {n}-byte header, over the safetensors limit of "
+                                     f"{SAFETENSORS_MAX_HEADER} bytes (not a safetensors file, or damaged)")
+            if 8 + n > size:
+                raise _damaged(path, f"is truncated (its header claims {n} bytes; the file holds {size})")
+            raw = f.read(n)
+    except PermissionError:
+        raise _damaged(path, "cannot be read (permission denied)") from None
+    except OSError as e:
+        raise _damaged(path, f"cannot be read ({e.strerror or e})") from None
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise _damaged(path, "has a header that is not valid JSON (not a safetensors file, or damaged)") from None
+    if not isinstance(header, dict):
+        raise _damaged(path, "has a header that is not a JSON object")
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)
+                and offsets[0] <= offsets[1] and isinstance(shape, list)
+                and all(type(d) is int and d >= 0 for d in shape)):
+            raise _damaged(path, f"has a malformed header entry for tensor {name[:80]!r}")
+        width = _DTYPE_BYTES.get(info.get("dtype"))
+        if width is not None and math.prod(shape) * width != offsets[1] - offsets[0]:
+            raise _damaged(path, f"has a header whose tensor {name[:80]!r} does not match its byte range")
+        end = max(end, offsets[1])
+    if 8 + n + end != size:
+        what = "is truncated" if 8 + n + end > size else "has bytes after its last tensor"
+        raise _damaged(path, f"{what} (its header describes {8 + n + end} bytes; the file holds {size})")
+
+
+def check_model_dir(path: str | os.PathLike, tokenizer: bool = True) -> None:
+    """Raise a clear error unless `path` is a loadable HF model directory: `MissingInputError` when the
+    directory, `config.json`, the safetensors weights or (with `tokenizer`) the tokenizer files are missing,
+    `ModelFileError` naming the first file that is malformed (see `check_safetensors`, `check_json_file`)."""
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"model directory {str(path)!r} does not exist")
+        raise MissingInputError(f"model directory {str(path)!r} does not exist")
     missing = []
-    if not (path / "config.json").exists():
+    if not os.path.lexists(path / "config.json"):
         missing.append("config.json")
-    if not list(path.glob("*.safetensors")):
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
         missing.append("*.safetensors weights")
-    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+    if tokenizer and not any(os.path.lexists(path / f) for f in ("tokenizer.json", "tokenizer_config.json")):
         missing.append("tokenizer files")
     if missing:
-        raise FileNotFoundError(f"{path} is not a usable Hugging Face model directory: missing "
+        raise MissingInputError(f"{path} is not a usable Hugging Face model directory: missing "
                                 f"{', '.join(missing)}")
+    check_json_file(path / "config.json", limit=16 * 2**20)
+    for name in ("generation_config.json",) + (TOKENIZER_JSON if tokenizer else ()):
+        if os.path.lexists(path / name):
+            check_json_file(path / name)
+    for f in weights:
+        check_safetensors(f)
 
 
 def snapshot_hub(model_id: str, revision: str, dest: str | os.PathLike, trust_remote_code: bool = False,

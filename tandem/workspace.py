@@ -11,6 +11,10 @@ A run that writes only its own part of the root (`scope`, e.g. one arm of the tr
 `dvc.yaml`'s `train@<arm>` and tandem study run side by side) takes the root's lock shared and an exclusive
 lock of its own (`.tandem.<scope>.lock`): two different arms run together, the same arm twice does not, and
 neither runs next to a whole-root run.
+
+Whoever takes the lock first finishes what a killed run left half done: a stage's outputs committed but not
+all swapped in are swapped in, uncommitted ones discarded (`tandem.transactions.recover`), before any stage
+reads them.
 """
 
 from __future__ import annotations
@@ -115,6 +119,9 @@ def workspace_lock(out_root: str | os.PathLike, wait: bool = False, command: str
         with _guard:
             _held[key] = 1
         try:
+            from tandem.transactions import recover
+
+            recover(out_root)
             yield path
         finally:
             with _guard:

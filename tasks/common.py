@@ -11,10 +11,8 @@ import json
 import os
 import re
 import resource
-import shutil
 import stat
 import sys
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +23,10 @@ import yaml
 from tandem.config import Params, ParamsError, params_from_dict
 from tandem.config import clip as _clip
 from tandem.config import show as _show
+from tandem.errors import DiskFullError, disk_full_error, free_bytes
 from tandem.redact import redact
+from tandem.transactions import (StageOutputs, fsync_dir, fsync_path, recover, sweep_temp_siblings,  # noqa: F401
+                                 swap_in, temp_sibling)
 
 DEFAULT_PARAMS = "params.yaml"
 
@@ -255,46 +256,40 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def _fsync_path(path: Path) -> None:
-    """Flush a file, or every file of a tree and the tree's directories, to disk."""
-    if path.is_dir():
-        for p in sorted(path.rglob("*")):
-            _fsync_path(p)
-        flags = os.O_RDONLY
-    elif path.is_file():
-        flags = os.O_RDONLY
-    else:
-        return
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling path; rename it onto `path` only if the block succeeds (file or dir).
+    """Yield a temporary sibling path; swap it in for `path` only if the block succeeds (file or dir).
 
     A block that raises midway (disk full, a bug) or a process killed at any point leaves `path` as it was:
-    the new content is flushed to disk before one `os.replace` publishes it. A directory cannot be swapped
-    in one rename, so the old one is first renamed aside (never deleted before the new one is in place).
+    the new content is flushed to disk, then `tandem.transactions.swap_in` replaces the old one in one step
+    (a directory too: the two names are exchanged, so `path` is never missing). A full disk is reported as
+    `DiskFullError` naming `path`. Temporary siblings that killed processes left in the same directory are
+    removed the first time this process writes there.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    tmp = work / path.name
+    sweep_temp_siblings(path.parent)
     try:
-        yield tmp
-        if not tmp.exists() and not tmp.is_symlink():
-            raise RuntimeError(f"atomic_path({path}): the block wrote nothing to {tmp}")
-        _fsync_path(tmp)
-        if path.is_dir() and not path.is_symlink():
-            os.replace(path, work / ".previous")  # same filesystem: a rename, not a copy
-        os.replace(tmp, path)
-        _fsync_path(path.parent)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        with temp_sibling(path) as work:
+            tmp = work / path.name
+            yield tmp
+            if not tmp.exists() and not tmp.is_symlink():
+                raise RuntimeError(f"atomic_path({path}): the block wrote nothing to {tmp}")
+            fsync_path(tmp)
+            swap_in(tmp, path)
+            fsync_dir(path.parent)
+    except DiskFullError:
+        raise
+    except OSError as e:
+        full = disk_full_error(e, path.parent)
+        if full is None:
+            raise
+        raise DiskFullError(path, free_bytes(path)) from e
+
+
+def stage_outputs(params: Params, name: str, targets: dict[str, str | os.PathLike]) -> StageOutputs:
+    """One stage's outputs as one transaction (`tandem.transactions.StageOutputs`), staged under out_root."""
+    return StageOutputs(Layout.of(params).root, name, targets)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from tandem.generation import eos_token_ids, stable_seed
 from tandem.threads import torch_threads
 from tandem.metrics.passk import macro_mean
 from tandem.rollout.factory import rollout_engine
-from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json, write_jsonl
+from tasks.common import Layout, read_json, read_jsonl, stage_outputs, write_json, write_jsonl
 from tandem.errors import BadInputError
 
 JUNIOR = "junior"  # pseudo-arm name of the junior floor (the base model alone)
@@ -95,11 +95,18 @@ def load_benchmarks(params: Params, inputs: dict) -> dict[str, list[dict]]:
 
 
 def base_dir(params: Params, inputs: dict) -> Path:
-    """The base model: `models/base/` when the base stage produced it, else `model.path` (source 'path')."""
+    """The base model: `models/base/` when the base stage produced it, else `model.path` (source 'path').
+
+    The directory is checked before anything reads it (config, tokenizer and weight files present and well
+    formed: `tandem.models.check_model_dir`), so a damaged base is one message naming the file."""
+    from tandem.models import check_model_dir
+
     d = Path(inputs["base_model"])
-    if d.is_dir() and (list(d.glob("*.safetensors")) or list(d.glob("*.bin"))):
+    if d.is_dir() and any(d.iterdir()):
+        check_model_dir(d)
         return d
     if params.model.source == "path" and params.model.path:
+        check_model_dir(params.model.path)
         return Path(params.model.path)
     raise FileNotFoundError(f"evaluate: no base model at {d} (run the base stage, or set model.source: path "
                             f"and model.path to a Hugging Face model directory)")
@@ -110,6 +117,9 @@ def base_dir(params: Params, inputs: dict) -> Path:
 # --------------------------------------------------------------------------------------------------
 
 def _all_checkpoints(params: Params, inputs: dict) -> dict[str, list]:
+    """Every arm's checkpoints to evaluate (`evaluate.checkpoints`): an incomplete `step-<N>` folder is an error
+    naming it, and each listed checkpoint's model files are verified against the checksums recorded when it
+    was saved (`tandem.checkpoints.list_checkpoints`)."""
     base = base_dir(params, inputs)
     return {arm: list_checkpoints(inputs["checkpoints"], arm, base, params.evaluate.checkpoints)
             for arm in params.train.arms}
@@ -311,15 +321,17 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
                      "benchmarks": {b: {"n_problems": len(r), "rows_hash": rows_hash(r)} for b, r in benches.items()}},
         "junior": junior, "arms": arms, "summary": summary,
     }
-    with atomic_path(outputs["generations"]) as tmp:
+    # the three outputs change together (one transaction): eval.json never describes other generations
+    targets = {k: Path(outputs[k]) for k in ("generations", "plots", "metrics")}
+    with stage_outputs(params, "evaluate", targets) as staged:
+        staged["generations"].mkdir()
         for src, dst in copies:
-            (tmp / dst).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, tmp / dst)
-    with atomic_path(outputs["plots"]) as tmp:
-        tmp.mkdir()
+            (staged["generations"] / dst).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, staged["generations"] / dst)
+        staged["plots"].mkdir()
         for arm in arms:
-            write_csv(tmp / f"{arm}.csv", *_arm_table(arms[arm], junior, ev.modes, ev.ks, list(benches)))
-    write_json(outputs["metrics"], doc)
+            write_csv(staged["plots"] / f"{arm}.csv", *_arm_table(arms[arm], junior, ev.modes, ev.ks, list(benches)))
+        write_json(staged["metrics"], doc)
     flat = {f"{arm}/{k}": v for arm, s in summary.items() for k, v in s.items() if k != "final_step"}
     return flat
 

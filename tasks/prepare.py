@@ -11,6 +11,11 @@ Nothing is written unless every file reads as JSON Lines (else `DataFileError` n
 and validation passes (or `data.drop_invalid` removes the bad rows): a failed validation prints the report
 and raises `DataValidationError`. Both are `tandem.errors.UserError`s: the CLI prints them without a
 traceback and exits with code 1; earlier outputs stay as they were.
+
+The outputs change together, in one transaction (`tasks.common.stage_outputs`): `data/prepared/` is written
+as a whole new folder beside `metrics/data.json` in one staging directory and both are swapped in at once, so
+training data of one run never sits next to benchmarks of another, and nothing but the prepared files (no
+leftover of an interrupted write) is ever inside `data/prepared/`.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from tandem.config import Params
 from tandem.data.prompts import user_message
 from tandem.data.reader import DataFileError, FileProblem, read_problem_file
 from tandem.data.synthetic import generate
-from tasks.common import Layout, atomic_path, write_json, write_jsonl
+from tasks.common import Layout, stage_outputs, write_json, write_jsonl
 from tasks.validation import DataValidationError, ValidationReport, validate_splits
 
 __all__ = ["default_io", "run", "resolve_data_path", "DataValidationError", "DataFileError"]
@@ -191,23 +196,41 @@ def run(params: Params, inputs: dict[str, Path], outputs: dict[str, Path]) -> di
               + report.format(max_rows=50), file=sys.stderr, flush=True)
 
     prepared = {name: [_output_row(r) for r in rows] for name, rows in splits.items()}
-    write_jsonl(outputs["train"], prepared["train"])
-    write_jsonl(outputs["val"], prepared["val"])
-    # the whole eval folder is replaced at once, so benchmarks dropped from params leave no stale files
-    with atomic_path(outputs["eval"]) as tmp:
-        tmp.mkdir()
+    targets, paths_in = _output_plan(outputs)
+    with stage_outputs(params, "prepare", targets) as staged:
+        paths = paths_in(staged)
+        if "prepared" in staged:
+            staged["prepared"].mkdir()
+        write_jsonl(paths["train"], prepared["train"])
+        write_jsonl(paths["val"], prepared["val"])
+        # the whole eval folder is new, so benchmarks dropped from params leave no stale files
+        paths["eval"].mkdir()
         for name in evals:
-            write_jsonl(tmp / f"{name[len(EVAL_PREFIX):]}.jsonl", prepared[name])
+            write_jsonl(paths["eval"] / f"{name[len(EVAL_PREFIX):]}.jsonl", prepared[name])
 
-    metrics = {
-        "source": cfg.source,
-        "seed": params.seed,
-        "counts": {"train": len(prepared["train"]), "val": len(prepared["val"]),
-                   "eval": {n[len(EVAL_PREFIX):]: len(prepared[n]) for n in evals}},
-        "splits": {name: _split_stats(splits[name]) for name in splits},
-        "validation": report.summary(),
-        "dropped": dropped,
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
-    write_json(outputs["metrics"], metrics)
+        metrics = {
+            "source": cfg.source,
+            "seed": params.seed,
+            "counts": {"train": len(prepared["train"]), "val": len(prepared["val"]),
+                       "eval": {n[len(EVAL_PREFIX):]: len(prepared[n]) for n in evals}},
+            "splits": {name: _split_stats(splits[name]) for name in splits},
+            "validation": report.summary(),
+            "dropped": dropped,
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
+        write_json(paths["metrics"], metrics)
     return metrics
+
+
+def _output_plan(outputs: dict[str, Path]):
+    """(targets of the transaction, staged targets -> where each output is written).
+
+    The declared layout keeps train, val and eval in one folder (`data/prepared/`, one DVC output): that folder
+    is the target, written whole. Outputs placed elsewhere by a caller are targets one by one."""
+    files = {k: Path(outputs[k]) for k in ("train", "val", "eval")}
+    folder = files["train"].parent
+    if all(p.parent == folder for p in files.values()) and len({p.name for p in files.values()}) == 3:
+        return ({"prepared": folder, "metrics": Path(outputs["metrics"])},
+                lambda staged: {**{k: staged["prepared"] / p.name for k, p in files.items()},
+                                "metrics": staged["metrics"]})
+    return {**files, "metrics": Path(outputs["metrics"])}, dict

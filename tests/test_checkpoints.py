@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-from tandem.checkpoints import (commit_dir, complete_checkpoints, generations_file, is_complete,
-                                latest_checkpoint, list_checkpoints, parse_step, read_state, step_name,
+import pytest
+
+from tandem.checkpoints import (FILES_KEY, commit_dir, complete_checkpoints, damaged_checkpoints, generations_file,
+                                is_complete, latest_checkpoint, list_checkpoints, parse_step, read_state, step_name,
                                 write_state)
+from tandem.errors import CheckpointError
 
 
 def _ckpt(d: Path, state: dict | None = None, weights: bool = True, config: bool = True) -> Path:
@@ -36,10 +40,17 @@ def test_one_rule_for_training_and_evaluation(tmp_path):
     _ckpt(arm / "checkpoint-6", {"fingerprint": "A"})  # staging name
     assert [s for s, _ in complete_checkpoints(arm)] == [2, 10]
     assert not is_complete(arm / "step-3") and is_complete(arm / "step-2")
+    assert [p.name for p, _ in damaged_checkpoints(arm)] == ["step-3", "step-4", "step-5"]
+    with pytest.raises(CheckpointError, match="step-3 .missing tandem_state.json.*step-5 .missing config.json"):
+        list_checkpoints(tmp_path / "ck", "tandem", tmp_path / "base")  # never skipped in silence
+    for name in ("step-3", "step-4", "step-5"):
+        shutil.rmtree(arm / name)
     assert [c.step for c in list_checkpoints(tmp_path / "ck", "tandem", tmp_path / "base")] == [0, 2, 10]
     assert list_checkpoints(tmp_path / "ck", "grpo", tmp_path / "base")[0].path == tmp_path / "base"
     assert latest_checkpoint(arm).name == "step-10" and latest_checkpoint(arm, "A").name == "step-2"
-    assert latest_checkpoint(arm, "C") is None and read_state(arm / "step-2") == {"fingerprint": "A"}
+    state = read_state(arm / "step-2")
+    assert latest_checkpoint(arm, "C") is None and state["fingerprint"] == "A"
+    assert set(state[FILES_KEY]) == {"config.json", "model.safetensors"}  # checksums of every other file
 
 
 def test_commit_publishes_a_complete_checkpoint(tmp_path):

@@ -35,6 +35,7 @@ import torch
 from transformers import TrainerCallback
 
 from tandem.config import TrainConfig
+from tandem.errors import DiskFullError, disk_full_error
 from tandem.geometry import BatchGeometry
 from tandem.guards import NonFiniteGuard
 from tandem.rollout.request import RolloutSettings
@@ -42,7 +43,8 @@ from tandem.train.arms import run_fingerprint
 from tandem.train.callbacks import JuniorGuard, PhaseTimer, ProgressBar, StopAfter, Validation
 from tandem.checkpoints import STAGING_PREFIX, STEP_PREFIX
 from tandem.checkpoints import STATE_FILE as TANDEM_STATE
-from tandem.checkpoints import clean_arm_dir, commit_dir, complete_checkpoints, latest_checkpoint
+from tandem.checkpoints import (clean_arm_dir, commit_dir, complete_checkpoints, latest_checkpoint, read_state,
+                                resume_checkpoint, write_state)
 from tandem.rollout.factory import rollout_engine
 from tandem.threads import torch_threads
 from tandem.train.checkpoints import wipe_arm_dir
@@ -152,17 +154,24 @@ def _make_trainer_class():
             return None  # a hub model card per checkpoint folder is noise here
 
         def _save_checkpoint(self, model, trial):
-            super()._save_checkpoint(model, trial)  # every rank writes its part (its RNG state at least)
             updates = self.state.global_step
-            step = self.geometry.step_of(updates)
             staging = Path(self._get_output_dir(trial=trial)) / f"{STAGING_PREFIX}{updates}"
-            self.accelerator.wait_for_everyone()  # every rank's files are in the staging folder
-            if self.accelerator.is_main_process:
-                state = {**self.tandem_state, "step": step, "optimizer_updates": updates,
-                         "prompts_seen": step * self.tandem_state["prompts_per_step"],
-                         "saved_at": time.time(), "complete": True}
-                (staging / TANDEM_STATE).write_text(json.dumps(state, indent=2) + "\n")
-                commit_dir(staging, staging.parent / f"{STEP_PREFIX}{step}")
+            try:
+                super()._save_checkpoint(model, trial)  # every rank writes its part (its RNG state at least)
+                step = self.geometry.step_of(updates)
+                self.accelerator.wait_for_everyone()  # every rank's files are in the staging folder
+                if self.accelerator.is_main_process:
+                    state = {**self.tandem_state, "step": step, "optimizer_updates": updates,
+                             "prompts_seen": step * self.tandem_state["prompts_per_step"],
+                             "saved_at": time.time(), "complete": True}
+                    write_state(staging, state)  # with the checksum of every file, verified on every later read
+                    commit_dir(staging, staging.parent / f"{STEP_PREFIX}{step}")
+            except Exception as e:
+                # torch's writer reports a full disk as "basic_ios::clear: iostream error": say what happened
+                full = disk_full_error(e, staging.parent)
+                if full is not None:
+                    raise DiskFullError(staging, full.free) from e
+                raise
             self.accelerator.wait_for_everyone()  # no rank runs ahead of a checkpoint still being published
 
     return TandemGRPOTrainer
@@ -233,11 +242,15 @@ def _train_arm(run: ArmRun) -> ArmResult:
     guard = JuniorGuard(junior)
     fingerprint = run_fingerprint(spec, train, run.rollout, run.seed, guard.before)
     removed: list[str] = []
+    resume_from = None
     if ranks.is_main:
         removed = clean_arm_dir(arm_dir, fingerprint) if train.resume == "auto" else wipe_arm_dir(arm_dir)
+        # the main process verifies the resume point (every file against its recorded checksum) for all ranks
+        resume_from = resume_checkpoint(arm_dir, fingerprint) if train.resume == "auto" else None
     ranks.barrier()  # every rank picks its resume point after the main process has cleaned up
-    resume_from = latest_checkpoint(arm_dir, fingerprint) if train.resume == "auto" else None
-    done_before = json.loads((resume_from / TANDEM_STATE).read_text())["step"] if resume_from else 0
+    if not ranks.is_main and train.resume == "auto":
+        resume_from = latest_checkpoint(arm_dir, fingerprint)
+    done_before = read_state(resume_from)["step"] if resume_from else 0
 
     t0 = time.perf_counter()
     distributed = "NO" if ranks.world == 1 else None

@@ -1,5 +1,6 @@
 """Fixtures for the evaluate/analyze tests: a tiny base, a fake checkpoint tree, benchmark files, and a hook on
-the real rollout engine that counts (or breaks) its generate calls."""
+the real rollout engine that counts (or breaks) its generate calls; `fake_model_dir` writes a model directory
+that passes the loading checks without a real model (for tests that never load it)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,32 @@ def build_tree(root: Path, steps=(2, 4), n_problems: int = 3, benchmarks=("arith
                 f.write(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer,
                                     "prompt": user_message(p.problem), "source": b, "solution": p.solution}) + "\n")
     return root
+
+
+TINY_CONFIG = {"model_type": "qwen3", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "intermediate_size": 64, "vocab_size": 300, "tie_word_embeddings": True}
+
+
+def safetensors_bytes(payload: bytes) -> bytes:
+    """A well-formed safetensors file holding `payload` as one uint8 tensor."""
+    import struct
+
+    header = json.dumps({"w": {"dtype": "U8", "shape": [len(payload)], "data_offsets": [0, len(payload)]}}).encode()
+    return struct.pack("<Q", len(header)) + header + payload
+
+
+def fake_model_dir(d: Path, weights: bytes = b"w", state: dict | None = None, marker: bool = True) -> Path:
+    """A model directory that passes `check_model_dir` (config, tokenizer, a well-formed weight file holding
+    `weights`); with `marker`, a complete checkpoint (`tandem_state.json` with `state` and the checksums)."""
+    from tandem.checkpoints import write_state
+
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(TINY_CONFIG))
+    (d / "tokenizer.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(safetensors_bytes(weights))
+    if marker:
+        write_state(d, state or {})
+    return d
 
 
 def small_params(root: Path, **evaluate):

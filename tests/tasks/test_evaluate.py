@@ -24,31 +24,40 @@ import tasks.evaluate as ev
 # --------------------------------------------------------------------------------------------------
 
 def _fake_checkpoint(d, weights: bytes = b"w", marker: bool = True):
-    d.mkdir(parents=True)
-    (d / "config.json").write_text("{}")
-    (d / "model.safetensors").write_bytes(weights)
-    if marker:
-        (d / "tandem_state.json").write_text("{}")
+    F.fake_model_dir(d, weights, marker=marker)
 
 
-def test_list_checkpoints_orders_steps_and_skips_partial_dirs(tmp_path):
+def test_list_checkpoints_orders_steps_and_refuses_partial_dirs(tmp_path):
+    from tandem.errors import CheckpointError
+
     arm = tmp_path / "ckpt" / "grpo"
     for name in ("step-10", "step-2", ".step-30.tmpab12", "step-x", "notes", "checkpoint-12", "step-0"):
         _fake_checkpoint(arm / name)
     _fake_checkpoint(arm / "step-20", marker=False)  # training never finished it
     (arm / "step-30").mkdir()  # an empty folder
     (arm / "step-40").write_text("a file, not a checkpoint")
-    got = list_checkpoints(tmp_path / "ckpt", "grpo", tmp_path / "base")
+    with pytest.raises(CheckpointError) as exc:  # never skipped in silence
+        list_checkpoints(tmp_path / "ckpt", "grpo", tmp_path / "base")
+    assert all(f"step-{n}" in str(exc.value) for n in (20, 30, 40)) and "step-10 " not in str(exc.value)
+    for name in ("step-20", "step-30"):
+        shutil.rmtree(arm / name)
+    (arm / "step-40").unlink()
+    got = list_checkpoints(tmp_path / "ckpt", "grpo", tmp_path / "base")  # names that are not step-<N> stay ignored
     assert [(c.step, c.path.name) for c in got] == [(0, "base"), (2, "step-2"), (10, "step-10")]
     assert [c.step for c in list_checkpoints(tmp_path / "ckpt", "tandem", tmp_path / "base")] == [0]
 
 
 def test_final_selection_lists_the_base_and_each_arms_last_checkpoint(tmp_path):
+    from tandem.errors import CheckpointError
+
     ck = tmp_path / "ckpt"
     for step in (4, 2):
         _fake_checkpoint(ck / "grpo" / f"step-{step}", weights=f"w{step}".encode())
-    _fake_checkpoint(ck / "grpo" / "step-6", marker=False)  # unfinished: not the last complete one
+    _fake_checkpoint(ck / "grpo" / "step-6", marker=False)  # unfinished: an error, never "the last" in its place
     _fake_checkpoint(tmp_path / "base")
+    with pytest.raises(CheckpointError, match="step-6 .missing tandem_state.json"):
+        list_checkpoints(ck, "grpo", tmp_path / "base", "final")
+    shutil.rmtree(ck / "grpo" / "step-6")
     final = list_checkpoints(ck, "grpo", tmp_path / "base", "final")
     assert [(c.step, c.path.name) for c in final] == [(0, "base"), (4, "step-4")]
     assert [c.step for c in list_checkpoints(ck, "grpo", tmp_path / "base", "all")] == [0, 2, 4]
@@ -101,8 +110,7 @@ def test_result_key_changes_with_everything_that_shapes_the_distribution():
 
 
 def test_plan_lists_each_distinct_weights_and_mode_once(tmp_path):
-    (tmp_path / "models" / "base").mkdir(parents=True)
-    (tmp_path / "models" / "base" / "model.safetensors").write_bytes(b"base")
+    F.fake_model_dir(tmp_path / "models" / "base", b"base", marker=False)
     for arm, body in (("tandem", b"t"), ("grpo", b"base")):  # grpo's step-5 happens to equal the base
         _fake_checkpoint(tmp_path / "models" / "checkpoints" / arm / "step-5", body)
     p = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem", "grpo", "kl_reg"]},

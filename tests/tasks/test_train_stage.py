@@ -252,7 +252,7 @@ def test_num_processes_launches_accelerate_and_a_failure_fails_the_stage(tmp_pat
     params = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem"], "num_processes": 2,
                                                                     "report_to": "none"}})
     cmd = stage.launch_command(params, tmp_path / "spec.json")
-    assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in cmd
+    assert cmd[1:4] == ["-m", "tasks.train", "--launch"] and "--multi_gpu" in cmd  # accelerate's launcher, wrapped
     assert cmd[cmd.index("--num_processes") + 1] == "2"
     assert cmd[-3:] == ["tasks.train", "--worker", str(tmp_path / "spec.json")]
 
