@@ -392,7 +392,10 @@ def bench_rollout(as_json: bool = typer.Option(False, "--json", help="print one 
                   samples: Optional[int] = typer.Option(None, help="vllm: rows per prompt (default 8; qwen3: 4)"),
                   repeats: int = typer.Option(2, help="vllm: timed runs of each (best kept)"),
                   gpu: str = typer.Option("h200", help="vllm: the GPU the prediction prices (h200 | h100)"),
-                  gpu_rows: int = typer.Option(128, help="vllm: rows the prediction scales the counts to")) -> None:
+                  gpu_rows: int = typer.Option(128, help="vllm: rows the prediction scales the counts to"),
+                  compare_stream: bool = typer.Option(True, help="vllm: also time the tandem rollout through "
+                                                                 "AsyncLLM.generate's sessions (stream_*)")
+                  ) -> None:
     """Rollout throughput: solo, tandem (word), lockstep reference and plain generate, with ratios; with
     --backend vllm: the service's throughput, its counters, the predicted GPU ratio, log-probs against
     transformers and the weight-sync check."""
@@ -402,7 +405,7 @@ def bench_rollout(as_json: bool = typer.Option(False, "--json", help="print one 
 
         res = bench_rollout_vllm(model_dir=model_dir, url=url, vocab=vocab, max_new_tokens=max_new_tokens,
                                  n_prompts=prompts, n_samples=samples or (4 if vocab == "qwen3" else 8),
-                                 repeats=repeats, gpu=gpu, gpu_rows=gpu_rows)
+                                 repeats=repeats, gpu=gpu, gpu_rows=gpu_rows, compare_stream=compare_stream)
         _print_bench(res, as_json)
         if vocab == "model" and not (res["weights_synced"] and res["logprob_max_abs_diff"] <= 0.1):
             raise typer.Exit(code=1)

@@ -128,11 +128,21 @@ PYEOF
 make vllm-env > /tmp/gpu-check-vllm-env.log 2>&1 || { tail -20 /tmp/gpu-check-vllm-env.log; fail "make vllm-env"; }
 model_arg=()
 [ -d "${1:-models/base}" ] && model_arg=(--model "${1:-models/base}")
-"$PY" -m cli bench rollout --backend vllm --json "${model_arg[@]}" || fail "tandem bench rollout --backend vllm"
+# one summary line per bench: the measured ratio beside the layout, vllm_gpu_memory and the cost model's prediction
+summary() { "$PY" -c 'import json, sys
+r = json.loads(sys.stdin.readlines()[-1])
+keys = ("vocab", "rows", "max_new_tokens", "tandem_over_solo", "stream_tandem_over_solo", "layout", "vllm_gpu_memory",
+        "predicted_gpu_tandem_over_solo", "chunks_per_token", "computed_per_token", "handoff_latency_steps_p50",
+        "handoff_latency_steps_p90", "idle_row_step_fraction", "logprob_max_abs_diff", "weights_synced")
+print(json.dumps({"check": "vllm bench summary", **{k: r.get(k) for k in keys}}))'; }
+"$PY" -m cli bench rollout --backend vllm --json "${model_arg[@]}" > /tmp/gpu-check-bench-vllm.json \
+  || fail "tandem bench rollout --backend vllm"
+cat /tmp/gpu-check-bench-vllm.json; summary < /tmp/gpu-check-bench-vllm.json
 # Qwen3's real vocabulary on replayed real text at full length (3,000 tokens): tandem_over_solo measured on the
 # GPU beside the cost model's prediction, with the layout and vllm_gpu_memory in the same JSON line
 "$PY" -m cli bench rollout --backend vllm --json --vocab qwen3 --prompts 16 --samples 8 --repeats 1 \
-  || fail "tandem bench rollout --backend vllm --vocab qwen3"
+  > /tmp/gpu-check-bench-qwen3.json || fail "tandem bench rollout --backend vllm --vocab qwen3"
+cat /tmp/gpu-check-bench-qwen3.json; summary < /tmp/gpu-check-bench-qwen3.json
 TANDEM_REQUIRE_VLLM=1 "$PY" -m pytest -q -p no:cacheprovider tests/rollout/test_vllm_service.py tests/rollout/test_vllm_lifecycle.py \
   || fail "vLLM rollout service tests on CUDA"
 

@@ -8,6 +8,9 @@ warm-up:
   engine, chunks and session starts per generated token, computed tokens per generated token (both engines),
   handoff latency in partner steps (p50, p90), idle row-steps, idle engine time, scheduler CPU per step,
   engine-core CPU per chunk, frontend CPU per generated token, decoded vs kept tokens, switch stops;
+- `stream_*` (with `compare_stream`): the same tandem rollout through `AsyncLLM.generate`'s streaming
+  sessions instead of the direct engine-core sessions (`service.DirectSession`), interleaved with the others:
+  its ratio, latency, idle and frontend counters, GPU prediction, and whether its tokens are the same;
 - `predicted_gpu_tandem_over_solo` (and `_two_gpus`): the counts of both rollouts priced on a GPU by the cost
   model of `cost.py` (Qwen3-4B on an H200 at 128 rows by default);
 - `logprob_max_abs_diff`: the service's log-probs against the transformers model's on the same tokens
@@ -149,7 +152,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
                        n_samples: int = 8, max_new_tokens: int | None = None, temperature: float = 1.0,
                        seed: int = 0, repeats: int = 2, dtype: str = "auto", python: str | None = None,
                        vocab: str = "model", gpu: str = "h200", gpu_rows: int = 128, short_tokens: int = 500,
-                       gpu_memory: float = 0.35) -> dict:
+                       gpu_memory: float = 0.35, compare_stream: bool = True) -> dict:
     """Run the measurements above; returns one flat dict (see the module docstring)."""
     from tandem.models import load_tokenizer
     from tandem.plan import KNOWN_SHAPES, ModelShape
@@ -196,18 +199,22 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
         sp = SamplingParams(temperature=temperature, max_new_tokens=budget)
         text = real_text_rows(tok, len(prompts), budget, seed) if replay else None
 
-        def run(schedule: str, settings_sp: SamplingParams = sp, rows_text=text):
+        def run(schedule: str, settings_sp: SamplingParams = sp, rows_text=text, sessions: str = "direct"):
             req = RolloutSettings(schedule, settings_sp).request(prompts, seed=seed)
             t = time.perf_counter()
-            b = be._generate(req, replay=[r[:settings_sp.max_new_tokens] for r in rows_text] if rows_text else None)
+            b = be._generate(req, replay=[r[:settings_sp.max_new_tokens] for r in rows_text] if rows_text else None,
+                             sessions=sessions)
             return time.perf_counter() - t, b, dict(be.last_stats)
 
         run("word", SamplingParams(temperature=temperature, max_new_tokens=8),
             [r[:8] for r in text] if text else None)  # warm-up
         best: dict[str, tuple[float, Any, dict]] = {}
         for _ in range(repeats):
-            for name, sched in (("solo", "solo"), ("tandem", "word")):
-                dt, b, st = run(sched)
+            for name, sched, sess in (("solo", "solo", "direct"), ("tandem", "word", "direct"),
+                                      ("tandem_stream", "word", "stream")):
+                if name == "tandem_stream" and not compare_stream:
+                    continue
+                dt, b, st = run(sched, sessions=sess)
                 if name not in best or dt < best[name][0]:
                     best[name] = (dt, b, st)
         (t_s, b_s, st_s), (t_t, b_t, st_t) = best["solo"], best["tandem"]
@@ -219,6 +226,12 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
                     "mean_run_length": st["mean_run_length"], "mean_length": st["mean_length"],
                     "handoffs": sum(b_t.handoffs)})
         res.update(_counters(st_t))
+        if "tandem_stream" in best:  # the same rollout through AsyncLLM.generate's streaming sessions
+            t_r, b_r, st_r = best["tandem_stream"]
+            res["stream_tandem_over_solo"] = b_r.stats()["tokens"] / t_r / res["solo_tok_s"]
+            res["stream_tokens_equal"] = b_r.completion_ids == b_t.completion_ids
+            res.update({k: v for k, v in _counters(st_r, prefix="stream_").items()
+                        if "latency" in k or "idle" in k or "frontend" in k})
         res["solo_engine_steps"] = int(st_s["engines"]["senior"]["steps"])
         res["solo_sched_cpu_us_per_step"] = (1e6 * st_s["engines"]["senior"]["sched_cpu_seconds"]
                                              / max(st_s["engines"]["senior"]["steps"], 1))
@@ -228,6 +241,9 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
                     "predicted_gpu_tandem_over_solo_two_gpus": pred["predicted_gpu_tandem_over_solo_two_gpus"],
                     "predicted_gpu": {k: v for k, v in pred.items() if not k.startswith("predicted")},
                     "service_stats": {"tandem": st_t, "solo": st_s}})
+        if "tandem_stream" in best:
+            res["stream_predicted_gpu_tandem_over_solo"] = predict(best["tandem_stream"][2], st_s, gpu_shape, gpu=gpu,
+                                                                   rows=gpu_rows)["predicted_gpu_tandem_over_solo"]
         if replay:
             if short_tokens and short_tokens < budget:
                 _, _, st_short = run("word", SamplingParams(temperature=temperature, max_new_tokens=short_tokens),

@@ -473,7 +473,8 @@ class VLLMEngine:
         out.timings = {"seconds": time.perf_counter() - t0, "service_seconds": service_s}
         return out
 
-    def _generate(self, request: Any, replay: Sequence[Sequence[int]] | None = None) -> RolloutBatch:
+    def _generate(self, request: Any, replay: Sequence[Sequence[int]] | None = None,
+                  sessions: str | None = None) -> RolloutBatch:
         s = request.settings
         sp = s.sampling
         payload = {"tables": self._tables_msg["key"], "senior": self.senior_spec, "junior": self.junior_spec,
@@ -485,6 +486,8 @@ class VLLMEngine:
                    "max_gap_tokens": s.max_gap_tokens, "max_rounds": s.max_rounds}
         if replay is not None:
             payload["replay"] = [list(map(int, t)) for t in replay]
+        if sessions is not None:  # the benchmark's A/B: "direct" (the default) or "stream" (AsyncLLM.generate)
+            payload["sessions"] = sessions
         out = self._call("/generate", payload)
         batch = RolloutBatch(out["completion_ids"], out["owner"], out["senior_logprobs"], out["handoffs"],
                              out["finish_reason"])

@@ -12,7 +12,8 @@ Engines. Two `AsyncLLM` engines, each in its own engine-core process: the senior
 temperature, what trl recomputes) and the frozen junior, both with `TandemScheduler`
 (`tandem/rollout/vllm/sched.py`: the O(1) stop at authorship switches and the counters) and `TandemWorker`
 (`worker.py`: weights reloaded in place). A rollout runs one asyncio task per row over one streaming-input
-session per model (`turns.run_rows`, design D1 in docs/rollout.md). Weights are pushed only while no session
+session per model (`turns.run_rows`, design D1 in docs/rollout.md), each driven through the engine-core client
+(`DirectSession`, `Router`: no per-token Python in `AsyncLLM`'s output processor). Weights are pushed only while no session
 is open (requests are served one at a time); after every load the engine's prefix cache is reset and the
 reset must succeed (it is refused while any block is in use).
 
@@ -38,7 +39,8 @@ Endpoints (JSON in and out; served one at a time, except /health):
 - POST /weights {"role", "tag", "dir" | "file" | (an uploaded tag)}
 - POST /upload?role=R&tag=T (octet-stream body): weights for role R, loaded by a later /weights or /generate
 - POST /generate {"tables", "senior", "junior", "prompts", "rows", "schedule", "sampling", "seed", "eos",
-  "p_senior", "max_gap_tokens", "max_rounds"}: a `RolloutBatch` as JSON plus {"stats": counters}
+  "p_senior", "max_gap_tokens", "max_rounds"[, "sessions": "direct" | "stream", "replay"]}: a `RolloutBatch` as
+  JSON plus {"stats": counters}
 - POST /score {"role", "weights", "sequences", "starts"}: teacher-forced log-probs (temperature 1)
 - POST /shutdown
 Unknown tables or weights answer 409 so that the client re-sends them (a restarted service starts empty).
@@ -171,6 +173,130 @@ class Session:
             self.svc.open_sessions -= 1
 
 
+class Router:
+    """Engine-core outputs of the direct sessions of one engine, taken before `AsyncLLM`'s output processor.
+
+    `AsyncLLM` turns every engine-core output into a `RequestOutput`, queues it in a collector and wakes the
+    consumer's generator: Python per generated token per row (measured ~300 us of frontend CPU per token with
+    two engines). A direct session only needs to know when its chunk ends: the router appends each output's
+    token ids (and the senior's sampled log-probs) to the session and wakes the row once, at the chunk's end.
+    Outputs of other requests (`/score`) go on to the output processor unchanged."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.sessions: dict[str, "DirectSession"] = {}
+        op = engine.output_processor
+        orig_process, orig_error = op.process_outputs, op.propagate_error
+
+        def process_outputs(outputs, *args, **kwargs):
+            rest = []
+            sessions = self.sessions
+            for o in outputs:
+                s = sessions.get(o.request_id)
+                if s is None:
+                    rest.append(o)
+                else:
+                    s.on_output(o)
+            return orig_process(rest, *args, **kwargs)
+
+        def propagate_error(e):
+            for s in list(self.sessions.values()):
+                s.fail(e)
+            return orig_error(e)
+
+        op.process_outputs, op.propagate_error = process_outputs, propagate_error
+        engine._run_output_handler()  # the loop that pulls outputs from the engine core (started lazily)
+
+
+class DirectSession:
+    """One row's resumable request on one engine, driven through the engine-core client (`turns.Session`).
+
+    The first chunk goes through vLLM's input processor once (validation, the generation config's EOS ids, the
+    processed sampling parameters); every later chunk is an `EngineCoreRequest` built from that one with the
+    chunk's tokens and a shallow copy of its sampling parameters (the chunk's `extra_args` and `max_tokens`),
+    sent with `add_request_async`: the engine core resumes the parked session (`_update_request_as_session`).
+    Closing aborts the request, which frees its KV blocks."""
+
+    def __init__(self, svc: "Service", role: int, request_id: str, make_sp, extra: dict | None = None):
+        self.svc, self.role, self.rid, self.make_sp = svc, role, request_id, make_sp
+        self.extra = extra or {}
+        self.router: Router = svc.routers[role]
+        self.first = None  # the processed first chunk: the template of the later ones
+        self.fut: asyncio.Future | None = None
+        self.toks: list[int] = []
+        self.lps: list[float] | None = None
+        self.t_first = 0.0
+
+    def on_output(self, o) -> None:
+        if o.new_token_ids:
+            if not self.toks:
+                self.t_first = time.perf_counter()
+            self.toks += o.new_token_ids
+            if self.lps is not None:
+                lp = o.new_logprobs
+                n = len(o.new_token_ids)
+                if lp is None or len(lp.logprobs) != n:
+                    self.lps += [float("nan")] * n  # refused by the row (non-finite log-prob)
+                else:
+                    self.lps += [float(x) for x in lp.logprobs[:, 0]]  # column 0: the sampled token
+        if o.finish_reason is not None and self.fut is not None and not self.fut.done():
+            self.fut.set_result((o.finish_reason, o.stop_reason, time.perf_counter()))
+
+    def fail(self, e: Exception) -> None:
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_exception(e)
+
+    async def send(self, tokens, args):
+        import copy
+
+        from vllm.inputs import TokensPrompt
+
+        from tandem.rollout.vllm.turns import STOP_ROUNDS, STOP_SWITCH, Chunk
+
+        eng = self.svc.engines[self.role]
+        a = {**args, **self.extra} if self.extra else args
+        t_sub = time.perf_counter()
+        if self.first is None:
+            req = eng.input_processor.process_inputs(
+                request_id=self.rid, prompt=TokensPrompt(prompt_token_ids=list(tokens)),
+                params=self.make_sp(self.role, a), supported_tasks=await eng.get_supported_tasks(),
+                resumable=True)
+            req.external_req_id = self.rid
+            self.first = req
+            self.router.sessions[self.rid] = self
+            self.svc.open_sessions += 1
+        else:
+            sp = copy.copy(self.first.sampling_params)
+            sp.extra_args = {"tandem": a}
+            sp.max_tokens = max(1, a["budget"] - a["t0"])
+            req = copy.copy(self.first)
+            req.prompt_token_ids = list(tokens)
+            req.sampling_params = sp
+            req.arrival_time = time.time()
+        self.toks, self.lps = [], ([] if self.role == 1 else None)
+        self.fut = asyncio.get_running_loop().create_future()
+        await eng.engine_core.add_request_async(req)
+        finish, reason, t_last = await self.fut
+        self.fut = None
+        if reason == STOP_SWITCH:
+            stop = "switch"
+        elif reason == STOP_ROUNDS:
+            stop = "rounds"
+        else:
+            stop = {"length": "length", "stop": "eos"}.get(str(finish), str(finish))
+        return Chunk(self.toks, self.lps, stop, t_sub, self.t_first or t_last, t_last)
+
+    async def close(self):
+        if self.first is None:
+            return
+        self.router.sessions.pop(self.rid, None)
+        self.first = None
+        try:
+            await self.svc.engines[self.role].engine_core.abort_requests_async([self.rid])
+        finally:
+            self.svc.open_sessions -= 1
+
+
 class Service:
     """Two AsyncLLM engines on an event loop of their own, their weight tags, the token tables, the rollouts."""
 
@@ -206,6 +332,10 @@ class Service:
         self.kv_blocks = min(int(e.vllm_config.cache_config.num_gpu_blocks or 0) for e in self.engines.values())
         self.max_model_len = min(int(e.vllm_config.model_config.max_model_len) for e in self.engines.values())
         self.vocab_size = int(self.engines[1].vllm_config.model_config.get_vocab_size())
+        self.routers = self._run(self._routers())
+
+    async def _routers(self) -> dict:
+        return {r: Router(e) for r, e in self.engines.items()}
 
     def _run(self, coro, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -417,6 +547,10 @@ class Service:
                 kw["logprobs"] = 0  # the sampled token's log-prob only
             return VSP(**kw)
 
+        sessions = str(req.get("sessions", "direct"))
+        if sessions not in ("direct", "stream"):
+            raise Refused(400, "sessions must be direct or stream")
+        cls = DirectSession if sessions == "direct" else Session
         replay_path = None
         if req.get("replay") is not None:
             if not self.replay:
@@ -435,7 +569,7 @@ class Service:
 
         def open_session(role: int, b: int):
             extra = {"replay": str(replay_path), "replay_row": b} if replay_path else None
-            return Session(self, role, f"{call}-{rows[b]}-{role}", make_sp, extra)
+            return cls(self, role, f"{call}-{rows[b]}-{role}", make_sp, extra)
 
         before = self.counters()
         t0, c0 = time.perf_counter(), time.thread_time()
