@@ -21,6 +21,7 @@ from tandem.checkpoints import generations_file
 from tandem.config import Params
 from tandem.evaluation import content_hash, teacher_forced_stats, torch_threads
 from tandem.metrics.analysis import analyze_checkpoints, per_problem_counts, per_problem_means
+from tasks import headline
 from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json
 from tasks.evaluate import write_csv
 from tandem.errors import BadInputError
@@ -30,7 +31,8 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     L = Layout.of(params)
     inputs = {"eval": L.metrics / "eval.json", "generations": L.generations, "base_model": L.base_model,
               "checkpoints": L.checkpoints}
-    outputs = {"metrics": L.metrics / "analysis.json", "plots": L.plots / "analysis"}
+    outputs = {"metrics": L.metrics / "analysis.json", "headline": L.metrics / "headline" / "analysis.json",
+               "plots": L.plots / "analysis"}
     return inputs, outputs
 
 
@@ -136,6 +138,7 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
         write_csv(tmp / "per_problem.csv", *_problem_table(
             {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, by_hash, ids_by_hash, benchmarks))
     write_json(outputs["metrics"], doc)
+    write_json(outputs["headline"], headline.analysis(doc))
     return {f"{arm}/{k}": v for arm, s in doc["summary"].items() for k, v in s.items() if k != "final_step"}
 
 
