@@ -103,6 +103,8 @@ def _offline_defaults() -> None:
         "DVC_NO_ANALYTICS": "1",
         "GX_ANALYTICS_ENABLED": "false",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # the SDK's telemetry and its first-run notice (read when prefect is imported, which comes later)
+        "DO_NOT_TRACK": "1",
         "TRL_EXPERIMENTAL_SILENCE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",

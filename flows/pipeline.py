@@ -9,10 +9,13 @@ reports up to date is a task run in the "Skipped" state. The evaluate stage fans
 chosen by the `eval_runner` parameter: threads on this machine, or a Dask cluster (`dask` = a local one,
 `tcp://host:8786` = an existing scheduler).
 
-The UI shows the work: stage output goes to the run's logs (a stage's stdout and stderr through
+The UI shows the work: the flow graph is dvc.yaml's (each stage's task run waits for the stages it reads from,
+and nothing else links tasks), stage output goes to the run's logs (a stage's stdout and stderr through
 `progress.stage_output`, other tasks' prints through `log_prints`, the `tandem`/`tasks` loggers through
-PREFECT_LOGGING_EXTRA_LOGGERS), each training arm and evaluation unit has a progress artifact, the report is
-a markdown artifact holding the report itself, tasks and flows have timeouts.
+PREFECT_LOGGING_EXTRA_LOGGERS, results as one formatted line each), each training arm and evaluation unit has a
+progress artifact that moves while it runs, each unit a rounded pass@k table next to it, the evaluation a
+running summary table, the report is a markdown artifact holding the report itself. Tasks in the flow's main
+thread and flows have timeouts (a thread-pool task's could not be enforced).
 
 State lives in DVC and git, never on a worker's disk: with `push` the flow uploads the committed outputs to
 the DVC remote, with `publish` it commits dvc.lock to git and pushes it with the promotion tags (the

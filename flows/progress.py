@@ -1,9 +1,12 @@
-"""A live terminal view of a pipeline run: one row per task run (state, wall time) under an overall bar.
+"""How a pipeline run shows its progress: a live terminal view, Prefect progress artifacts, the stages' output.
 
-Used by `flows.pipeline` when the run is attached to a terminal (`tandem run`); off under a worker or in
-tests, where Prefect's logs and UI are the view. Task bodies call `track(name)`, which is thread-safe
-(mapped evaluation units run in worker threads). While the view is live, Prefect's console log handlers
-print through the view's console, so log lines scroll above the table instead of tearing it.
+The terminal view is one row per task run (state, wall time, work done) under an overall bar, used by
+`flows.pipeline` when the run is attached to a terminal (`tandem run`); off under a worker or in tests, where
+Prefect's logs and UI are the view. Task bodies call `track(name)`, which is thread-safe (mapped evaluation
+units run in worker threads). While the view is live, Prefect's console log handlers print through the view's
+console, so log lines scroll above the table instead of tearing it. `artifact` keeps a Prefect progress
+artifact moving from a value the work updates (`Counter`) or from saved checkpoints; `stage_output` routes a
+stage's stdout and stderr into the run's logs; `quiet_tools` keeps tool progress bars out of them.
 """
 
 from __future__ import annotations

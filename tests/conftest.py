@@ -17,11 +17,14 @@ for _k, _v in {
     "DVC_NO_ANALYTICS": "1",
     "GX_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "DO_NOT_TRACK": "1",  # Prefect's SDK telemetry and its first-run notice
     "TRL_EXPERIMENTAL_SILENCE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }.items():
     os.environ[_k] = _v
+# a loaded machine may need longer for the test server to start: a larger value in the environment wins
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = str(max(
+    120, int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "0") or 0)))
 os.environ.setdefault("PREFECT_HOME", str(Path(_HOME) / "prefect"))
 
 REPO = Path(__file__).resolve().parents[1]
