@@ -178,9 +178,15 @@ def unit_rows(params: Params, unit: dict | None, summaries: dict) -> list[dict]:
 
 def result_line(label: str, rows: list[dict], k: int) -> str:
     """'evaluate-tandem-step-8-solo: pass@1 arith-long 0.20, arith-short 0.97 (8 problems each)'."""
+    from tandem.report.render import proportion_decimals
+
+    def value(r: dict) -> str:
+        v = r.get(f"pass@{k}")
+        return "-" if not isinstance(v, (int, float)) else f"{v:.{proportion_decimals(r.get('problems') or 1)}f}"
+
     problems = sorted({r["problems"] for r in rows})
     each = f"{problems[0]} problems each" if len(problems) == 1 else "problems: " + ", ".join(map(str, problems))
-    return f"{label}: pass@{k} " + ", ".join(f"{r['benchmark']} {r[f'pass@{k}']}" for r in rows) + f" ({each})"
+    return f"{label}: pass@{k} " + ", ".join(f"{r['benchmark']} {value(r)}" for r in rows) + f" ({each})"
 
 
 @task(name="evaluate-unit", task_run_name="evaluate-{unit[arm]}-step-{unit[step]}-{unit[mode]}",

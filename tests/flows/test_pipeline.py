@@ -179,6 +179,8 @@ def test_unit_tables_are_rounded_and_logged_as_one_line():
     assert rows[0]["pass@1"] == 0.203  # 500 problems resolve a third decimal
     line = fp.result_line("evaluate-tandem-step-8-solo", rows, 1)
     assert line == "evaluate-tandem-step-8-solo: pass@1 b1 0.203, b2 0.12 (problems: 8, 500)"
+    rows[1]["pass@1"] = 0.3  # a rounded 0.30 keeps its digits
+    assert fp.result_line("u", rows, 1) == "u: pass@1 b1 0.203, b2 0.30 (problems: 8, 500)"
 
 
 def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
