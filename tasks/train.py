@@ -34,7 +34,7 @@ import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
-from tandem.config import Params
+from tandem.config import Params, apply_tool_env, tool_env
 from tasks import headline, tracking
 from tasks.common import Layout, atomic_path, load_params, read_jsonl, write_json
 
@@ -174,8 +174,7 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
         spec_path = Path(tmp) / "worker.json"
         spec_path.write_text(json.dumps(spec))
         repo = str(Path(__file__).resolve().parents[1])  # the workers import this very checkout
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1",
-               "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1)),
+        env = {**tool_env(), "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1)),
                "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
                "TANDEM_STAGE_PID": str(os.getpid())}
         proc = subprocess.Popen(launch_command(params, spec_path), env=env, preexec_fn=_die_with_parent)
@@ -219,7 +218,8 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict) -> dict
                if tracking.enabled(params) and int(os.environ.get("RANK", "0")) == 0 else nullcontext())
     with tracked:
         res = train_arm(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
-                        Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows)
+                        Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows,
+                        weight_roots=(params.out_root,))
     if int(os.environ.get("RANK", "0")) == 0:  # one writer; every rank holds the same history
         materialise(Path(outputs["scratch"]) / arm, Path(outputs["checkpoints"]) / arm)
         write_json(outputs[f"metrics_{arm}"], res.summary)
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arm", action="append", help="train only this arm (repeatable); default train.arms")
     ap.add_argument("--worker", metavar="SPEC", help="internal: one process of a launched multi-process run")
     a = ap.parse_args(argv)
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    apply_tool_env()
     if a.worker:
         return _worker(Path(a.worker))
     params = load_params(a.params)
