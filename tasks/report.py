@@ -297,6 +297,13 @@ def _data_docs_link(params: Params, html: Path) -> str | None:
     return Path(os.path.relpath(index, html.parent)).as_posix() if index.exists() else None
 
 
+def _data_docs_page(params: Params, html: Path) -> str | None:
+    """The newest validation page in the Data Docs relative to the report (GX names its folders by run time;
+    the prepare stage rebuilds the docs, so there is one)."""
+    pages = sorted((Layout.of(params).data_docs / "validations").rglob("*.html"))
+    return Path(os.path.relpath(pages[-1], html.parent)).as_posix() if pages else None
+
+
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """Build the report from the metrics files; returns paths, figure count and the promotion decision."""
     di, do = default_io(params)
@@ -320,7 +327,8 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
         params_text=yaml.safe_dump(params.to_dict(), sort_keys=False),
         examples=examples(eval_data, inputs["generations"], params.report.max_examples),
         claims=claims, claims_seeds=1, claims_note=claims_note, intervals=intervals,
-        validation=docs["prepare"].get("validation"), data_docs=_data_docs_link(params, Path(outputs["html"])))
+        validation=docs["prepare"].get("validation"), data_docs=_data_docs_link(params, Path(outputs["html"])),
+        data_docs_page=_data_docs_page(params, Path(outputs["html"])))
     fig_dir = Path(outputs["figures"])
     with atomic_path(fig_dir) as tmp:
         tmp.mkdir(parents=True)

@@ -64,14 +64,15 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
                  params_text: str = "", examples: list[TextBlock] | None = None,
                  notes: list[str] | None = None, claims: list[dict] | None = None, claims_seeds: int = 1,
                  claims_note: str = "", intervals: T.Intervals | None = None,
-                 validation: dict | None = None, data_docs: str | None = None) -> Report:
+                 validation: dict | None = None, data_docs: str | None = None,
+                 data_docs_page: str | None = None) -> Report:
     """The report's sections from loaded metrics.
 
     `claims`: rows of `tandem.metrics.claims.evaluate_claims` over `claims_seeds` seeds, shown first; when None,
     the Claims section says why (`claims_note`). `intervals` ({arm or "base": {metric: (low, high)}}) add 95%
     intervals to the final-checkpoint tables and error bars to the pass@k-against-k panels. `validation` (the
-    `validation` block of metrics/data.json) and `data_docs` (a relative link to its Great Expectations Data
-    Docs) make the data validation section.
+    `validation` block of metrics/data.json), `data_docs` (a relative link to its Great Expectations Data
+    Docs) and `data_docs_page` (to the run's validation page in them) make the data validation section.
     """
     s = eval_data.get("settings", {})
     k = (s.get("ks") or [1])[0]
@@ -170,6 +171,9 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
     if data_docs:
         data.links.append(Link("The validation as Great Expectations Data Docs (every expectation and its result)",
                                data_docs))
+    if data_docs_page:
+        # GX draws the index's list with scripts from CDNs; the validation page itself is plain HTML
+        data.links.append(Link("This run's validation page (readable offline)", data_docs_page))
     if not data.paragraphs and not data.links:
         data.paragraphs.append("No validation record (run the prepare stage).")
     rep.sections.append(data)

@@ -30,6 +30,9 @@ def rendered(tmp_path_factory):
                                                                            "expectations": 15, "failures": 0}}))
     (root / "reports" / "data-docs").mkdir(parents=True)
     (root / "reports" / "data-docs" / "index.html").write_text("<html><body>prepared_data</body></html>")
+    page = root / "reports" / "data-docs" / "validations" / "prepared_data" / "__none__" / "20260101T000000Z"
+    page.mkdir(parents=True)
+    (page / "abc.html").write_text("<html><body>prepared_data: 15 expectations</body></html>")
     params = _params(root)
     return params, R.run(params)
 
@@ -93,6 +96,7 @@ def test_outputs_and_figures(rendered):
     # the validation, with a link to its Data Docs next to the report (a path in the artifact, not a link)
     assert "Validation passed: 4500 rows checked against 15 expectations, 0 failures." in md
     assert '<a href="data-docs/index.html">' in html and "](<data-docs/index.html>)" in md
+    assert '<a href="data-docs/validations/prepared_data/__none__/20260101T000000Z/abc.html">' in html
     art = R.artifact_markdown(params, out)
     assert "`reports/data-docs/index.html` (a DVC output)" in art and "](<" not in art
 
