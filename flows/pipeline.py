@@ -9,10 +9,13 @@ reports up to date is a task run in the "Skipped" state. The evaluate stage fans
 chosen by the `eval_runner` parameter: threads on this machine, or a Dask cluster (`dask` = a local one,
 `tcp://host:8786` = an existing scheduler).
 
-The UI shows the work: stage output goes to the run's logs (a stage's stdout and stderr through
+The UI shows the work: the flow graph is dvc.yaml's (each stage's task run waits for the stages it reads from,
+and nothing else links tasks), stage output goes to the run's logs (a stage's stdout and stderr through
 `progress.stage_output`, other tasks' prints through `log_prints`, the `tandem`/`tasks` loggers through
-PREFECT_LOGGING_EXTRA_LOGGERS), each training arm and evaluation unit has a progress artifact, the report is
-a markdown artifact holding the report itself, tasks and flows have timeouts.
+PREFECT_LOGGING_EXTRA_LOGGERS, results as one formatted line each), each training arm and evaluation unit has a
+progress artifact that moves while it runs, each unit a rounded pass@k table next to it, the evaluation a
+running summary table, the report is a markdown artifact holding the report itself. Tasks in the flow's main
+thread and flows have timeouts (a thread-pool task's could not be enforced).
 
 State lives in DVC and git, never on a worker's disk: with `push` the flow uploads the committed outputs to
 the DVC remote, with `publish` it commits dvc.lock to git and pushes it with the promotion tags (the
@@ -38,9 +41,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, State
 from prefect.task_runners import ThreadPoolTaskRunner
+from prefect.utilities.annotations import opaque, quote
 
 from flows import progress
 from flows.dvc_sync import DvcSync, StageSpec, find_project, pipeline_stages
+from tasks import tracking
 from tandem.config import Params
 from tandem.workspace import workspace_lock
 from tasks.common import load_params
@@ -50,7 +55,10 @@ CODE_ROOT = Path(__file__).resolve().parents[1]
 STAGES = tuple(yaml.safe_load((CODE_ROOT / "dvc.yaml").read_text())["stages"])
 
 HOUR = 3600
-# Wall-clock limits: generous for the paper's model on GPUs, so only a hung task trips them.
+# Wall-clock limits: generous for the paper's model on GPUs, so only a hung task trips them. Only tasks that run in
+# the flow's main thread carry one (Prefect cannot enforce a timeout in a worker thread, and says so at WARNING
+# level): the evaluation units run on the task runner's threads, so their limit is the evaluation subflow's
+# (`evaluate-unit` per unit).
 TIMEOUTS = {"prepare": 2 * HOUR, "base": 12 * HOUR, "train": 72 * HOUR, "evaluate-unit": 12 * HOUR,
             "evaluate": 2 * HOUR, "analyze": 12 * HOUR, "report": 2 * HOUR, "promote": 600, "sync": 4 * HOUR}
 FLOW_TIMEOUT = 7 * 24 * HOUR
@@ -117,17 +125,14 @@ def stage_task(params: Params, spec: StageSpec, sync: DvcSync, force: bool):
 
 
 def _run_item(params: Params, spec: StageSpec, mod, inputs: dict, outputs: dict) -> dict:
-    """A foreach instance (one training arm): W&B run of the arm, progress artifact fed by its checkpoints."""
-    from tasks import tracking
-
+    """A foreach instance (one training arm), with a progress artifact fed by its saved checkpoints (its W&B run
+    is opened by the stage, `tasks.tracking.arm_run`, in the pipeline run's group)."""
     arm = spec.item
     key = _artifact_key(spec.group, arm, "progress")
-    watch_dir = Path(outputs["checkpoints"]) / str(arm) if "checkpoints" in outputs else None
     total = getattr(getattr(params, spec.group, None), "steps", None)
-    with tracking.arm_run(params, arm, _group()) as run_id, \
-            progress.artifact(key, f"{spec.name}: training steps saved as checkpoints", watch_dir, total):
-        if run_id:
-            get_run_logger().info("%s: W&B run %s (group %s)", spec.name, run_id, _group())
+    share = (progress.checkpoint_share(Path(outputs["checkpoints"]) / str(arm), total)
+             if "checkpoints" in outputs and total else None)
+    with progress.artifact(key, f"{spec.name}: training steps saved as checkpoints", share):
         return mod.run_arm(params, arm, inputs, outputs) or {}
 
 
@@ -142,48 +147,113 @@ def unit_label(unit: dict) -> str:
     return f"evaluate-{unit['arm']}-step-{unit['step']}-{unit['mode']}"
 
 
+def unit_key(unit: dict, what: str) -> str:
+    """A unit's artifact keys share its task run's name, so its `-progress` and `-results` sort side by side."""
+    return _artifact_key(unit_label(unit), what)
+
+
+SUMMARY_KEY = "evaluation-summary"  # sorts after every `evaluate-...` unit artifact
+
+
+def _rounded(value: Any, decimals: int) -> Any:
+    return round(value, decimals) if isinstance(value, float) else value
+
+
+def unit_rows(params: Params, unit: dict | None, summaries: dict) -> list[dict]:
+    """One row per benchmark of a unit (arm, step and mode first when `unit` is given), pass@k rounded to what
+    the number of problems can resolve (`tandem.report.render.proportion_decimals`)."""
+    from tandem.report.render import proportion_decimals
+
+    rows = []
+    for b, s in sorted(summaries.items()):
+        d = proportion_decimals(s.get("n_problems") or 1)
+        head = {"arm": unit["arm"], "step": unit["step"], "mode": unit["mode"]} if unit else {}
+        rows.append({**head, "benchmark": b, "problems": s.get("n_problems"),
+                     **{f"pass@{k}": _rounded(s.get(f"pass@{k}"), d) for k in params.evaluate.ks},
+                     "senior share": _rounded(s.get("senior_share"), 2), "mean tokens": _rounded(s.get("mean_tokens"), 1)})
+    return rows
+
+
+def result_line(label: str, rows: list[dict], k: int) -> str:
+    """'evaluate-tandem-step-8-solo: pass@1 arith-long 0.20, arith-short 0.97 (8 problems each)'."""
+    from tandem.report.render import proportion_decimals
+
+    def value(r: dict) -> str:
+        v = r.get(f"pass@{k}")
+        return "-" if not isinstance(v, (int, float)) else f"{v:.{proportion_decimals(r.get('problems') or 1)}f}"
+
+    problems = sorted({r["problems"] for r in rows})
+    each = f"{problems[0]} problems each" if len(problems) == 1 else "problems: " + ", ".join(map(str, problems))
+    return f"{label}: pass@{k} " + ", ".join(f"{r['benchmark']} {value(r)}" for r in rows) + f" ({each})"
+
+
 @task(name="evaluate-unit", task_run_name="evaluate-{unit[arm]}-step-{unit[step]}-{unit[mode]}",
-      cache_policy=NO_CACHE, timeout_seconds=TIMEOUTS["evaluate-unit"])
+      cache_policy=NO_CACHE)
 def evaluate_unit_task(params: Params, unit: dict) -> dict:
-    """One (arm, checkpoint, mode) unit on every benchmark; publishes its pass@k table as an artifact."""
+    """One (arm, checkpoint, mode) unit on every benchmark: a progress artifact that follows its generations
+    while it runs, then its pass@k table (rounded) as a table artifact and one result line in the logs."""
     mod = _stage("evaluate")
     inputs, outputs = mod.default_io(params)
-    label = unit_label(unit)
-    with progress.current().track("evaluate", label), \
-            progress.artifact(_artifact_key(label, "progress"), f"{label}: benchmarks of this unit"):
-        summaries = mod.run_unit(params, unit, inputs, outputs)
-    ks = params.evaluate.ks
-    rows = [{"benchmark": b, "problems": s.get("n_problems"), **{f"pass@{k}": s.get(f"pass@{k}") for k in ks},
-             "senior_share": s.get("senior_share"), "mean_tokens": s.get("mean_tokens")}
-            for b, s in sorted(summaries.items())]
+    label, view = unit_label(unit), progress.current()
+    done = progress.Counter(view, label)
+    with view.track("evaluate", label), \
+            progress.artifact(unit_key(unit, "progress"), f"{label}: generations done, every benchmark of the unit",
+                              done.percent):
+        summaries = mod.run_unit(params, unit, inputs, outputs, progress=done.update)
+    rows = unit_rows(params, None, summaries)
     create_table_artifact(
-        key=_artifact_key("eval", unit["arm"], "step", unit["step"], unit["mode"]), table=rows,
+        key=unit_key(unit, "results"), table=rows,
         description=f"pass@k per benchmark: {unit['arm']} step {unit['step']}, {unit['mode']} mode "
                     f"({params.evaluate.n_samples} samples per problem)")
-    get_run_logger().info("%s: %s", label, {r["benchmark"]: r.get(f"pass@{ks[0]}") for r in rows})
+    get_run_logger().info("%s", result_line(label, rows, params.evaluate.ks[0]))
     return summaries
 
 
 @task(name="stage", task_run_name="evaluate", cache_policy=NO_CACHE, timeout_seconds=TIMEOUTS["evaluate"])
 def evaluate_collect_task(params: Params, sync: DvcSync) -> dict:
-    """The evaluate stage's own task run: assemble metrics/eval.json from the units, `dvc commit evaluate`,
-    log the results to W&B (job type `evaluate`, same group as the training arms)."""
-    from tasks import tracking
-
+    """The evaluate stage's own task run: assemble metrics/eval.json from the units (and log them to W&B, job type
+    `evaluate`, in the pipeline run's group), then `dvc commit evaluate`."""
     mod = _stage("evaluate")
     inputs, outputs = mod.default_io(params)
     with progress.current().track("evaluate", "evaluate"):
         summary = mod.collect(params, inputs, outputs)
         sync.commit("evaluate")
-    if (run_id := tracking.log_evaluation(params, _group())):
-        get_run_logger().info("evaluate: results logged to W&B run %s", run_id)
+    get_run_logger().info("evaluate: done")
     return summary or {}
+
+
+def publish_summary(params: Params, done: dict[int, tuple[dict, dict]], n_units: int) -> None:
+    """The running evaluation summary: every finished unit's rows (arm x checkpoint x mode x benchmark), as a new
+    version of one table artifact, so the UI shows the evaluation filling in."""
+    rows = [r for _, (unit, summaries) in sorted(done.items()) for r in unit_rows(params, unit, summaries)]
+    rows.sort(key=lambda r: (str(r["arm"]), int(r["step"]), str(r["mode"]), str(r["benchmark"])))
+    create_table_artifact(key=SUMMARY_KEY, table=rows,
+                          description=f"Evaluation so far: {len(done)} of {n_units} units done "
+                                      f"({params.evaluate.n_samples} samples per problem; pass@k rounded to what "
+                                      "the number of problems resolves)")
 
 
 @flow(name="tandem-evaluate-units", persist_result=False, log_prints=True, timeout_seconds=FLOW_TIMEOUT)
 def evaluate_units(params: Params, units: list[dict]) -> list[dict]:
-    """The evaluation fan-out on the task runner the parent chose (threads or a Dask cluster)."""
-    return evaluate_unit_task.map(unmapped(params), units).result()  # raises if any unit failed
+    """The evaluation fan-out on the task runner the parent chose (threads or a Dask cluster); the running
+    summary artifact is updated here, in the flow, as each unit finishes."""
+    from prefect.futures import as_completed
+
+    futures = list(evaluate_unit_task.map(unmapped(params), units))
+    index = {f.task_run_id: i for i, f in enumerate(futures)}
+    done: dict[int, tuple[dict, dict]] = {}
+    for fut in as_completed(futures):
+        try:
+            result = fut.result()
+        except Exception:  # noqa: BLE001 - a failed unit is raised below, once the others have finished
+            continue
+        i = index[fut.task_run_id]
+        done[i] = (units[i], result)
+        try:
+            publish_summary(params, done, len(units))
+        except Exception as e:  # noqa: BLE001 - the UI is a view: never fail the evaluation for it
+            get_run_logger().warning("evaluation summary artifact not updated: %s", e)
+    return [f.result() for f in futures]  # raises if any unit failed
 
 
 def task_runner(spec: str, workers: int = 1):
@@ -306,11 +376,6 @@ def _setup(params_path: str, dvc: str, push: bool, publish: bool) -> tuple[Param
     return params, sync, specs
 
 
-def _value(result: Any) -> Any:
-    """A task called directly returns the State it returned (a Skipped stage): its data, like any other result."""
-    return result.result() if isinstance(result, State) else result
-
-
 def _closure(specs: list[StageSpec], groups: set[str], downstream: bool) -> list[StageSpec]:
     """The stages of `groups` with every stage after them (downstream) or every stage they need (upstream)."""
     keep = {s.name for s in specs if s.group in groups}
@@ -323,33 +388,60 @@ def _closure(specs: list[StageSpec], groups: set[str], downstream: bool) -> list
     return [s for s in specs if s.name in keep]
 
 
+def _after(states: list[State]) -> list:
+    """`wait_for` on these task runs and nothing inside them: Prefect would otherwise walk into each state's result
+    and link on any object it finds there that another task also returned (an interned string such as an arm's
+    name is one object everywhere)."""
+    return [opaque(st) for st in states]
+
+
 def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bool, eval_runner: str) -> dict:
+    """Every stage in dvc.yaml's order, drawn in Prefect's graph with dvc.yaml's edges: a stage's task run waits
+    for the task runs of the stages whose outputs it reads (`wait_for`), and its inputs are `quote`d, so Prefect
+    links it on nothing else (it links tasks through any object one returned and another receives)."""
     view = progress.current()
     for s in specs:
         view.expect(s.group, s.name)
     out: dict[str, Any] = {}
+    states: dict[str, State] = {}
     for s in specs:
+        upstream = [states[a] for a in s.after if a in states]
         if s.group == "evaluate":
-            out[s.name] = _evaluate(params, sync, force, eval_runner)
+            out[s.name], states[s.name] = _evaluate(params, sync, force, eval_runner, upstream)
             continue
         run = stage_task.with_options(timeout_seconds=TIMEOUTS.get(s.group, 12 * HOUR),
                                       retries=2 if (s.group == "base" and params.model.source == "hub") else 0,
                                       retry_delay_seconds=[10, 60])
-        out[s.name] = _value(run(params, s, sync, force))
+        states[s.name] = run(quote(params), quote(s), quote(sync), quote(force), wait_for=_after(upstream),
+                             return_state=True)
+        out[s.name] = states[s.name].result()  # a failed stage raises here and fails the flow
         if s.group == "report":
-            report_artifact_task(params, out[s.name])
+            report_artifact_task(quote(params), quote(out[s.name]), wait_for=_after([states[s.name]]))
     return out
 
 
-def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str) -> dict:
+def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str,
+              upstream: list[State]) -> tuple[dict, State]:
+    """The evaluate stage: plan, the units' subflow, collect (its `evaluate` task run is what later stages wait
+    for); a single Skipped `evaluate` task run when DVC reports it up to date."""
     if is_current("evaluate", sync, force):
         progress.current().set_state("evaluate", "evaluate", "skipped")
-        return _value(stage_task.with_options(timeout_seconds=60)(params, StageSpec("evaluate", "evaluate"), sync, False))
-    units = evaluate_plan_task(params)
+        state = stage_task.with_options(timeout_seconds=60)(
+            quote(params), quote(StageSpec("evaluate", "evaluate")), quote(sync), quote(False),
+            wait_for=_after(upstream), return_state=True)
+        return state.result(), state
+    plan = evaluate_plan_task(quote(params), wait_for=_after(upstream), return_state=True)
+    units = plan.result()
     for u in units:
         progress.current().expect("evaluate", unit_label(u))
-    evaluate_units.with_options(task_runner=task_runner(eval_runner, eval_workers(params)))(params, units)
-    return evaluate_collect_task(params, sync)
+    fan_out = evaluate_units.with_options(task_runner=task_runner(eval_runner, eval_workers(params)),
+                                          timeout_seconds=TIMEOUTS["evaluate-unit"] * max(1, len(units)))
+    # a subflow's parameters are validated, so `opaque` (resolved, not walked) rather than `quote`
+    units_state = fan_out(opaque(params), opaque(units), wait_for=_after([plan]), return_state=True)
+    units_state.result()  # a failed unit fails the flow here, before collect
+    state = evaluate_collect_task(quote(params), quote(sync), wait_for=_after([plan, units_state]),
+                                  return_state=True)
+    return state.result(), state
 
 
 def _run_resources(params: Params, view: progress.ProgressView) -> dict:
@@ -388,14 +480,17 @@ def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summarie
         git_push_task(sync)
     report = summaries.get("report", {}) or {}
     report = report if isinstance(report, dict) else {}
-    html = str(Path(report["html"]).resolve()) if report.get("html") else None
+    if report.get("skipped"):  # up to date: the report on disk is this run's
+        report = _stage("report").existing_summary(params)
+    html = str(Path(report["html"]).resolve()) if report.get("html") and Path(report["html"]).exists() else None
     md = str(Path(report["markdown"]).resolve()) if report.get("markdown") else None
     result = {"report": html, "markdown": md, "stages": summaries,
               "timings": view.timings(), "wall_seconds": round(time.perf_counter() - t0, 3), "dvc": sync.reason,
               "resources": _run_resources(params, view)}
-    get_run_logger().info("report: %s", result["report"])
-    if view.live_requested:
-        print(f"\nReport: {result['report']}", file=sys.stderr)
+    if html:
+        get_run_logger().info("report: %s", html)
+        if view.live_requested:
+            print(f"\nReport: {html}", file=sys.stderr)
     return result
 
 
@@ -410,7 +505,9 @@ def _pipeline(what: str, params_path: str, dvc: str, force: bool, promote: bool,
         specs = select(specs)
         get_run_logger().info("stages (from dvc.yaml): %s", ", ".join(s.name for s in specs))
         view = progress.ProgressView(f"{what} ({params_path})", live=_live_view(live))
-        with progress.activate(view):
+        progress.quiet_tools()
+        # every W&B run of this pipeline run (the arms, the evaluation, the report) joins one group: its name
+        with progress.activate(view), tracking.pipeline_group(_group()):
             summaries = _run_stages(params, sync, specs, force, eval_runner)
         return _finish(params, sync, view, summaries, t0, promote, push, publish, remote, what)
 

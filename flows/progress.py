@@ -1,15 +1,19 @@
-"""A live terminal view of a pipeline run: one row per task run (state, wall time) under an overall bar.
+"""How a pipeline run shows its progress: a live terminal view, Prefect progress artifacts, the stages' output.
 
-Used by `flows.pipeline` when the run is attached to a terminal (`tandem run`); off under a worker or in
-tests, where Prefect's logs and UI are the view. Task bodies call `track(name)`, which is thread-safe
-(mapped evaluation units run in worker threads). While the view is live, Prefect's console log handlers
-print through the view's console, so log lines scroll above the table instead of tearing it.
+The terminal view is one row per task run (state, wall time, work done) under an overall bar, used by
+`flows.pipeline` when the run is attached to a terminal (`tandem run`); off under a worker or in tests, where
+Prefect's logs and UI are the view. Task bodies call `track(name)`, which is thread-safe (mapped evaluation
+units run in worker threads). While the view is live, Prefect's console log handlers print through the view's
+console, so log lines scroll above the table instead of tearing it. `artifact` keeps a Prefect progress
+artifact moving from a value the work updates (`Counter`) or from saved checkpoints; `stage_output` routes a
+stage's stdout and stderr into the run's logs; `quiet_tools` keeps tool progress bars out of them.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import sys
 import threading
@@ -31,6 +35,7 @@ class _Row:
     started: float | None = None
     ended: float | None = None
     peak_rss_mb: float | None = None  # this process's peak resident memory while the task ran (Linux VmHWM)
+    percent: float | None = None  # work done while running (evaluation units: generations), when known
 
     def seconds(self) -> float | None:
         if self.started is None:
@@ -64,6 +69,13 @@ class ProgressView:
             if state in ("done", "failed", "skipped"):
                 row.ended = now
             row.state = state
+        self.refresh()
+
+    def set_progress(self, name: str, percent: float | None) -> None:
+        with self._lock:
+            row = self._rows.get(name)
+            if row is not None:
+                row.percent = percent
         self.refresh()
 
     @contextmanager
@@ -112,9 +124,11 @@ class ProgressView:
         table.add_column("stage")
         table.add_column("task")
         table.add_column("time", justify="right")
+        table.add_column("done", justify="right")
         for r in rows:
             s = r.seconds()
-            table.add_row(_ICONS.get(r.state, r.state), r.stage, r.name, "" if s is None else f"{s:.1f}s")
+            pct = f"{r.percent:.0f}%" if r.state == "running" and r.percent is not None else ""
+            table.add_row(_ICONS.get(r.state, r.state), r.stage, r.name, "" if s is None else f"{s:.1f}s", pct)
         bar = ProgressBar(total=max(len(rows), 1), completed=done, width=40)
         return Group(table, bar)
 
@@ -173,18 +187,44 @@ def activate(view: ProgressView) -> Iterator[ProgressView]:
 # Progress artifacts in the Prefect UI
 # --------------------------------------------------------------------------------------------------
 
+POLL_SECONDS = 5.0  # how often a progress artifact reads its value (the API sees at most one update per tick)
+
+
 def _saved_steps(arm_dir: Path) -> int:
     """The highest `step-<N>` checkpoint directory under `arm_dir` (0 when none)."""
     steps = [int(p.name[5:]) for p in arm_dir.glob("step-*") if p.name[5:].isdigit()] if arm_dir.is_dir() else []
     return max(steps, default=0)
 
 
+def checkpoint_share(watch_dir: Path, total: int) -> Callable[[], float]:
+    """Percent of `total` steps already saved as `step-<N>` checkpoints under `watch_dir`: a long training arm
+    shows how far it is without hooks in its loop."""
+    return lambda: min(100.0, 100.0 * _saved_steps(watch_dir) / total)
+
+
+class Counter:
+    """Work done out of a total, fed from a worker (`update(done, total)`), read by a progress artifact and the
+    terminal view (`percent()`)."""
+
+    def __init__(self, view: "ProgressView | None" = None, name: str = ""):
+        self.done, self.total = 0, 0
+        self._view, self._name = view, name
+
+    def update(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+        if self._view is not None:
+            self._view.set_progress(self._name, self.percent())
+
+    def percent(self) -> float | None:
+        return 100.0 * self.done / self.total if self.total else None
+
+
 @contextmanager
-def artifact(key: str, description: str, watch_dir: Path | None = None, total: int | None = None,
-             every: float = 5.0) -> Iterator[None]:
+def artifact(key: str, description: str, value: Callable[[], float | None] | None = None,
+             every: float | None = None) -> Iterator[None]:
     """A Prefect progress artifact for the enclosed work: 0 % at the start, 100 % at the end, and in between
-    (when `watch_dir` and `total` are given) the share of `total` steps already saved as `step-<N>` checkpoints,
-    polled every `every` seconds, so a long training arm shows how far it is without hooks in its loop."""
+    `value()` (a percentage, None = unknown yet), read every `every` seconds (POLL_SECONDS) by a watcher thread,
+    so the work itself never waits on the API."""
     from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
     log = logging.getLogger("flows.progress")
@@ -197,18 +237,19 @@ def artifact(key: str, description: str, watch_dir: Path | None = None, total: i
     stop = threading.Event()
 
     def poll() -> None:
-        last = -1.0
-        while not stop.wait(every):
-            pct = min(100.0, 100.0 * _saved_steps(watch_dir) / total)
-            if pct != last:
-                try:
-                    update_progress_artifact(artifact_id=art_id, progress=pct)
-                    last = pct
-                except Exception as e:  # noqa: BLE001 - transient API trouble: try again next tick
-                    log.debug("progress update failed: %s", e)
+        last = 0.0
+        while not stop.wait(POLL_SECONDS if every is None else every):
+            pct = value()
+            if pct is None or pct == last:
+                continue
+            try:
+                update_progress_artifact(artifact_id=art_id, progress=round(min(100.0, pct), 1))
+                last = pct
+            except Exception as e:  # noqa: BLE001 - transient API trouble: try again next tick
+                log.debug("progress update failed: %s", e)
 
     watcher = None
-    if watch_dir is not None and total:
+    if value is not None:
         watcher = threading.Thread(target=poll, name=f"progress-{key}", daemon=True)
         watcher.start()
     try:
@@ -263,6 +304,17 @@ class _LogStream(io.TextIOBase):
             self._logger.log(self._level(line), line.rstrip())
         finally:
             self._busy.on = False
+
+
+def quiet_tools() -> None:
+    """Tool chatter stays out of the run's logs: transformers' and the Hub's progress bars ("Loading weights
+    100%" per model load) are off for the run (HF_HUB_DISABLE_PROGRESS_BARS, read when transformers is imported,
+    and transformers' own switch when it already is). The stages report their own progress."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
 
 _ALARM = re.compile(r"warn|error\b|exception|traceback|\bfailed\b|fatal", re.IGNORECASE)

@@ -32,7 +32,7 @@ def train_task(s: study.StudySettings, seed: int, arm: str) -> dict:
     root = s.root(seed)
     total = study.load_params(s.params_file).train.steps
     with progress.artifact(f"study-seed-{seed}-{arm}".replace("_", "-"), f"seed {seed}, arm {arm}: training",
-                           watch_dir=root / "models" / "checkpoints" / arm, total=total, every=30.0):
+                           progress.checkpoint_share(root / "models" / "checkpoints" / arm, total), every=30.0):
         out = study.train(root, arm)
     get_run_logger().info("seed %s %s: trained (%s steps, reward %s -> %s)", seed, arm, out.get("steps"),
                           out.get("reward_first"), out.get("reward_last"))

@@ -940,6 +940,8 @@ TOOL_ENV: dict[str, str] = {
     "DVC_NO_ANALYTICS": "1",
     "GX_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    # Prefect's SDK telemetry and its first-run notice (read when prefect is imported, which comes later)
+    "DO_NOT_TRACK": "1",
     "TRL_EXPERIMENTAL_SILENCE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     # a fresh Prefect home takes ~20 s to start on a small machine, at Prefect's default limit

@@ -24,6 +24,7 @@ from tandem.config import Params
 from tandem.evaluation import content_hash, teacher_forced_stats
 from tandem.threads import torch_threads
 from tandem.metrics.analysis import analyze_checkpoints, per_problem_counts, per_problem_means
+from tasks import headline
 from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json
 from tasks.evaluate import write_csv
 from tandem.errors import BadInputError
@@ -33,7 +34,8 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     L = Layout.of(params)
     inputs = {"eval": L.metrics / "eval.json", "generations": L.generations, "base_model": L.base_model,
               "checkpoints": L.checkpoints, "eval_data": L.prepared / "eval"}
-    outputs = {"metrics": L.metrics / "analysis.json", "plots": L.plots / "analysis"}
+    outputs = {"metrics": L.metrics / "analysis.json", "headline": L.metrics / "headline" / "analysis.json",
+               "plots": L.plots / "analysis"}
     return inputs, outputs
 
 
@@ -179,6 +181,7 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
         write_csv(tmp / "common_text.csv", *_common_table(
             {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, common_by_hash))
     write_json(outputs["metrics"], doc)
+    write_json(outputs["headline"], headline.analysis(doc))
     return {f"{arm}/{k}": v for arm, s in doc["summary"].items() for k, v in s.items() if k != "final_step"}
 
 

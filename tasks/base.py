@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tandem.config import Params
 from tandem.threads import torch_threads as cpu_threads
+from tasks import headline
 from tasks.common import (Layout, atomic_path, load_params, peak_rss, read_jsonl, reset_peak_rss, torch_threads,
                           write_json)
 
@@ -42,7 +43,8 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
         inputs["model_path"] = Path(params.model.path)
     if params.model.source == "gguf" and not params.model.gguf_file.startswith("package:"):
         inputs["gguf_file"] = Path(params.model.gguf_file)
-    outputs = {"model": L.base_model, "metrics": L.metrics / "base.json"}
+    outputs = {"model": L.base_model, "metrics": L.metrics / "base.json",
+               "headline": L.metrics / "headline" / "base.json"}
     return inputs, outputs
 
 
@@ -285,6 +287,7 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
                          "torch_threads": threads}
     metrics["resources"] = peak_rss()
     write_json(outputs["metrics"], metrics)
+    write_json(outputs["headline"], headline.base(metrics))
     print(f"base: {metrics['model']['n_params']:,} parameters, peak RSS {metrics['resources']['peak_rss_mb']} MB, "
           f"greedy {acc['greedy']} sampled {acc['sampled']} in {metrics['seconds']['total']}s",
           file=sys.stderr, flush=True)

@@ -227,6 +227,8 @@ class Layout:
     @property
     def reports(self) -> Path: return self.root / "reports"
     @property
+    def data_docs(self) -> Path: return self.root / "reports" / "data-docs"  # GX Data Docs of the prepare stage
+    @property
     def runs(self) -> Path: return self.root / "runs"
     # crash-resume state that no DVC stage declares (training checkpoints in progress, the evaluation result
     # cache): outputs stay plain DVC outs, so every stage is in DVC's run-cache

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tandem.checkpoints import generations_file, list_checkpoints
 from tandem.config import Params
@@ -27,6 +27,7 @@ from tandem.generation import eos_token_ids, stable_seed
 from tandem.threads import torch_threads
 from tandem.metrics.passk import macro_mean
 from tandem.rollout.factory import rollout_engine
+from tasks import headline, tracking
 from tasks.common import Layout, read_json, read_jsonl, stage_outputs, write_json, write_jsonl
 from tandem.errors import BadInputError
 
@@ -37,8 +38,8 @@ MACRO_FIELDS = ("senior_share", "mean_tokens")
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     L = Layout.of(params)
     inputs = {"eval_data": L.prepared / "eval", "base_model": L.base_model, "checkpoints": L.checkpoints}
-    outputs = {"metrics": L.metrics / "eval.json", "generations": L.generations, "plots": L.plots / "eval",
-               "cache": L.scratch / "evaluate"}
+    outputs = {"metrics": L.metrics / "eval.json", "headline": L.metrics / "headline" / "eval.json",
+               "generations": L.generations, "plots": L.plots / "eval", "cache": L.scratch / "evaluate"}
     return inputs, outputs
 
 
@@ -179,10 +180,12 @@ def _entry_paths(cache: Path, key: str) -> tuple[Path, Path]:
     return cache / f"{key}.json", cache / f"{key}.jsonl"
 
 
-def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: dict | None = None) -> dict:
+def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: dict | None = None,
+             progress: Callable[[int, int], None] | None = None) -> dict:
     """Evaluate one (arm, checkpoint, mode) unit on every benchmark; cached benchmarks are not redone.
 
-    Returns {benchmark: summary} (the summaries of docs/metrics.md, `<MODE>.benchmarks`).
+    Returns {benchmark: summary} (the summaries of docs/metrics.md, `<MODE>.benchmarks`). `progress(done,
+    total)` hears the generations done out of the unit's total (cached ones count as done) as batches finish.
     """
     inputs, outputs = _io(params, inputs, outputs)
     ev = params.evaluate
@@ -202,15 +205,24 @@ def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: di
             summaries[b] = read_json(meta_p)["summary"]
         else:
             todo[b] = (key, rows)
+    total = sum(len(rows) for rows in benches.values()) * settings.n_samples
+    done = [total - sum(len(rows) for _, rows in todo.values()) * settings.n_samples]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        if progress is not None:
+            progress(done[0], total)
+
+    tick(0)
     if not todo:
         return summaries
     with torch_threads(ev.cpu_threads):
-        summaries.update(_compute(params, unit, todo, base, base_hash, senior_hash, cache))
+        summaries.update(_compute(params, unit, todo, base, base_hash, senior_hash, cache, tick))
     return {b: summaries[b] for b in benches}
 
 
 def _compute(params: Params, unit: dict, todo: dict, base: Path, base_hash: str, senior_hash: str,
-             cache: Path) -> dict:
+             cache: Path, tick: Callable[[int], None]) -> dict:
     """Generate, score and cache the missing benchmarks of one unit."""
     from tqdm.auto import tqdm
 
@@ -234,7 +246,7 @@ def _compute(params: Params, unit: dict, todo: dict, base: Path, base_hash: str,
                 engine, tokenizer, rows, mode, settings, make_sampling(settings),
                 seed=stable_seed(params.seed, mode, b),
                 score_fn=lambda t, g: score_many(t, g, timeout=ev.score_timeout, workers=ev.score_workers),
-                eos_ids=eos, progress=bar.update)
+                eos_ids=eos, progress=lambda n: (bar.update(n), tick(n)))
         summary = summarize_benchmark(records, ev.ks)
         summary["seconds"] = round(time.perf_counter() - t0, 3)
         meta_p, gen_p = _entry_paths(cache, key)
@@ -276,7 +288,8 @@ def _mode_block(h: str, mode: str, base_hash: str, benches: dict, settings: Eval
 
 
 def collect(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
-    """Assemble eval.json, the per-arm CSVs and the generations tree from the cache; return flat summary."""
+    """Assemble eval.json, the per-arm CSVs and the generations tree from the cache, log the results to W&B
+    (`tasks.tracking.log_evaluation`); return the flat summary."""
     inputs, outputs = _io(params, inputs, outputs)
     ev = params.evaluate
     settings = settings_of(params)
@@ -321,8 +334,8 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
                      "benchmarks": {b: {"n_problems": len(r), "rows_hash": rows_hash(r)} for b, r in benches.items()}},
         "junior": junior, "arms": arms, "summary": summary,
     }
-    # the three outputs change together (one transaction): eval.json never describes other generations
-    targets = {k: Path(outputs[k]) for k in ("generations", "plots", "metrics")}
+    # the four outputs change together (one transaction): eval.json never describes other generations
+    targets = {k: Path(outputs[k]) for k in ("generations", "plots", "metrics", "headline")}
     with stage_outputs(params, "evaluate", targets) as staged:
         staged["generations"].mkdir()
         for src, dst in copies:
@@ -331,7 +344,10 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
         staged["plots"].mkdir()
         for arm in arms:
             write_csv(staged["plots"] / f"{arm}.csv", *_arm_table(arms[arm], junior, ev.modes, ev.ks, list(benches)))
+        write_csv(staged["plots"] / "final.csv", *_final_table(arms, ev.modes, ev.ks, list(benches)))
         write_json(staged["metrics"], doc)
+        write_json(staged["headline"], headline.evaluation(doc))
+    tracking.log_evaluation(params)  # the evaluation's W&B run (a no-op unless train.report_to is wandb)
     flat = {f"{arm}/{k}": v for arm, s in summary.items() for k, v in s.items() if k != "final_step"}
     return flat
 
@@ -352,6 +368,23 @@ def _arm_table(arm: dict, junior: dict, modes: list[str], ks: list[int], benches
             r.update({f"{m}/{b}/pass@{k}": mb["benchmarks"][b][f"pass@{k}"] for b in benches for k in ks})
         r.update({f"junior/pass@{k}": junior["modes"]["solo"]["macro"][f"pass@{k}"] for k in ks})
         rows.append(r)
+    return cols, rows
+
+
+def _final_table(arms: dict, modes: list[str], ks: list[int], benches: list[str]):
+    """The base (step 0) and each arm's last checkpoint, one row per mode x benchmark, labelled for a bar chart
+    (`dvc plots show`: pass@k per benchmark side by side)."""
+    cols = ["label", "model", "step", "mode", "benchmark", *[f"pass@{k}" for k in ks]]
+    models: list[tuple[str, dict]] = []
+    for arm, a in arms.items():
+        cks = a["checkpoints"]
+        if cks and cks[0]["step"] == 0 and not models:
+            models.append(("base", cks[0]))
+        if cks and cks[-1]["step"] > 0:
+            models.append((arm, cks[-1]))
+    rows = [{"label": f"{m} / {b} / {name}", "model": name, "step": c["step"], "mode": m, "benchmark": b,
+             **{f"pass@{k}": c["modes"][m]["benchmarks"][b][f"pass@{k}"] for k in ks}}
+            for m in modes for b in benches for name, c in models]
     return cols, rows
 
 

@@ -7,9 +7,10 @@ Two sources (`data.source`):
 - `jsonl`: `data.train_file` split into a seeded held-out val slice of `n_val` rows and up to `n_train`
   training rows; one benchmark per `data.eval_files` entry, capped at `n_eval` rows (a seeded subset).
 
-Nothing is written unless every file reads as JSON Lines (else `DataFileError` names file, line and rule)
+No split is written unless every file reads as JSON Lines (else `DataFileError` names file, line and rule)
 and validation passes (or `data.drop_invalid` removes the bad rows): a failed validation prints the report
-and raises `DataValidationError`. Both are `tandem.errors.UserError`s: the CLI prints them without a
+and raises `DataValidationError`. The validation itself, passing or not, is stored and rendered as Great
+Expectations' Data Docs in `reports/data-docs/` (`index.html`; the result as `validation_result.json`). Both are `tandem.errors.UserError`s: the CLI prints them without a
 traceback and exits with code 1; earlier outputs stay as they were.
 
 The outputs change together, in one transaction (`tasks.common.stage_outputs`): `data/prepared/` is written
@@ -32,7 +33,8 @@ from tandem.config import Params
 from tandem.data.prompts import user_message
 from tandem.data.reader import DataFileError, FileProblem, read_problem_file
 from tandem.data.synthetic import generate
-from tasks.common import Layout, stage_outputs, write_json, write_jsonl
+from tasks import headline
+from tasks.common import Layout, atomic_path, stage_outputs, write_json, write_jsonl
 from tasks.validation import DataValidationError, ValidationReport, validate_splits
 
 __all__ = ["default_io", "run", "resolve_data_path", "DataValidationError", "DataFileError"]
@@ -68,6 +70,8 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
         "val": lay.prepared / "val.jsonl",
         "eval": lay.prepared / "eval",
         "metrics": lay.metrics / "data.json",
+        "headline": lay.metrics / "headline" / "data.json",
+        "data_docs": lay.data_docs,
     }
     return inputs, outputs
 
@@ -183,7 +187,14 @@ def run(params: Params, inputs: dict[str, Path], outputs: dict[str, Path]) -> di
     evals = [s for s in splits if s.startswith(EVAL_PREFIX)]
     # math-verify parses ~200 LaTeX answers a second per process: use the cores there are (synthetic
     # integer answers skip it entirely)
-    report = validate_splits(splits, cfg, eval_splits=evals, parse_workers=max(1, min(8, os.cpu_count() or 1)))
+    # the validation is stored and rendered as GX Data Docs whether it passes or not (a failure's page names
+    # every failing row)
+    with atomic_path(outputs["data_docs"]) as docs:
+        docs.mkdir()
+        report = validate_splits(splits, cfg, eval_splits=evals, parse_workers=max(1, min(8, os.cpu_count() or 1)),
+                                 docs_dir=docs)
+    print(f"prepare: {report.format().splitlines()[0]}; Data Docs: {Path(outputs['data_docs']) / 'index.html'}",
+          file=sys.stderr, flush=True)
 
     dropped: list[dict] = []
     if not report.passed:
@@ -219,6 +230,7 @@ def run(params: Params, inputs: dict[str, Path], outputs: dict[str, Path]) -> di
             "seconds": round(time.perf_counter() - t0, 3),
         }
         write_json(paths["metrics"], metrics)
+        write_json(paths["headline"], headline.data(metrics))
     return metrics
 
 
@@ -230,7 +242,7 @@ def _output_plan(outputs: dict[str, Path]):
     files = {k: Path(outputs[k]) for k in ("train", "val", "eval")}
     folder = files["train"].parent
     if all(p.parent == folder for p in files.values()) and len({p.name for p in files.values()}) == 3:
-        return ({"prepared": folder, "metrics": Path(outputs["metrics"])},
+        return ({"prepared": folder, "metrics": Path(outputs["metrics"]), "headline": Path(outputs["headline"])},
                 lambda staged: {**{k: staged["prepared"] / p.name for k, p in files.items()},
-                                "metrics": staged["metrics"]})
-    return {**files, "metrics": Path(outputs["metrics"])}, dict
+                                "metrics": staged["metrics"], "headline": staged["headline"]})
+    return {**files, "metrics": Path(outputs["metrics"]), "headline": Path(outputs["headline"])}, dict

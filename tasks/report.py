@@ -7,7 +7,7 @@ Figures and tables come from `tandem.report` (paper figures 2, 3, 4, 7 and table
 reward curves, the promotion comparison against the last promoted checkpoint, a few escaped example
 generations and the run metadata (git commit, dvc.lock hash, params, package versions, seeds, hardware,
 wall times). When W&B is on (`train.report_to: wandb` and a mode other than disabled), the same figures
-are logged to a W&B run through `log_figures_to_wandb`, the one place here that touches wandb.
+are logged to a W&B run of the pipeline run's group (`tasks.tracking.log_report`).
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from tandem.errors import BadInputError
 from tandem.metrics.claims import arm_intervals, claims_for, evaluate_claims
 from tandem.report.build import build_report
 from tandem.report.document import Figure, TextBlock
+from tandem.report.figures import arm_label
 from tandem.report.render import figure_filename, render_html, render_markdown
 from tandem.redact import redact
-from tasks import promotion
+from tasks import promotion, tracking
 from tasks.common import Layout, atomic_path, read_json, read_jsonl
 from tasks.measures import run_measures, stack_seeds
 
@@ -99,23 +100,49 @@ def reward_column(tables: dict[str, dict[str, list[float]]]) -> str | None:
     return rest[0] if rest else None
 
 
+def _pick(rows: list[dict], correct: bool) -> dict:
+    """A sample that is correct (score > 0) or wrong, when there is one; else the first."""
+    return next((r for r in rows if (float(r.get("score") or 0) > 0) == correct), rows[0])
+
+
 def examples(eval_data: dict, generations: Path, max_examples: int) -> list[TextBlock]:
-    """Up to `max_examples` solo generations of each arm's last checkpoint (first benchmark), as text blocks."""
+    """Solo generations on the `max_examples` problems where the models disagree most: the base (step 0) and each
+    arm's last checkpoint, ranked by the spread of their pass rates on the problem (most different first);
+    for each model one completion, correct where it solves the problem most often among the models, wrong
+    otherwise. When the models agree everywhere, the first problems."""
     if max_examples <= 0:
         return []
     benches = sorted(eval_data.get("settings", {}).get("benchmarks", {}))
-    out = []
+    models: list[tuple[str, str, int]] = []  # (label, arm whose tree holds it, step)
     for arm, data in eval_data.get("arms", {}).items():
-        cks = sorted(data.get("checkpoints", []), key=lambda c: c.get("step", 0))
-        if not cks or not benches:
+        steps = sorted(c.get("step", 0) for c in data.get("checkpoints", []))
+        if steps and steps[0] == 0 and not models:
+            models.append(("base", arm, 0))
+        if steps and steps[-1] > 0:
+            models.append((f"{arm_label(arm)} step-{steps[-1]}", arm, steps[-1]))
+    candidates = []  # (spread, bench, problem id, {model: rows})
+    for b in benches:
+        by_model: dict[str, dict[str, list[dict]]] = {}
+        for label, arm, step in models:
+            f = generations_file(generations, arm, step, "solo", b)
+            if f.exists():
+                for row in read_jsonl(f):
+                    by_model.setdefault(label, {}).setdefault(str(row.get("id")), []).append(row)
+        if len(by_model) < 2:
             continue
-        step = cks[-1].get("step", 0)
-        p = generations_file(generations, arm, step, "solo", benches[0])
-        if not p.exists():
-            continue
-        for row in read_jsonl(p)[:max_examples]:
-            label = (f"{arm} step-{step}, {benches[0]}, problem {row.get('id')} sample {row.get('sample')}: "
-                     f"score {row.get('score')}, gold {row.get('answer')}, finish {row.get('finish_reason')}")
+        for pid in sorted(set.intersection(*(set(v) for v in by_model.values()))):
+            rates = {m: sum(float(r.get("score") or 0) > 0 for r in v[pid]) / len(v[pid]) for m, v in by_model.items()}
+            candidates.append((max(rates.values()) - min(rates.values()), b, pid,
+                               {m: by_model[m][pid] for m in by_model}, rates))
+    candidates.sort(key=lambda c: -c[0])  # stable: benchmark and problem order among equal spreads
+    out = []
+    for _, b, pid, rows_by_model, rates in candidates[:max_examples]:
+        best = max(rates.values())
+        for m, rows in rows_by_model.items():
+            row = _pick(rows, correct=rates[m] == best)
+            label = (f"{m}, {b}, problem {pid}: {sum(float(r.get('score') or 0) > 0 for r in rows)}/{len(rows)} "
+                     f"samples correct (gold {row.get('answer')}); sample {row.get('sample')}: score "
+                     f"{row.get('score')}, finish {row.get('finish_reason')}")
             out.append(TextBlock(label, str(row.get("text", ""))))
     return out
 
@@ -254,23 +281,27 @@ def metadata(params: Params, docs: dict[str, dict], train_arms: dict[str, dict] 
 # --------------------------------------------------------------------------------------------------
 
 def log_figures_to_wandb(params: Params, figures: list[Figure], figure_dir: Path) -> bool:
-    """Log the report's figures to W&B when tracking is on; never fails the stage (returns False instead)."""
-    mode = os.environ.get("WANDB_MODE") or params.train.wandb_mode
-    if params.train.report_to != "wandb" or mode == "disabled" or not figures:
-        return False
+    """Log the report's figures to W&B (a run of job type `report` in the pipeline run's group) when tracking is
+    on; never fails the stage (returns False instead)."""
     try:
-        import wandb
-
-        run = wandb.init(project=params.train.wandb_project, job_type="report", name="report", mode=mode,
-                         dir=str(Layout.of(params).runs), config={"seed": params.seed},
-                         reinit="finish_previous")
-        run.log({f"report/{f.name}": wandb.Image(str(figure_dir / figure_filename(f.name)), caption=f.caption)
-                 for f in figures})
-        run.finish()
-        return True
+        return tracking.log_report(params, [(f.name, figure_dir / figure_filename(f.name), f.caption)
+                                            for f in figures]) is not None
     except Exception as e:  # tracking is optional: the report on disk is the result
         print(f"report: W&B logging skipped ({type(e).__name__}: {e})", file=sys.stderr)
         return False
+
+
+def _data_docs_link(params: Params, html: Path) -> str | None:
+    """The prepare stage's Data Docs index relative to the report (None when there are none)."""
+    index = Layout.of(params).data_docs / "index.html"
+    return Path(os.path.relpath(index, html.parent)).as_posix() if index.exists() else None
+
+
+def _data_docs_page(params: Params, html: Path) -> str | None:
+    """The newest validation page in the Data Docs relative to the report (GX names its folders by run time;
+    the prepare stage rebuilds the docs, so there is one)."""
+    pages = sorted((Layout.of(params).data_docs / "validations").rglob("*.html"))
+    return Path(os.path.relpath(pages[-1], html.parent)).as_posix() if pages else None
 
 
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
@@ -295,7 +326,9 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
         reward_key=reward_column(curves), decision=decision, metadata=metadata(params, docs, train_arms),
         params_text=yaml.safe_dump(params.to_dict(), sort_keys=False),
         examples=examples(eval_data, inputs["generations"], params.report.max_examples),
-        claims=claims, claims_seeds=1, claims_note=claims_note, intervals=intervals)
+        claims=claims, claims_seeds=1, claims_note=claims_note, intervals=intervals,
+        validation=docs["prepare"].get("validation"), data_docs=_data_docs_link(params, Path(outputs["html"])),
+        data_docs_page=_data_docs_page(params, Path(outputs["html"])))
     fig_dir = Path(outputs["figures"])
     with atomic_path(fig_dir) as tmp:
         tmp.mkdir(parents=True)
@@ -315,7 +348,7 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
 def artifact_markdown(params: Params, summary: dict) -> str:
     """The Prefect markdown artifact: the report itself (headline numbers, promotion, every table), readable
     in the UI without access to the machine that ran the flow. Figures are only in the HTML report, which is
-    a DVC output (`dvc pull reports` fetches it anywhere)."""
+    a DVC output (`dvc pull report` fetches it anywhere)."""
     from tandem.report.build import summary_lines
     from tandem.report.render import md_escape
 
@@ -328,10 +361,11 @@ def artifact_markdown(params: Params, summary: dict) -> str:
     lines += ["", f"**Promotion gate**: {'passes' if summary.get('promote') else 'does not pass'}: "
                   f"{md_escape(summary.get('promotion_reason', ''))}", "",
               "Figures: in the self-contained HTML report, a DVC output of the report stage "
-              "(`dvc pull reports && open reports/report.html`).", "", "---", ""]
+              "(`dvc pull report && open reports/report.html`).", "", "---", ""]
     body = md_path.read_text() if md_path.exists() else "(reports/report.md is missing)"
-    # image links point at files on the worker's disk: name the figure instead
+    # image links point at files on the worker's disk: name the figure instead; other links (the Data Docs) too
     body = re.sub(r"!\[([^\]]*)\]\([^)]*\)", lambda m: f"*(figure: {m.group(1) or 'see the HTML report'})*", body)
+    body = re.sub(r"\[([^\]]*)\]\(<([^>]*)>\)", lambda m: f"{m.group(1)}: `reports/{m.group(2)}` (a DVC output)", body)
     return "\n".join(lines) + "\n" + body
 
 

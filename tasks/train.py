@@ -9,12 +9,14 @@ damaged resume copy fails the stage; damage to a published copy cannot reach the
 publishes intact copies again): it is a plain DVC output, so the stage is in DVC's run-cache (params that
 return to an earlier state restore it), while scratch/ (no stage declares it) keeps the resume state across DVC
 deleting outputs before a rerun. Writes `metrics/train_<arm>.json` (summary) and `metrics/plots/train/<arm>.csv`
-(one row per step, for `dvc plots`). The three outputs of an arm change together, in one transaction
+(one row per step, for `dvc plots`), and `metrics/headline/train_<arm>.json` (its DVC metric: a few
+headline numbers, tasks/headline.py). The four outputs of an arm change together, in one transaction
 (`tasks.common.stage_outputs`): until a run is complete the previous run's stay as they were.
 `run_arm` trains one arm (dvc.yaml has one stage per arm; the Prefect flow maps it over arms), `collect`
 gathers the headline numbers of every arm.
-W&B goes through trl's `report_to`: mode from `WANDB_MODE` if set, else `train.wandb_mode` (offline by
-default), files under `runs/wandb/`. `python -m tasks.train [params.yaml] [--arm NAME]` runs it directly.
+W&B: one run per arm (`tasks.tracking.arm_run`), into which trl's `report_to` callback logs every step; mode
+from `WANDB_MODE` if set, else `train.wandb_mode` (offline by default), files under `runs/wandb/`.
+`python -m tasks.train [params.yaml] [--arm NAME]` runs it directly.
 
 With `train.num_processes` N > 1, `run_arm` (the entry of `tandem stage train`, dvc.yaml and the Prefect flow)
 starts `accelerate launch --num_processes N` (through `python -m tasks.train --launch`, which records which
@@ -37,10 +39,12 @@ import signal
 import socket
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from tandem.config import Params, apply_tool_env, tool_env
 from tandem.errors import WorkerFailedError
+from tasks import headline, tracking
 from tasks.common import Layout, atomic_path, load_params, read_jsonl, stage_outputs, write_json
 
 
@@ -50,29 +54,11 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
               "base_model": L.base_model}
     outputs: dict[str, Path] = {"checkpoints": L.checkpoints, "runs": L.runs / "wandb",
                                 "scratch": L.scratch / "train"}
-    for arm in params.train.arms:  # dvc.yaml: one stage per arm (train@<arm>) declaring these three
+    for arm in params.train.arms:  # dvc.yaml: one stage per arm (train@<arm>) declaring these four
         outputs[f"metrics_{arm}"] = L.metrics / f"train_{arm}.json"
+        outputs[f"headline_{arm}"] = L.metrics / "headline" / f"train_{arm}.json"
         outputs[f"plot_{arm}"] = L.plots / "train" / f"{arm}.csv"
     return inputs, outputs
-
-
-def _wandb_env(params: Params, runs_dir: Path) -> None:
-    if params.train.report_to != "wandb":
-        return
-    os.environ.setdefault("WANDB_MODE", params.train.wandb_mode)
-    os.environ.setdefault("WANDB_PROJECT", params.train.wandb_project)
-    if "WANDB_DIR" not in os.environ:
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        os.environ["WANDB_DIR"] = str(runs_dir.resolve())
-
-
-def _finish_wandb(params: Params) -> None:
-    # transformers' W&B callback never closes its run: without this, the next arm would log into it.
-    if params.train.report_to == "wandb" and "wandb" in sys.modules:
-        import wandb
-
-        if wandb.run is not None:
-            wandb.finish()
 
 
 def write_step_table(path: Path, rows: list[dict]) -> None:
@@ -110,14 +96,16 @@ def materialise(work_dir: Path, out_dir: Path) -> list[str]:
 
 
 def publish_targets(outputs: dict, arm: str) -> dict[str, Path]:
-    """The declared outputs of one arm, which change together: its checkpoints, summary and per-step table."""
+    """The declared outputs of one arm, which change together: its checkpoints, summary, headline metric and
+    per-step table."""
     return {"checkpoints": Path(outputs["checkpoints"]) / arm, "metrics": Path(outputs[f"metrics_{arm}"]),
-            "plot": Path(outputs[f"plot_{arm}"])}
+            "headline": Path(outputs[f"headline_{arm}"]), "plot": Path(outputs[f"plot_{arm}"])}
 
 
 def _write_outputs(dest: dict, work_dir: Path, summary: dict, rows: list[dict]) -> None:
     materialise(work_dir, Path(dest["checkpoints"]))
     write_json(dest["metrics"], summary)
+    write_json(dest["headline"], headline.train(summary))
     write_step_table(Path(dest["plot"]), rows)
 
 
@@ -317,13 +305,13 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
     senior_dtype, junior_dtype = load_dtypes(params.train, params.model.dtype, device)
     senior, junior = load_model(base, senior_dtype, trust), load_model(base, junior_dtype, trust)
     tokenizer = load_tokenizer(base, trust)
-    _wandb_env(params, Path(outputs["runs"]))
-    try:
+    # the W&B run of this arm (rank 0 logs; the trainer's W&B callback logs into it)
+    tracked = (tracking.arm_run(params, arm, run_fingerprint_of(params, arm, junior))
+               if tracking.enabled(params) and int(os.environ.get("RANK", "0")) == 0 else nullcontext())
+    with tracked:
         res = train_arm(ArmRun(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
                                Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows,
                                weight_roots=(params.out_root,)))
-    finally:
-        _finish_wandb(params)
     if int(os.environ.get("RANK", "0")) == 0:  # one writer; every rank holds the same history
         work, rows = Path(outputs["scratch"]) / arm, step_rows(res.log_history)
         if publish_to is not None:  # a launched worker: the launching stage commits what it writes there
@@ -334,6 +322,15 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
     return res.summary
 
 
+def run_fingerprint_of(params: Params, arm: str, junior) -> str:
+    """The fingerprint the trainer gives this arm's run (its checkpoints carry it; resume needs it to match)."""
+    from tandem.train import arm_spec, run_fingerprint
+    from tandem.train.numerics import weights_hash
+
+    return run_fingerprint(arm_spec(arm, params.train, params.rollout), params.train, params.rollout, params.seed,
+                           weights_hash(junior))
+
+
 KEEP = ("steps", "reward_first", "reward_last", "senior_fraction", "handoffs_per_completion", "kl_to_base_last",
         "zero_variance_groups", "val_accuracy_initial", "val_accuracy_last", "step_seconds", "phase_seconds",
         "junior_unchanged", "checkpoints")
@@ -341,7 +338,7 @@ KEEP = ("steps", "reward_first", "reward_last", "senior_fraction", "handoffs_per
 
 def collect(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """The headline numbers of every arm, from the per-arm summaries (nothing is written: each arm's own
-    `metrics/train_<arm>.json` is its DVC stage's metric)."""
+    `metrics/train_<arm>.json` is its DVC stage's output)."""
     from tasks.common import read_json
 
     do = {**default_io(params)[1], **(outputs or {})}

@@ -1,17 +1,21 @@
 """Great Expectations checks on prepared problem tables: one suite, one run, one report naming every bad row.
 
 All splits (train, val and each evaluation benchmark) are stacked into one table with a `split` column and
-validated by one GX 1.x suite in an ephemeral context. Rules GX cannot compute itself (does math-verify parse
-the answer? does a training problem also appear in an evaluation set?) are computed first as boolean helper
-columns, then expected to be True through GX, so every rule reports through the same result. GX is imported
-inside `validate_splits` because its import costs seconds.
+validated by one GX 1.x suite in an ephemeral context, through a checkpoint run that can store and render the
+result as GX's Data Docs (the prepare stage keeps them in `reports/data-docs/`, linked from the report). Rules GX
+cannot compute itself (does math-verify parse the answer? does a training problem also appear in an evaluation
+set?) are computed first as boolean helper columns, then expected to be True through GX, so every rule reports
+through the same result. GX is imported inside `validate_splits` because its import costs seconds.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tandem.config import DataConfig, apply_tool_env
@@ -143,8 +147,12 @@ def _import_gx_quietly() -> None:
         pass  # the import in the caller's thread raises it again, with its traceback
 
 
-def _gx_context() -> Any:
-    """A fresh ephemeral GX context with analytics and progress bars off."""
+DOCS_SITE = "tandem"  # the Data Docs site's name in the GX context
+
+
+def _gx_context(docs_dir: Path | None = None) -> Any:
+    """A fresh ephemeral GX context with analytics and progress bars off; with `docs_dir`, one local Data Docs
+    site rendered there (GX's own HTML: an index, the suite, one page per validation run)."""
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
         DataContextConfig,
@@ -152,22 +160,29 @@ def _gx_context() -> Any:
         ProgressBarsConfig,
     )
 
+    sites = {} if docs_dir is None else {DOCS_SITE: {
+        "class_name": "SiteBuilder", "show_how_to_buttons": False, "show_cta_footer": False,
+        "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(Path(docs_dir).resolve())},
+        "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"}}}
     config = DataContextConfig(
         store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
         analytics_enabled=False,
         progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
+        data_docs_sites=sites,
     )
     return gx.get_context(project_config=config, mode="ephemeral")
 
 
 def validate_splits(splits: Mapping[str, Sequence[Mapping[str, Any]]], cfg: DataConfig,
                     eval_splits: Sequence[str] | None = None, parse_timeout: float | None = None,
-                    parse_workers: int = 2) -> ValidationReport:
+                    parse_workers: int = 2, docs_dir: Path | None = None) -> ValidationReport:
     """Validate every split's rows against the data rules; never raises on bad data (see `.passed`).
 
     `splits` maps split name -> rows (dicts with at least id, problem, answer; an optional `_where` such as
     "file.jsonl:12" names a row that has no id). Splits named "train" and "val" are training splits;
-    `eval_splits` (default: every other split) are evaluation benchmarks.
+    `eval_splits` (default: every other split) are evaluation benchmarks. With `docs_dir`, the run is also
+    stored and rendered there as Great Expectations' Data Docs (`index.html`), passing or not, with the
+    validation result as `validation_result.json`.
     """
     t0 = time.perf_counter()
     import pandas as pd
@@ -236,12 +251,22 @@ def validate_splits(splits: Mapping[str, Sequence[Mapping[str, Any]]], cfg: Data
     import great_expectations.expectations as gxe
 
     expectations = build_expectations(cfg, present)
-    ctx = _gx_context()
-    batch = (ctx.data_sources.add_pandas("prepared").add_dataframe_asset("rows")
-             .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": df}))
-    suite = gx.ExpectationSuite(name="prepared_data", expectations=expectations)
-    result = batch.validate(suite, result_format={"result_format": "COMPLETE",
-                                                  "unexpected_index_column_names": ["_row"]})
+    ctx = _gx_context(docs_dir)
+    batch_def = ctx.data_sources.add_pandas("prepared").add_dataframe_asset("rows") \
+        .add_batch_definition_whole_dataframe("all")
+    suite = ctx.suites.add(gx.ExpectationSuite(name="prepared_data", expectations=expectations))
+    # a checkpoint run (GX's way to validate and keep the result): its UpdateDataDocsAction renders the Data Docs
+    validation = ctx.validation_definitions.add(gx.ValidationDefinition(name="prepared_data", data=batch_def,
+                                                                        suite=suite))
+    actions = [gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=[DOCS_SITE])] if docs_dir else []
+    checkpoint = ctx.checkpoints.add(gx.Checkpoint(
+        name="prepare", validation_definitions=[validation], actions=actions,
+        result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["_row"]}))
+    run = checkpoint.run(batch_parameters={"dataframe": df})
+    (result,) = run.run_results.values()
+    if docs_dir is not None:
+        (Path(docs_dir) / "validation_result.json").write_text(json.dumps(result.to_json_dict(), indent=1,
+                                                                          default=str) + "\n")
 
     failures: list[Failure] = []
     for res in result.results:

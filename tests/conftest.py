@@ -18,6 +18,7 @@ from tandem.config import TOOL_ENV  # noqa: E402  (stdlib only: imports nothing 
 # Set before any test module imports transformers, wandb or prefect: the project's tool defaults (forced, so
 # the suite does not depend on the caller's environment) plus offline hubs and W&B off.
 _HOME = tempfile.mkdtemp(prefix="tandem-test-home-")
+_CALLER_STARTUP = int(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "0") or 0)
 for _k, _v in {
     **TOOL_ENV,
     "HF_HUB_OFFLINE": "1",
@@ -26,4 +27,7 @@ for _k, _v in {
     "WANDB_MODE": "disabled",
 }.items():
     os.environ[_k] = _v
+# a loaded machine may need longer for the test server to start: a larger value in the caller's environment wins
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = str(max(
+    int(TOOL_ENV["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]), _CALLER_STARTUP))
 os.environ.setdefault("PREFECT_HOME", str(Path(_HOME) / "prefect"))

@@ -195,10 +195,12 @@ def test_a_comment_in_tandem_config_makes_every_stage_stale(tmp_path):
     files = ["data/raw/x.jsonl", "data/prepared/train.jsonl", "data/prepared/val.jsonl",
              "data/prepared/eval/b.jsonl", "metrics/data.json", "models/base/config.json", "metrics/base.json",
              "results/generations/x.jsonl", "metrics/eval.json", "metrics/plots/eval/x.csv",
-             "metrics/analysis.json", "metrics/plots/analysis/x.csv", "reports/report.md"]
+             "metrics/analysis.json", "metrics/plots/analysis/x.csv", "reports/report.md", "reports/report.html",
+             "reports/figures/x.png", "reports/data-docs/index.html"]
+    files += [f"metrics/headline/{s}.json" for s in ("data", "base", "eval", "analysis")]
     for arm in arms:
         files += [f"models/checkpoints/{arm}/step-1/config.json", f"metrics/train_{arm}.json",
-                  f"metrics/plots/train/{arm}.csv"]
+                  f"metrics/plots/train/{arm}.csv", f"metrics/headline/train_{arm}.json"]
     for f in files:
         (proj / f).parent.mkdir(parents=True, exist_ok=True)
         (proj / f).write_text("{}\n")

@@ -5,12 +5,12 @@ so everything here can be called from a notebook on saved metrics. All text that
 (generations, token strings) is escaped by the renderers; HTML output is self-contained (base64 PNGs).
 """
 
-from tandem.report.document import Figure, Report, Section, Table, TextBlock
+from tandem.report.document import Estimate, Figure, Link, Report, Section, Table, TextBlock
 from tandem.report.promotion import Candidate, Decision, best_checkpoint, decide
 from tandem.report.render import render_html, render_markdown
 
 __all__ = [
-    "Figure", "Report", "Section", "Table", "TextBlock",
+    "Estimate", "Figure", "Link", "Report", "Section", "Table", "TextBlock",
     "Candidate", "Decision", "best_checkpoint", "decide",
     "render_html", "render_markdown",
 ]

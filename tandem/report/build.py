@@ -4,7 +4,8 @@
 dicts. The claims section comes first (`tandem.report.claims`: the claims table with intervals, error bars and
 the within-noise warnings, or the reason there are no claims), then the summary. Sections follow the paper: solo accuracy (fig. 2), tandem accuracy (fig. 3), drift (fig. 4), the
 KL-Reg comparison (fig. 7), legibility (table 1), the ablation (table 2), then training curves, the
-promotion gate, example generations (escaped by the renderers) and the run metadata.
+promotion gate, example generations (escaped by the renderers), the data validation (with a link to its Data
+Docs) and the run metadata.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from tandem.report import figures as F
 from tandem.report import tables as T
 from tandem.report.claims import claims_section
-from tandem.report.document import Figure, Report, Section, TextBlock
+from tandem.report.document import Figure, Link, Report, Section, TextBlock
 from tandem.report.promotion import Decision, comparison_rows
 from tandem.report.render import format_cell
 
@@ -62,12 +63,16 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
                  decision: Decision | None = None, metadata: dict[str, Any] | None = None,
                  params_text: str = "", examples: list[TextBlock] | None = None,
                  notes: list[str] | None = None, claims: list[dict] | None = None, claims_seeds: int = 1,
-                 claims_note: str = "", intervals: T.Intervals | None = None) -> Report:
+                 claims_note: str = "", intervals: T.Intervals | None = None,
+                 validation: dict | None = None, data_docs: str | None = None,
+                 data_docs_page: str | None = None) -> Report:
     """The report's sections from loaded metrics.
 
     `claims`: rows of `tandem.metrics.claims.evaluate_claims` over `claims_seeds` seeds, shown first; when None,
     the Claims section says why (`claims_note`). `intervals` ({arm or "base": {metric: (low, high)}}) add 95%
-    intervals to the final-checkpoint tables and error bars to the pass@k-against-k panels.
+    intervals to the final-checkpoint tables and error bars to the pass@k-against-k panels. `validation` (the
+    `validation` block of metrics/data.json), `data_docs` (a relative link to its Great Expectations Data
+    Docs) and `data_docs_page` (to the run's validation page in them) make the data validation section.
     """
     s = eval_data.get("settings", {})
     k = (s.get("ks") or [1])[0]
@@ -83,7 +88,8 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
             "no difference in this report can be told apart from noise."]))
 
     bars = (" Error bars: 95% bootstrap intervals over problems (intervals: final checkpoints and the base only; "
-            "the per-checkpoint curves have none).") if intervals else ""
+            "the per-checkpoint curves have none, so they keep the full 0-1 axis).") if intervals else \
+        " The per-checkpoint curves have no intervals, so they keep the full 0-1 axis."
     summ = Section("Summary", paragraphs=summary_lines(eval_data, analysis) + list(notes or []))
     rep.sections.append(summ)
 
@@ -115,7 +121,8 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
 
     klreg = Section("KL-Reg comparison (figure 7)")
     _fig(klreg, "fig7-klreg", "Figure 7: drift (mean per-token KL to the base) against handoff robustness "
-         f"(step-schedule pass@{k}), one point per checkpoint.", F.klreg_figure(eval_data, analysis, k),
+         f"(step-schedule pass@{k}), one point per checkpoint; the filled marker is each arm's last checkpoint.",
+         F.klreg_figure(eval_data, analysis, k),
          "Needs the step-schedule evaluation and the drift analysis.")
     rep.sections.append(klreg)
 
@@ -151,7 +158,25 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
 
     if examples:
         rep.sections.append(Section("Example generations", paragraphs=[
+            "The problems on which the models' solo pass rates differ most (the base and each arm's last "
+            "checkpoint); for each model one completion: a correct one from the models that solve the problem "
+            "most often, a wrong one from the others.",
             "Model output, shown verbatim and escaped: it is untrusted text."], texts=list(examples)))
+
+    data = Section("Data validation (Great Expectations)")
+    if validation:
+        data.paragraphs.append(
+            f"Validation {'passed' if validation.get('passed') else 'FAILED'}: {validation.get('rows_checked')} rows "
+            f"checked against {validation.get('expectations')} expectations, {validation.get('failures')} failures.")
+    if data_docs:
+        data.links.append(Link("The validation as Great Expectations Data Docs (every expectation and its result)",
+                               data_docs))
+    if data_docs_page:
+        # GX draws the index's list with scripts from CDNs; the validation page itself is plain HTML
+        data.links.append(Link("This run's validation page (readable offline)", data_docs_page))
+    if not data.paragraphs and not data.links:
+        data.paragraphs.append("No validation record (run the prepare stage).")
+    rep.sections.append(data)
 
     meta = Section("Run metadata")
     if metadata:

@@ -1,7 +1,8 @@
 """The claims section of a report: the claims table, an error-bar figure and the within-noise warnings.
 
 Input is the list of rows of `tandem.metrics.claims.evaluate_claims` (one per comparison, each arm's estimate
-with its 95% interval, the paired difference with its interval and the verdict). Used at the top of the
+with its 95% interval, the paired difference with its interval and the verdict). Two tables: the verdicts with
+the differences (narrow enough for a Prefect artifact), then each measure's per-arm estimates. Used at the top of the
 pipeline report (one seed: the intervals cover problem sampling only) and of the study report (several seeds).
 """
 
@@ -9,9 +10,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tandem.report.document import Section, Table
+from tandem.report.document import Estimate, Section, Table
 from tandem.report.figures import _subplots, arm_color, arm_label, to_png
-from tandem.report.render import format_cell
+from tandem.report.render import decimals_for, format_with
 
 ARMS = ("base", "tandem", "grpo", "kl_reg")
 METRIC_LABELS = {"kl_mean": "KL to base (nats/token)", "junior_ce": "junior cross-entropy (nats/token)",
@@ -22,36 +23,52 @@ def metric_label(metric: str) -> str:
     return METRIC_LABELS.get(metric, metric)
 
 
-def _ci(row: dict, arm: str) -> str:
+ARM_HEADERS = {"base": "base", "tandem": "tandem", "grpo": "GRPO", "kl_reg": "KL-Reg"}
+
+
+def _estimate(row: dict, arm: str) -> Estimate | None:
     v, ci = row.get(arm), row.get(f"{arm}_ci")
     if v is None:
-        return "\u2013"
-    return f"{format_cell(v)} [{format_cell(ci[0])}, {format_cell(ci[1])}]" if ci else format_cell(v)
+        return None
+    return Estimate(v, ci[0], ci[1]) if ci else Estimate(v)
 
 
-def signed(x: float) -> str:
-    """A difference with its sign, keeping 3 significant digits for small ones (KL differences are ~1e-4)."""
-    return f"{x:+.3g}" if x != 0 and abs(x) < 1e-2 else f"{x:+.3f}"
-
-
-def _difference(row: dict) -> str:
+def _difference(row: dict) -> Estimate | None:
     if row.get("difference") is None:
-        return "\u2013"
-    return f"{signed(row['difference'])} [{signed(row['ci_low'])}, {signed(row['ci_high'])}]"
+        return None
+    return Estimate(row["difference"], row["ci_low"], row["ci_high"], signed=True)
+
+
+def difference_text(row: dict) -> str:
+    """'+0.020 [-0.030, +0.070]': the paired difference with its interval, in one number format."""
+    d = _difference(row)
+    return "\u2013" if d is None else format_with(d, decimals_for([d.value, d.low, d.high]))
 
 
 def claims_table(rows: Sequence[dict], seeds: int) -> Table:
-    """One line per comparison: claim, metric, comparison, the arms with intervals, difference, verdict."""
-    headers = ["claim", "metric", "comparison", "tandem", "GRPO", "KL-Reg", "difference [95% CI]", "verdict"]
-    body = [[r["claim"], metric_label(r["metric"]), r["comparison"], _ci(r, "tandem"), _ci(r, "grpo"),
-             _ci(r, "kl_reg"), _difference(r), r["verdict"]] for r in rows]
+    """One line per comparison, the verdict and the difference first: claim, metric, comparison, verdict,
+    difference [95% CI] (the arms' own estimates are in `estimates_table`)."""
+    headers = ["claim", "metric", "comparison", "verdict", "difference [95% CI]"]
+    body = [[r["claim"], metric_label(r["metric"]), r["comparison"], r["verdict"], _difference(r)] for r in rows]
     level = ("bootstrap over seeds and problems" if seeds > 1
              else "bootstrap over problems only: one seed, so training noise is not in these intervals")
-    note = (f"{seeds} seed(s); values are estimates [95% interval] ({level}). A verdict is decided by the "
+    note = (f"{seeds} seed(s); differences are estimates [95% interval] ({level}). A verdict is decided by the "
             "interval of the paired difference alone: 'holds' when it excludes the claim's negation, 'does not "
             "hold' when it excludes the claim, 'inconclusive' otherwise. Equivalence claims use a margin of "
             + ", ".join(sorted({f"{r['margin']:g}" for r in rows if r.get("margin")})) + ".")
-    return Table("Claims: tandem against GRPO and KL-Reg", headers, body, note)
+    # each row is another measure: its difference gets its own number format
+    return Table("Claims: tandem against GRPO and KL-Reg", headers, body, note, row_groups=((4,),))
+
+
+def estimates_table(rows: Sequence[dict], seeds: int) -> Table:
+    """Each measure of the claims once: every measured arm's estimate [95% interval], one number format per row."""
+    arms = [a for a in ARMS if any(r.get(a) is not None for r in rows)]
+    by_metric = {r["metric"]: r for r in reversed(rows)}  # the first row of each measure
+    metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    body = [[metric_label(m)] + [_estimate(by_metric[m], a) for a in arms] for m in metrics]
+    return Table("Claims: each arm's estimate [95% interval]", ["measure"] + [ARM_HEADERS.get(a, a) for a in arms],
+                 body, f"{seeds} seed(s); the base is step 0, each arm its last checkpoint.",
+                 row_groups=(tuple(range(1, len(arms) + 1)),))
 
 
 def noise_warnings(rows: Sequence[dict], seeds: int) -> list[str]:
@@ -66,7 +83,7 @@ def noise_warnings(rows: Sequence[dict], seeds: int) -> list[str]:
     noisy = [r for r in rows if r.get("verdict") == "inconclusive"]
     if noisy:
         out.append("WARNING: within noise, so no conclusion (the interval of the difference does not separate the "
-                   "claim from its negation): " + "; ".join(f"{r['metric']} {r['comparison']} {_difference(r)}"
+                   "claim from its negation): " + "; ".join(f"{r['metric']} {r['comparison']} {difference_text(r)}"
                                                              for r in noisy) + ".")
     return out
 
@@ -104,6 +121,7 @@ def claims_section(rows: Sequence[dict], seeds: int, title: str = "Claims") -> S
                                     ("holds", "does not hold", "inconclusive", "not measured") if v in verdicts)
                           + f" ({len(rows)} comparisons).")
     sec.tables.append(claims_table(rows, seeds))
+    sec.tables.append(estimates_table(rows, seeds))
     png = claims_figure(rows)
     if png is not None:
         sec.figures.append(Figure("claims-intervals", "Each arm's estimate with its 95% interval (error bars), per "

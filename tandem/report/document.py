@@ -20,13 +20,28 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """A table cell: a value with its 95% interval, shown '<value> [<low>, <high>]' ('[<low>, <high>]' without a
+    value) in the number format of its column; `signed` shows a sign on every number (a difference)."""
+
+    value: float | None
+    low: float | None = None
+    high: float | None = None
+    signed: bool = False
+
+
+@dataclass(frozen=True)
 class Table:
-    """A table of cells (numbers are formatted by the renderer, None shows as an en dash)."""
+    """A table of cells (numbers and `Estimate`s are formatted by the renderer, None shows as an en dash).
+
+    The renderer gives each column one number format. `row_groups` lists groups of column indices whose cells
+    share one format per row instead (a table whose rows are different measures, each in its own unit)."""
 
     caption: str
     headers: list[str]
     rows: list[list[Any]]
     note: str = ""
+    row_groups: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -37,6 +52,14 @@ class TextBlock:
     text: str
 
 
+@dataclass(frozen=True)
+class Link:
+    """A link to a page next to the report (a relative path the report's own code chose, e.g. the Data Docs)."""
+
+    label: str
+    href: str
+
+
 @dataclass
 class Section:
     title: str
@@ -44,6 +67,7 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     texts: list[TextBlock] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
 
 
 @dataclass

@@ -33,6 +33,19 @@ def arm_color(arm: str, i: int = 0) -> str:
     return _COLORS.get(arm, f"C{(i + 4) % 10}")
 
 
+# every arm has its own marker and line style as well as its colour, so arms with identical numbers (GRPO and
+# KL-Reg at a tiny beta) stay visible on top of each other: hollow markers of decreasing size nest
+_MARKERS = {"tandem": "o", "grpo": "s", "kl_reg": "^", "grpo_g16": "D", "base": "x"}
+_LINES = {"tandem": "-", "grpo": "--", "kl_reg": ":", "grpo_g16": "-.", "base": "--"}
+
+
+def arm_style(arm: str, i: int = 0) -> dict:
+    """matplotlib keywords for `arm`'s line: colour, marker, line style, marker size (the i-th arm drawn)."""
+    return {"color": arm_color(arm, i), "marker": _MARKERS.get(arm, "ov^sD"[i % 5]),
+            "linestyle": _LINES.get(arm, ["-", "--", ":", "-."][i % 4]), "ms": max(4.0, 8.0 - 1.5 * i),
+            "markerfacecolor": "none", "markeredgewidth": 1.3}
+
+
 def _subplots(ncols: int, figsize: tuple[float, float]):
     """A figure on the Agg canvas, outside pyplot: no global backend switch, no global figure registry, so
     drawing is safe from any thread and leaves a notebook's backend alone."""
@@ -103,7 +116,7 @@ def _passk_panel(ax, eval_data: dict, mode: str, ks: Sequence[int], base: dict |
     if base is not None:
         ys = [_macro(base, mode, f"pass@{k}") for k in ks]
         if any(not math.isnan(y) for y in ys):
-            ax.plot(ks, ys, "--o", color=_COLORS["base"], label="base", ms=4)
+            ax.plot(ks, ys, label="base", **{**arm_style("base"), "ms": 5})
             _error_bars(ax, "base", mode, ks, ys, _COLORS["base"], intervals)
             drew = True
     for i, arm in enumerate(_trained_arms(eval_data)):
@@ -113,7 +126,7 @@ def _passk_panel(ax, eval_data: dict, mode: str, ks: Sequence[int], base: dict |
         ys = [_macro(fin, mode, f"pass@{k}") for k in ks]
         if all(math.isnan(y) for y in ys):
             continue
-        ax.plot(ks, ys, "-o", color=arm_color(arm, i), label=f"{arm_label(arm)} (step {fin['step']})", ms=4)
+        ax.plot(ks, ys, label=f"{arm_label(arm)} (step {fin['step']})", **arm_style(arm, i))
         _error_bars(ax, arm, mode, ks, ys, arm_color(arm, i), intervals)
         drew = True
     ax.set_xscale("log", base=2)
@@ -123,6 +136,8 @@ def _passk_panel(ax, eval_data: dict, mode: str, ks: Sequence[int], base: dict |
 
 
 def _checkpoint_panel(ax, eval_data: dict, mode: str, key: str) -> bool:
+    """`key` per checkpoint, on the pass@k panels' axis (0 to 1): these points have no interval, and a zoomed
+    axis would make differences of a few problems look like trends."""
     drew = False
     for i, arm in enumerate(_trained_arms(eval_data)):
         cks = sorted(eval_data["arms"][arm]["checkpoints"], key=lambda c: c.get("step", 0))
@@ -130,8 +145,9 @@ def _checkpoint_panel(ax, eval_data: dict, mode: str, key: str) -> bool:
         ys = [_macro(c, mode, key) for c in cks]
         if all(math.isnan(y) for y in ys):
             continue
-        ax.plot(xs, ys, "-o", color=arm_color(arm, i), label=arm_label(arm), ms=4)
+        ax.plot(xs, ys, label=arm_label(arm), **arm_style(arm, i))
         drew = True
+    ax.set_ylim(-0.02, 1.02)
     return drew
 
 
@@ -202,7 +218,9 @@ def drift_figure(analysis: dict, max_types: int = 50) -> bytes | None:
             if not total:
                 continue
             fr = [_num(h) / total for h in hist]
-            ax1.stairs(fr, edges, color=arm_color(arm, i), label=f"{arm_label(arm)} (step {fin['step']})", lw=1.5)
+            st = arm_style(arm, i)
+            ax1.stairs(fr, edges, color=st["color"], linestyle=st["linestyle"],
+                       label=f"{arm_label(arm)} (step {fin['step']})", lw=1.5)
             drew = True
     _style(ax1, "per-token KL(senior || base), nats", "fraction of tokens", "Drift: per-token KL distribution")
     ax1.set_yscale("log")
@@ -218,8 +236,9 @@ def drift_figure(analysis: dict, max_types: int = 50) -> bytes | None:
         pts = [(x, y) for x, y in zip(ref_lr, ys) if not (math.isnan(x) or math.isnan(y))]
         if not pts:
             continue
-        ax2.scatter([p[0] for p in pts], [p[1] for p in pts], s=14, alpha=0.7, color=arm_color(arm, i),
-                    label=arm_label(arm))
+        st = arm_style(arm, i)
+        ax2.scatter([p[0] for p in pts], [p[1] for p in pts], s=st["ms"] ** 2, marker=st["marker"],
+                    facecolors="none", edgecolors=st["color"], linewidths=1.0, label=arm_label(arm))
         lim = max(lim, max(abs(v) for p in pts for v in p))
         drew = True
     if lim > 0:
@@ -255,12 +274,14 @@ def klreg_figure(eval_data: dict, analysis: dict, k: int = 1) -> bytes | None:
                 pts.append((x, y, c.get("step", 0)))
         if not pts:
             continue
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", color=arm_color(arm, i), ms=4, alpha=0.8,
-                label=arm_label(arm))
-        ax.annotate(f"step {pts[-1][2]}", pts[-1][:2], fontsize=7, xytext=(4, 4), textcoords="offset points")
+        st = arm_style(arm, i)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"{arm_label(arm)} (steps {pts[0][2]}-{pts[-1][2]})",
+                **st)
+        # the last checkpoint filled in (the legend names the steps: labels on the points would overlap)
+        ax.plot([pts[-1][0]], [pts[-1][1]], linestyle="none", marker=st["marker"], ms=st["ms"], color=st["color"])
         drew = True
     _style(ax, "mean per-token KL(senior || base), nats", f"step-schedule tandem pass@{k}",
-           "KL-Reg comparison: drift vs handoff robustness")
+           "KL-Reg comparison: drift vs handoff robustness (filled: last checkpoint)")
     if not drew:
         return None
     ax.legend(fontsize=8)
@@ -277,8 +298,9 @@ def train_curves_figure(curves: dict[str, dict[str, list[float]]], reward_key: s
         pts = [p for p in pts if not (math.isnan(p[0]) or math.isnan(p[1]))]
         if not pts:
             continue
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", marker="." if len(pts) < 40 else None,
-                color=arm_color(arm, i), label=arm_label(arm))
+        st = arm_style(arm, i)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=arm_label(arm),
+                **{**st, "marker": st["marker"] if len(pts) < 40 else None})
         drew = True
     _style(ax, "training step", reward_key, "Training reward")
     if not drew:

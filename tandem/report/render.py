@@ -14,7 +14,7 @@ import math
 import re
 from typing import Any
 
-from tandem.report.document import Report, Table
+from tandem.report.document import Estimate, Report, Table
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
@@ -49,8 +49,83 @@ def format_cell(value: Any) -> str:
     return str(value)
 
 
+def _is_num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not (
+        isinstance(value, float) and math.isnan(value))
+
+
+def _floats(cell: Any) -> list[float]:
+    """The non-integer numbers of a cell (an Estimate's value and bounds included)."""
+    parts = [cell.value, cell.low, cell.high] if isinstance(cell, Estimate) else [cell]
+    return [float(v) for v in parts if _is_num(v) and (isinstance(v, float) or isinstance(cell, Estimate))]
+
+
+def decimals_for(values: list[float]) -> int | None:
+    """One number format for a group of values: 3 decimals, or 3 significant digits of the largest when every
+    value is below 0.1 (a KL of 0.00087 keeps its digits and 0.001 shows as 0.00100 beside it); None
+    (scientific notation) from 1e5 up."""
+    mags = [abs(v) for v in values if v != 0]
+    if not mags:
+        return 3
+    top = max(mags)
+    if top >= 1e5:
+        return None
+    if top >= 0.1:
+        return 3
+    return min(8, 2 - math.floor(math.log10(top)))
+
+
+def _fmt(value: Any, decimals: int | None, signed: bool = False) -> str:
+    if not _is_num(value):
+        return format_cell(value)
+    if isinstance(value, int) and not signed:
+        return str(value)
+    sign = "+" if signed else ""
+    return f"{value:{sign}.3g}" if decimals is None else f"{value:{sign}.{decimals}f}"
+
+
+def format_with(cell: Any, decimals: int | None) -> str:
+    """One cell in its group's number format (`decimals_for`)."""
+    if isinstance(cell, Estimate):
+        ci = (f"[{_fmt(cell.low, decimals, cell.signed)}, {_fmt(cell.high, decimals, cell.signed)}]"
+              if _is_num(cell.low) and _is_num(cell.high) else "")
+        if cell.value is None or (isinstance(cell.value, float) and math.isnan(cell.value)):
+            return ci or "\u2013"
+        return f"{_fmt(cell.value, decimals, cell.signed)} {ci}".rstrip()
+    return _fmt(cell, decimals) if isinstance(cell, float) else format_cell(cell)
+
+
+def formatted_rows(t: Table) -> list[list[str]]:
+    """The table's cells as text: one number format per column (per row within each of `t.row_groups`)."""
+    grouped = {i for g in t.row_groups for i in g}
+    ncols = max([len(t.headers)] + [len(r) for r in t.rows])
+    col_dec = {j: decimals_for([v for r in t.rows if j < len(r) for v in _floats(r[j])])
+               for j in range(ncols) if j not in grouped}
+    out = []
+    for r in t.rows:
+        dec = dict(col_dec)
+        for g in t.row_groups:
+            d = decimals_for([v for j in g if j < len(r) for v in _floats(r[j])])
+            dec.update({j: d for j in g})
+        out.append([format_with(c, dec.get(j, 3)) for j, c in enumerate(r)])
+    return out
+
+
+def proportion_decimals(n: int) -> int:
+    """Decimals worth showing for a proportion (pass@k) averaged over `n` problems: its 95% interval is about
+    +-1/sqrt(n) wide at worst, so one decimal past that width's first digit (n = 8: 2, n = 500: 3)."""
+    return 1 + math.ceil(math.log10(math.sqrt(max(int(n), 1))))
+
+
 def _esc(text: Any) -> str:
     return html.escape(str(text), quote=True)
+
+
+def _safe_href(href: str) -> str:
+    """Only a relative path to a file next to the report is linked (no scheme, no markup characters)."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", href) or re.search(r"[<>\s\"'`()]", href):
+        raise ValueError(f"report links are relative file paths, got {href!r}")
+    return href
 
 
 def _slug(text: str) -> str:
@@ -59,7 +134,7 @@ def _slug(text: str) -> str:
 
 def _html_table(t: Table) -> str:
     head = "".join(f"<th>{_esc(h)}</th>" for h in t.headers)
-    body = "".join("<tr>" + "".join(f"<td>{_esc(format_cell(c))}</td>" for c in row) + "</tr>" for row in t.rows)
+    body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>" for row in formatted_rows(t))
     note = f'<p class="note">{_esc(t.note)}</p>' if t.note else ""
     return (f"<table><caption>{_esc(t.caption)}</caption><thead><tr>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table>{note}")
@@ -82,6 +157,7 @@ def render_html(report: Report) -> str:
     for s in report.sections:
         out.append(f'<section id="{_slug(s.title)}"><h2>{_esc(s.title)}</h2>')
         out.extend(f"<p>{_esc(p)}</p>" for p in s.paragraphs)
+        out.extend(f'<p><a href="{_esc(_safe_href(ln.href))}">{_esc(ln.label)}</a></p>' for ln in s.links)
         for f in s.figures:
             b64 = base64.b64encode(f.png).decode("ascii")
             out.append(f'<figure><img src="data:image/png;base64,{b64}" alt="{_esc(f.caption)}">'
@@ -124,7 +200,7 @@ def _md_table(t: Table) -> str:
     lines = [f"**{md_escape(t.caption)}**", "",
              "| " + " | ".join(md_escape(h) for h in t.headers) + " |",
              "|" + "|".join(["---"] + ["---:"] * (len(t.headers) - 1)) + "|"]
-    lines += ["| " + " | ".join(md_escape(format_cell(c)) for c in row) + " |" for row in t.rows]
+    lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in formatted_rows(t)]
     if t.note:
         lines += ["", f"_{md_escape(t.note)}_"]
     return "\n".join(lines)
@@ -139,6 +215,8 @@ def render_markdown(report: Report, figure_dir: str = "figures") -> str:
         out += [f"## {md_escape(s.title)}", ""]
         for p in s.paragraphs:
             out += [md_escape(p), ""]
+        for ln in s.links:
+            out += [f"[{md_escape(ln.label)}](<{_safe_href(ln.href)}>)", ""]
         for f in s.figures:
             out += [f"![{md_escape(f.caption)}]({figure_dir}/{_slug(f.name)}.png)", "",
                     f"_{md_escape(f.caption)}_", ""]

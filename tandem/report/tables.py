@@ -1,7 +1,7 @@
 """The report's tables, built from the eval/analysis dicts (docs/metrics.md) as `Table`s.
 
-Rows name arms by their report label; values stay raw floats (the renderer formats them) and missing
-values stay None, so an undefined metric is never shown as 0. Given `intervals` ({arm or "base": {metric:
+Rows name arms by their report label; values stay raw floats (the renderer gives each column one number
+format) and missing values stay None, so an undefined metric is never shown as 0. Given `intervals` ({arm or "base": {metric:
 (low, high)}}, `tandem.metrics.claims.arm_intervals`), the tables of the final checkpoints and the base add a
 "95% CI" column next to the values that have a per-problem measure.
 """
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tandem.report.document import Table
+from tandem.report.document import Estimate, Table
 from tandem.report.figures import arm_label
-from tandem.report.render import format_cell
 
 Intervals = Mapping[str, Mapping[str, tuple[float, float]]]  # arm (or "base") -> metric -> (low, high)
 CI_NOTE = ("95% CI: percentile bootstrap over the benchmark problems of the per-problem values of "
@@ -20,10 +19,11 @@ CI_NOTE = ("95% CI: percentile bootstrap over the benchmark problems of the per-
            "more than its interval.")
 
 
-def ci_cell(intervals: Intervals | None, arm: str, metric: str) -> str | None:
-    """'[low, high]' for one arm's metric, None (an en dash) when that interval was not computed."""
+def ci_cell(intervals: Intervals | None, arm: str, metric: str) -> Estimate | None:
+    """'[low, high]' for one arm's metric (in its column's number format), None (an en dash) when that interval
+    was not computed."""
     lo_hi = (intervals or {}).get(arm, {}).get(metric)
-    return None if lo_hi is None else f"[{format_cell(float(lo_hi[0]))}, {format_cell(float(lo_hi[1]))}]"
+    return None if lo_hi is None else Estimate(None, float(lo_hi[0]), float(lo_hi[1]))
 
 
 def _ckpts(data: dict, arm: str) -> list[dict]:

@@ -25,6 +25,7 @@ so a resumed run starts with a fresh rollout, exactly where the uninterrupted ru
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass, replace
@@ -116,6 +117,13 @@ def grpo_config(run: ArmRun, precision: dict | None = None):
     )
 
 
+class _UsedModelInitKwargs(logging.Filter):
+    """Drops trl's false "model_init_kwargs will be ignored" record (see where it is installed)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`model_init_kwargs` will be ignored" not in record.getMessage()
+
+
 def _make_trainer_class():
     """Subclass trl's GRPOTrainer lazily (importing trl costs seconds; keep `import tandem.train` cheap)."""
     import warnings
@@ -124,6 +132,11 @@ def _make_trainer_class():
 
     # trl 1.16 still calls transformers' deprecated alias once per step; the warning says nothing about this run
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+    # trl warns at WARNING that `model_init_kwargs` are ignored for an instantiated model, but it does use them:
+    # they load the KL reference model in the junior's dtype (tandem.precision). A healthy run logs no warning.
+    trl_log = logging.getLogger("trl.trainer.grpo_trainer")
+    if not any(isinstance(f, _UsedModelInitKwargs) for f in trl_log.filters):
+        trl_log.addFilter(_UsedModelInitKwargs())
 
     class TandemGRPOTrainer(GRPOTrainer):
         """GRPOTrainer + tandem diagnostics in every training log + atomic `step-<N>` checkpoints."""

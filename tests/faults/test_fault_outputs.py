@@ -204,8 +204,8 @@ FAKE_TRAINING = """
 import tandem.train as TT
 from tandem.train.trainer import ArmResult
 
-def train_arm(arm, *a, **k):  # the checkpoints are already in scratch: only publication runs
-    return ArmResult(arm, {{"arm": arm, "steps": 2, "run": {run!r}}}, [], ["step-2"])
+def train_arm(run):  # the checkpoints are already in scratch: only publication runs
+    return ArmResult(run.arm, {{"arm": run.arm, "steps": 2, "run": {run!r}}}, [], ["step-2"])
 
 TT.train_arm = train_arm
 """
@@ -280,6 +280,7 @@ def test_the_two_process_stage_keeps_the_old_summary_until_the_new_one_is_comple
     done = _fake_launcher("out = {k: pathlib.Path(v) for k, v in spec['publish_to'].items()}\n"
                           "out['checkpoints'].mkdir()\n"
                           "out['metrics'].write_text(json.dumps({'run': 'new'}))\n"
+                          "out['headline'].write_text(json.dumps({'steps': 1}))\n"
                           "out['plot'].write_text('step\\n')\n")
     monkeypatch.setattr(stage, "launch_command", lambda p, spec: [sys.executable, "-c", done, str(spec)])
     assert stage.run_arm(params, "tandem", inputs, outputs) == {"run": "new"}

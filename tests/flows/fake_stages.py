@@ -76,10 +76,21 @@ def stage(name: str):
 
 
 class Recorder:
-    def __init__(self, fail: set[str] | None = None):
+    def __init__(self, fail: set[str] | None = None, hold: int | None = None):
         self.calls: list[str] = []
         self.fail = set(fail or ())
         self.lock = threading.Lock()
+        # the `hold`-th unit to run (0-based) waits a quarter done until `release` is set (a test reads the API
+        # meanwhile); `held_unit` names it
+        self.hold, self.held, self.release = hold, threading.Event(), threading.Event()
+        self.held_unit: str | None = None
+
+    def midway(self, name: str) -> None:
+        units = [c for c in self.calls if c.startswith("unit-")]
+        if self.hold is not None and units.index(name) == self.hold:
+            self.held_unit = name
+            self.held.set()
+            assert self.release.wait(120), "the test never released the held unit"
 
     def hit(self, name: str) -> None:
         with self.lock:
@@ -124,8 +135,13 @@ def modules(rec: Recorder) -> dict[str, types.SimpleNamespace]:
                 for a in params.train.arms for s in (0, 2) for m in params.evaluate.modes
                 if not (s == 0 and a != params.train.arms[0])]
 
-    def run_unit(params, unit, inputs=None, outputs=None):
-        rec.hit(f"unit-{unit['arm']}-{unit['step']}-{unit['mode']}")
+    def run_unit(params, unit, inputs=None, outputs=None, progress=None):
+        name = f"unit-{unit['arm']}-{unit['step']}-{unit['mode']}"
+        rec.hit(name)
+        if progress is not None:
+            progress(1, 4)
+            rec.midway(name)  # a test can hold the unit here, a quarter done
+            progress(4, 4)
         return {"b1": {"n_problems": 2, "pass@1": 0.5, "senior_share": 1.0, "mean_tokens": 3.0},
                 "b2": {"n_problems": 2, "pass@1": 0.25, "senior_share": 1.0, "mean_tokens": 4.0}}
 

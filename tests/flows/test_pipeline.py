@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -127,13 +129,16 @@ def test_every_stage_has_its_module_contract():
     assert callable(evaluate.plan) and callable(evaluate.run_unit) and callable(evaluate.collect)
 
 
-def test_retries_only_where_transient_and_every_task_has_a_timeout():
+def test_retries_only_where_transient_and_timeouts_only_where_enforceable():
     assert fp.stage_task.retries == 0  # base gets retries only for a hub download, set per run
     assert not fp.evaluate_unit_task.retries and not fp.evaluate_collect_task.retries
     assert fp.push_task.retries == 3 and fp.pull_task.retries == 3
-    for t in (fp.evaluate_plan_task, fp.evaluate_unit_task, fp.evaluate_collect_task, fp.promote_task,
+    for t in (fp.evaluate_plan_task, fp.evaluate_collect_task, fp.promote_task,
               fp.report_artifact_task, fp.pull_task, fp.push_task, fp.git_commit_task, fp.git_push_task):
         assert t.timeout_seconds, t.name
+    # units run on the task runner's worker threads, where Prefect cannot enforce a timeout (and warns that it
+    # cannot): their limit is the evaluation subflow's, set per run from the number of units
+    assert fp.evaluate_unit_task.timeout_seconds is None and fp.TIMEOUTS["evaluate-unit"]
     assert all(fp.TIMEOUTS.get(g) for g in fp.STAGES)  # stage_task gets its stage's timeout per call
     for f in (fp.tandem_pipeline, fp.tandem_training, fp.tandem_evaluation, fp.evaluate_units):
         assert f.timeout_seconds and f.log_prints, f.name
@@ -150,9 +155,32 @@ def test_task_runner_choice():
         fp.task_runner("ray")
 
 
-def test_artifact_keys_are_valid():
+def test_artifact_keys_are_valid_and_a_units_sit_together():
     assert fp._artifact_key("eval", "kl_reg", "step", 20, "solo") == "eval-kl-reg-step-20-solo"
     assert fp._artifact_key("eval", "GRPO_G16", "step", 0, "word") == "eval-grpo-g16-step-0-word"
+    units = [{"arm": a, "step": s, "mode": m} for a in ("tandem", "kl_reg") for s in (0, 8) for m in ("solo", "step")]
+    keys = sorted([fp.unit_key(u, w) for u in units for w in ("progress", "results")] + [fp.SUMMARY_KEY])
+    assert keys[-1] == fp.SUMMARY_KEY  # the running summary after every unit
+    for i in range(0, len(keys) - 1, 2):  # each unit's progress and results side by side
+        assert keys[i].removesuffix("-progress") == keys[i + 1].removesuffix("-results"), keys
+
+
+def test_unit_tables_are_rounded_and_logged_as_one_line():
+    from tandem.config import params_from_dict
+
+    params = params_from_dict({"evaluate": {"ks": [1, 4]}})
+    summaries = {"b2": {"n_problems": 8, "pass@1": 0.12499999999999999, "pass@4": 0.5, "senior_share": 0.5123,
+                        "mean_tokens": 87.69791}, "b1": {"n_problems": 500, "pass@1": 0.20312499, "pass@4": 0.75,
+                                                          "senior_share": 1.0, "mean_tokens": 12.0}}
+    rows = fp.unit_rows(params, {"arm": "tandem", "step": 8, "mode": "solo"}, summaries)
+    assert [r["benchmark"] for r in rows] == ["b1", "b2"]
+    assert rows[1] == {"arm": "tandem", "step": 8, "mode": "solo", "benchmark": "b2", "problems": 8, "pass@1": 0.12,
+                       "pass@4": 0.5, "senior share": 0.51, "mean tokens": 87.7}
+    assert rows[0]["pass@1"] == 0.203  # 500 problems resolve a third decimal
+    line = fp.result_line("evaluate-tandem-step-8-solo", rows, 1)
+    assert line == "evaluate-tandem-step-8-solo: pass@1 b1 0.203, b2 0.12 (problems: 8, 500)"
+    rows[1]["pass@1"] = 0.3  # a rounded 0.30 keeps its digits
+    assert fp.result_line("u", rows, 1) == "u: pass@1 b1 0.203, b2 0.30 (problems: 8, 500)"
 
 
 def _dvc(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -251,9 +279,10 @@ def test_flow_wiring_and_dvc_agreement(project, monkeypatch, prefect_api):
     evals = {r.name: r for r in _task_runs(sub[0].id)}
     assert len(evals) == 6 and all(r.state.is_completed() for r in evals.values())
     arts = {**_artifact_keys(state.state_details.flow_run_id), **_artifact_keys(sub[0].id)}
-    assert "eval-grpo-step-2-solo" in arts and arts["eval-grpo-step-2-solo"].type == "table"
+    assert arts["evaluate-grpo-step-2-solo-results"].type == "table"
     assert arts["train-grpo-progress"].type == "progress" and arts["train-grpo-progress"].data == 100.0
     assert arts["evaluate-grpo-step-2-solo-progress"].type == "progress"
+    assert arts["evaluate-grpo-step-2-solo-progress"].data == 100.0
     assert arts["tandem-report"].type == "markdown" and "file://" not in arts["tandem-report"].data
     assert "# r" in arts["tandem-report"].data
 
@@ -323,3 +352,105 @@ def test_evaluation_units_on_a_local_dask_cluster(project, monkeypatch, prefect_
     assert sorted(c for c in rec.calls if c.startswith("unit-")) == sorted(
         f"unit-{r.name.split('-')[1]}-{r.name.split('-')[3]}-{r.name.split('-')[4]}" for r in units)
     assert rec.calls[-3:] == ["evaluate-collect", "analyze", "report"]
+
+
+def _stage_edges(flow_run_id, parent_names: dict) -> dict[str, set[str]]:
+    """stage -> the stages its task runs are linked to in Prefect's graph (task-run inputs read back from the
+    API, `wait_for` included), the evaluate stage being its plan, its units' subflow and its own task run."""
+    runs = {r.id: r for r in _task_runs(flow_run_id)}
+
+    def stage_of(run) -> str | None:
+        if run.name == "evaluate-plan" or run.name.startswith("tandem-evaluate-units"):
+            return "evaluate"
+        return run.name if run.name in parent_names else None
+
+    edges: dict[str, set[str]] = {}
+    for run in runs.values():
+        stage = stage_of(run)
+        if stage is None:
+            continue
+        linked = {i.id for inputs in run.task_inputs.values() for i in inputs if getattr(i, "input_type", "") == "task_run"}
+        edges.setdefault(stage, set()).update(
+            s for s in (stage_of(runs[i]) for i in linked if i in runs) if s is not None and s != stage)
+    return edges
+
+
+@pytest.mark.slow
+def test_flow_graph_is_dvc_yamls_graph_and_logs_hold_no_warning(project, monkeypatch, prefect_api):
+    """Prefect draws its graph from the task runs' inputs: they must carry exactly dvc.yaml's edges, on a run
+    that computes every stage and on one that skips them all; a healthy run logs nothing at WARNING."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from flows.dvc_sync import pipeline_stages
+    from tandem.config import params_from_dict
+
+    _use_fakes(monkeypatch, fake_stages.Recorder())
+    specs = pipeline_stages(project / "dvc.yaml", params_from_dict(yaml.safe_load(fake_stages.PARAMS_YAML)).to_dict())
+    expected = {s.name: set(s.after) for s in specs}
+    assert expected["train@grpo"] == {"prepare", "base"} and "train@tandem" not in expected["train@grpo"]
+    for _ in ("computes every stage", "skips every stage"):
+        state = fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True)
+        assert state.is_completed(), state
+        run_id = state.state_details.flow_run_id
+        assert _stage_edges(run_id, expected) == expected
+        ids = [run_id] + [r.id for r in _subflow_runs(run_id)]
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
+        assert logs and not [(lg.level, lg.message) for lg in logs if lg.level >= 30]
+
+
+@pytest.mark.slow
+def test_evaluation_can_be_followed_while_it_runs(project, monkeypatch, prefect_api):
+    """On the Prefect server, while a unit runs: its progress artifact shows how far it is, and the running
+    evaluation summary holds the units finished so far (rounded); at the end, every unit."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    rec = fake_stages.Recorder(hold=3)  # units run one at a time: three are done when the fourth is held
+    _use_fakes(monkeypatch, rec)
+    monkeypatch.setattr(fp.progress, "POLL_SECONDS", 0.2)
+    seen: dict = {}
+
+    def artifacts(key, flow_run_id=None):
+        """Every version of artifact `key` (of one flow run, if given), newest first."""
+        flt = ArtifactFilter(key=ArtifactFilterKey(any_=[key]),
+                             **({"flow_run_id": ArtifactFilterFlowRunId(any_=[flow_run_id])} if flow_run_id else {}))
+        with get_client(sync_client=True) as client:
+            return sorted(client.read_artifacts(artifact_filter=flt), key=lambda a: a.created, reverse=True)
+
+    def rows(art):
+        return json.loads(art.data) if isinstance(art.data, str) else art.data
+
+    def watch():
+        try:
+            assert rec.held.wait(120)
+            _, arm, step, mode = rec.held_unit.split("-")
+            key = fp.unit_key({"arm": arm, "step": step, "mode": mode}, "progress")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not ("progress" in seen and "summary" in seen):
+                progress_arts = artifacts(key)
+                if progress_arts and 0 < progress_arts[0].data < 100:
+                    seen["progress"] = progress_arts[0].data
+                    summary = artifacts(fp.SUMMARY_KEY, progress_arts[0].flow_run_id)
+                    seen["dbg"] = [(a.description, a.flow_run_id) for a in artifacts(fp.SUMMARY_KEY)] + [progress_arts[0].flow_run_id, rec.calls]
+                    if summary and "3 of 6 units done" in summary[0].description:
+                        seen["summary"] = rows(summary[0])
+                time.sleep(0.2)
+        finally:
+            rec.release.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    state = fp.tandem_pipeline(params_path="params.yaml", live=False, dvc="off", return_state=True)
+    watcher.join(timeout=30)
+    assert state.is_completed(), state
+    assert seen.get("progress") == 25.0 and "summary" in seen, seen
+    units = [c for c in rec.calls if c.startswith("unit-")]
+    first_three = {tuple(u.split("-")[1:]) for u in units[:3]}
+    assert {(r["arm"], str(r["step"]), r["mode"]) for r in seen["summary"]} == first_three
+    assert seen["summary"][0].keys() >= {"arm", "step", "mode", "benchmark", "problems", "pass@1"}
+    assert {r["pass@1"] for r in seen["summary"]} == {0.5, 0.25}
+    (sub,) = _subflow_runs(state.state_details.flow_run_id)
+    final = artifacts(fp.SUMMARY_KEY, sub.id)
+    assert len(final) == 6 and "6 of 6 units done" in final[0].description and len(rows(final[0])) == 12

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tandem.report.build import build_report
 from tandem.report.claims import claims_section, noise_warnings
-from tandem.report.render import render_html, render_markdown
+from tandem.report.render import formatted_rows, render_html, render_markdown
 
 from tests.report.fake_metrics import fake_analysis, fake_eval
 
@@ -59,14 +59,31 @@ def test_without_claims_the_section_says_why():
     assert "no difference in this report can be told apart from noise" in rep.sections[0].paragraphs[0]
 
 
-def test_claims_table_shows_intervals_and_the_not_measured_rows():
+def test_claims_table_puts_verdict_and_difference_first_and_the_estimates_after():
     missing = {**_row("overlap", 0, 0, 0, "not measured"), "difference": None, "ci_low": None, "ci_high": None,
                "tandem": None, "tandem_ci": None, "within_noise": None}
     sec = claims_section([NOISY, missing], seeds=2)
-    table = sec.tables[0]
-    assert table.rows[0][-2] == "+0.020 [-0.030, +0.070]" and table.rows[0][3] == "0.520 [0.470, 0.570]"
-    assert table.rows[1][-1] == "not measured" and table.rows[1][-2] == "\u2013" and table.rows[1][3] == "\u2013"
+    table, estimates = sec.tables
+    assert table.headers == ["claim", "metric", "comparison", "verdict", "difference [95% CI]"]
+    rows = formatted_rows(table)
+    assert rows[0][3:] == ["inconclusive", "+0.0200 [-0.0300, +0.0700]"]
+    assert rows[1][3:] == ["not measured", "\u2013"]
     assert "bootstrap over seeds and problems" in table.note
+    assert estimates.headers == ["measure", "base", "tandem", "GRPO", "KL-Reg"]
+    est = formatted_rows(estimates)
+    assert est[0] == ["step/pass@1", "0.300 [0.250, 0.350]", "0.520 [0.470, 0.570]", "0.500 [0.450, 0.550]",
+                      "0.450 [0.400, 0.500]"]
+    assert est[1][2] == "\u2013"  # the arm that was not measured
+
+
+def test_a_rows_estimates_share_one_number_format():
+    # a KL row: 0.000989 next to 0.001 was two formats; now every value of the row has the same decimals
+    kl = {**_row("kl_mean", -1.1e-5, -2e-5, -1e-6, "holds", "less"), "tandem": 0.000989, "tandem_ci": [0.0009, 0.00108],
+          "grpo": 0.001, "grpo_ci": [0.00091, 0.0011], "kl_reg": 0.001, "kl_reg_ci": [0.00092, 0.00109],
+          "base": 0.0, "base_ci": [0.0, 0.0]}
+    est = formatted_rows(claims_section([kl], seeds=1).tables[1])[0]
+    assert est[1:] == ["0.00000 [0.00000, 0.00000]", "0.00099 [0.00090, 0.00108]", "0.00100 [0.00091, 0.00110]",
+                       "0.00100 [0.00092, 0.00109]"]
 
 
 def test_an_equivalence_that_holds_is_no_warning_but_one_that_straddles_the_margin_is():
@@ -78,5 +95,5 @@ def test_an_equivalence_that_holds_is_no_warning_but_one_that_straddles_the_marg
 
 def test_small_differences_keep_their_significant_digits():
     tiny = _row("kl_mean", -2.5e-4, -4.1e-4, -1.2e-4, "holds", "less")
-    row = claims_section([tiny], seeds=3).tables[0].rows[0]
-    assert row[-2] == "-0.00025 [-0.00041, -0.00012]"
+    row = formatted_rows(claims_section([tiny], seeds=3).tables[0])[0]
+    assert row[-1] == "-0.000250 [-0.000410, -0.000120]"

@@ -4,6 +4,7 @@ intervals are given, and the unchanged tables without them."""
 from __future__ import annotations
 
 from tandem.report import tables as T
+from tandem.report.render import formatted_rows
 
 from tests.report.fake_metrics import fake_analysis, fake_eval
 
@@ -14,8 +15,9 @@ IV = {"base": {"solo/pass@1": (0.1, 0.3), "step/pass@1": (0.05, 0.2), "junior_ce
 
 
 def _col(table, header):
+    """model -> the column's cell as rendered (None where the table holds none)."""
     i = table.headers.index(header)
-    return {r[0]: r[i] for r in table.rows}
+    return {r[0]: None if r[i] is None else text[i] for r, text in zip(table.rows, formatted_rows(table))}
 
 
 def test_passk_table_adds_the_interval_of_pass_at_1():
@@ -50,3 +52,14 @@ def test_without_intervals_the_tables_are_as_before():
     assert T.drift_table(an).headers[:3] == ["arm", "step", "KL mean"] and T.drift_table(an).note == ""
     assert "95% intervals" not in T.ablation_table(fake_eval(), an).note
     assert "95% intervals" in T.ablation_table(fake_eval(), an, 1, IV).note
+
+
+def test_one_number_format_per_column():
+    from tandem.report.document import Table
+
+    t = Table("c", ["model", "KL", "pass@1", "tokens", "step"],
+              [["a", 0.000989, 0.5, 87.69791, 8], ["b", 0.001, 1.0, 126.0, 16], ["c", None, 0.125, 46.9, 0]])
+    rows = formatted_rows(t)
+    assert [r[1] for r in rows] == ["0.00099", "0.00100", "\u2013"]  # 3 significant digits of the largest
+    assert [r[2] for r in rows] == ["0.500", "1.000", "0.125"]
+    assert [r[3] for r in rows] == ["87.698", "126.000", "46.900"] and [r[4] for r in rows] == ["8", "16", "0"]

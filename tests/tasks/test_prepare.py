@@ -95,8 +95,11 @@ def test_bad_rows_report_is_printed_and_in_the_error(bad_run):
 
 
 def test_bad_rows_write_no_outputs(bad_run):
+    """No prepared split or metric is written; only the failed validation's Data Docs page (its report)."""
     root, _, _ = bad_run
-    assert _files_under(root) == []
+    docs = root / "reports" / "data-docs"
+    assert [p for p in _files_under(root) if docs not in p.parents] == []
+    assert (docs / "index.html").is_file()
 
 
 def test_drop_invalid_writes_only_the_good_rows(tmp_path):

@@ -25,6 +25,14 @@ def _params(root: Path, **report):
 def rendered(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     write_fake_run(root)
+    # what the prepare stage leaves: its validation summary and the GX Data Docs
+    (root / "metrics" / "data.json").write_text(json.dumps({"validation": {"passed": True, "rows_checked": 4500,
+                                                                           "expectations": 15, "failures": 0}}))
+    (root / "reports" / "data-docs").mkdir(parents=True)
+    (root / "reports" / "data-docs" / "index.html").write_text("<html><body>prepared_data</body></html>")
+    page = root / "reports" / "data-docs" / "validations" / "prepared_data" / "__none__" / "20260101T000000Z"
+    page.mkdir(parents=True)
+    (page / "abc.html").write_text("<html><body>prepared_data: 15 expectations</body></html>")
     params = _params(root)
     return params, R.run(params)
 
@@ -83,8 +91,14 @@ def test_outputs_and_figures(rendered):
     assert len(figs) == 5 and all(f"](figures/{f})" in md for f in figs)
     for section in ("Solo accuracy (figure 2)", "Tandem accuracy", "Drift from the base (figure 4)",
                     "KL-Reg comparison (figure 7)", "Legibility (table 1)", "Ablation (table 2)", "Training",
-                    "Promotion", "Example generations", "Run metadata"):
+                    "Promotion", "Example generations", "Data validation", "Run metadata"):
         assert section in html and section in md, section
+    # the validation, with a link to its Data Docs next to the report (a path in the artifact, not a link)
+    assert "Validation passed: 4500 rows checked against 15 expectations, 0 failures." in md
+    assert '<a href="data-docs/index.html">' in html and "](<data-docs/index.html>)" in md
+    assert '<a href="data-docs/validations/prepared_data/__none__/20260101T000000Z/abc.html">' in html
+    art = R.artifact_markdown(params, out)
+    assert "`reports/data-docs/index.html` (a DVC output)" in art and "](<" not in art
 
 
 def test_model_text_is_escaped_in_both_formats(rendered):
@@ -190,6 +204,8 @@ class _FakeWandb:
         outer = self
 
         class Run:
+            id = "report-run"
+
             def log(self, data):
                 outer.logged.update(data)
 
@@ -201,6 +217,10 @@ class _FakeWandb:
     def init(self, **kw):
         self.inits.append(kw)
         return self._run()
+
+    @staticmethod
+    def Settings(**kw):  # noqa: N802 (wandb's name)
+        return kw
 
     def Image(self, path, caption=""):  # noqa: N802 (wandb's name)
         assert Path(path).exists()
@@ -222,6 +242,30 @@ def test_figures_go_to_wandb_when_tracking_is_on(rendered, monkeypatch):
     assert R.log_figures_to_wandb(on, figs, fig_dir) is True
     assert set(fake.logged) == {f"report/{f.name}" for f in figs} and fake.finished == 1
     assert fake.inits[0]["mode"] == "offline" and fake.inits[0]["job_type"] == "report"
+    assert fake.inits[0]["id"].startswith("tandem-report-") and fake.inits[0]["group"]
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert R.log_figures_to_wandb(on, figs, fig_dir) is False and len(fake.inits) == 1
     assert R.log_figures_to_wandb(params, figs, fig_dir) is False  # report_to: none
+
+
+def test_examples_are_the_problems_where_the_models_disagree(tmp_path):
+    from tandem.checkpoints import generations_file
+
+    ev = {"settings": {"benchmarks": {"b": {}}},
+          "arms": {"tandem": {"checkpoints": [{"step": 0}, {"step": 8}]}, "grpo": {"checkpoints": [{"step": 0}, {"step": 8}]}}}
+    scores = {("tandem", 0): {"p1": [1, 1], "p2": [0, 0], "p3": [1, 0]},  # the base, under the first arm
+              ("tandem", 8): {"p1": [1, 1], "p2": [1, 1], "p3": [1, 0]},
+              ("grpo", 8): {"p1": [1, 1], "p2": [0, 1], "p3": [1, 0]}}
+    for (arm, step), by_id in scores.items():
+        f = generations_file(tmp_path, arm, step, "solo", "b")
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("".join(json.dumps({"id": pid, "sample": i, "score": float(v), "text": f"{arm}-{step}-{pid}-{i}",
+                                         "answer": "7", "finish_reason": "eos"}) + "\n"
+                             for pid, vs in by_id.items() for i, v in enumerate(vs)))
+    blocks = R.examples(ev, tmp_path, max_examples=1)
+    # p2 splits the models most (base 0/2, tandem 2/2, GRPO 1/2): one block per model, a correct sample from
+    # the best model and a wrong one from the others
+    assert [b.text for b in blocks] == ["tandem-0-p2-0", "tandem-8-p2-0", "grpo-8-p2-0"]
+    assert blocks[0].label.startswith("base, b, problem p2: 0/2 samples correct")
+    assert blocks[1].label.startswith("TRL (tandem) step-8, b, problem p2: 2/2") and "GRPO step-8" in blocks[2].label
+    assert len(R.examples(ev, tmp_path, max_examples=3)) == 9 and R.examples(ev, tmp_path, 0) == []

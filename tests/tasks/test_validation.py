@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+import json
+from pathlib import Path
+
 from tandem.config import DataConfig
 from tasks.validation import RULES, DataValidationError, normalise_problem, validate_splits
 
@@ -62,10 +65,15 @@ EXPECTED = {
 
 
 @pytest.fixture(scope="module")
-def bad_report():
-    """One validation run over every kind of bad row (GX imports once per module)."""
+def docs_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("data-docs")
+
+
+@pytest.fixture(scope="module")
+def bad_report(docs_dir):
+    """One validation run over every kind of bad row (GX imports once per module), with its Data Docs."""
     splits = {"train": GOOD_TRAIN + BAD_TRAIN, "val": VAL, "eval/toy": EVAL}
-    return validate_splits(splits, CFG, eval_splits=["eval/toy"])
+    return validate_splits(splits, CFG, eval_splits=["eval/toy"], docs_dir=docs_dir)
 
 
 def test_every_bad_row_and_rule_is_reported(bad_report):
@@ -131,3 +139,32 @@ def test_error_carries_the_report(bad_report):
 
 def test_normalise_problem():
     assert normalise_problem("  What IS\n 7\ttimes 6? ") == "what is 7 times 6?"
+
+
+def test_a_failing_validation_is_stored_and_rendered_as_data_docs(bad_report, docs_dir):
+    result = json.loads((docs_dir / "validation_result.json").read_text())
+    assert result["success"] is False and len(result["results"]) == bad_report.n_expectations
+    failed = {r["expectation_config"]["meta"]["rule"] for r in result["results"] if not r["success"]}
+    assert failed == {rule for _, _, rule in EXPECTED}
+    assert (docs_dir / "index.html").is_file()
+    (page,) = (docs_dir / "validations" / "prepared_data").rglob("*.html")  # this run's validation page
+    assert "Failed" in page.read_text() or "failed" in page.read_text()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_data_docs_open_in_headless_chromium(bad_report, docs_dir):
+    """The Data Docs index and the validation page load in a browser; the validation page shows the suite and its
+    rules. GX's styles and scripts come from CDNs, which an offline machine cannot reach: the index draws its list
+    of validations with them (so offline its source holds the list, not its text), the validation page is HTML."""
+    from tests.report.chromium import ensure_chromium, load_page
+
+    chromium, why = ensure_chromium()
+    if chromium is None:
+        pytest.skip(f"browser test skipped: {why}")
+    index = load_page(chromium, docs_dir / "index.html")
+    assert "Data Docs" in index.text
+    (page,) = (docs_dir / "validations" / "prepared_data").rglob("*.html")
+    assert page.relative_to(docs_dir).as_posix() in (docs_dir / "index.html").read_text()  # the index lists it
+    shown = load_page(chromium, page)
+    assert "prepared_data" in shown.text and "_answer_parses" in shown.text
