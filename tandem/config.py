@@ -138,6 +138,10 @@ class ModelConfig(_Section):
     pretrain_warmup: float = _f(0.05, "tiny: fraction of pretraining spent on linear warmup before cosine decay")
     curve_points: int = _f(6, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)")
     curve_problems: int = _f(20, "tiny: problems per benchmark in each learning-curve evaluation")
+    pretrain_target: float = _f(0.0, "tiny: greedy accuracy on the first pretrain_target_problems validation problems at which pretraining cools down and stops (the target schedule: full learning rate after warmup, then a linear decay over pretrain_cooldown steps); 0 = a cosine schedule over pretrain_steps")
+    pretrain_target_every: int = _f(100, "tiny, target schedule: steps between accuracy probes")
+    pretrain_target_problems: int = _f(100, "tiny, target schedule: validation problems per probe (greedy)")
+    pretrain_cooldown: int = _f(0, "tiny, target schedule: steps of linear learning-rate decay to 0 after the target is reached (started pretrain_cooldown steps before pretrain_steps at the latest)")
     sft_steps: int = _f(0, "hub/path/gguf sources: supervised warm-up steps on synthetic reference solutions before RL (0 = off); teaches a small instruct model the \\boxed{} answer format the reward reads")
     sft_lr: float = _f(5e-5, "warm-up: peak learning rate (linear warmup over the first 10%, cosine decay)")
     sft_batch_size: int = _f(8, "warm-up: sequences per step; the corpus is sft_steps x sft_batch_size fresh synthetic problems, each seen once")
@@ -156,6 +160,13 @@ class ModelConfig(_Section):
         _rule(p, self.cpu_threads >= 0, "model.cpu_threads", self.cpu_threads, "must be >= 0 (0 = torch default)")
         _rule(p, self.curve_points >= 0, "model.curve_points", self.curve_points, "must be >= 0 (0 = off)")
         _rule(p, self.pretrain_max_seconds >= 0, "model.pretrain_max_seconds", self.pretrain_max_seconds, "must be >= 0")
+        _rule(p, 0 <= self.pretrain_target <= 1, "model.pretrain_target", self.pretrain_target,
+              "is an accuracy: must lie in [0, 1] (0 = no target)")
+        _rule(p, self.pretrain_target_every > 0, "model.pretrain_target_every", self.pretrain_target_every, "must be > 0")
+        _rule(p, self.pretrain_target_problems > 0, "model.pretrain_target_problems", self.pretrain_target_problems,
+              "must be > 0")
+        _rule(p, 0 <= self.pretrain_cooldown < self.pretrain_steps, "model.pretrain_cooldown", self.pretrain_cooldown,
+              "must lie in [0, model.pretrain_steps)")
         _rule(p, self.head_dim > 0 or (self.num_heads > 0 and self.hidden_size % max(self.num_heads, 1) == 0),
               "model.hidden_size", self.hidden_size, "must be divisible by model.num_heads (or set model.head_dim)")
         _rule(p, self.head_dim >= 0 and self.head_dim % 2 == 0, "model.head_dim", self.head_dim,

@@ -384,8 +384,19 @@ def length_bucketed_batches(n_examples: int, lengths: Sequence[int], batch_size:
     return batches
 
 
+def target_lr_factor(step: int, warmup_steps: int, cool_start: int | None, cooldown: int) -> float:
+    """The target schedule: linear warmup, then the full rate until the target is reached (`cool_start`), then a
+    linear decay to 0 over `cooldown` steps."""
+    if cool_start is not None:
+        return max(1.0 - (step - cool_start) / max(cooldown, 1), 0.0)
+    if step < warmup_steps:
+        return max(step / warmup_steps, 1e-3)
+    return 1.0
+
+
 def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfig, progress: bool = True,
-             seed: int = 0, curve_fn: Callable[[Any], dict] | None = None, curve_points: int = 0) -> dict:
+             seed: int = 0, curve_fn: Callable[[Any], dict] | None = None, curve_points: int = 0,
+             target_fn: Callable[[Any], float] | None = None) -> dict:
     """Supervised pretraining on (user message, reference solution) pairs; returns a summary dict.
 
     Runs `cfg.pretrain_steps` AdamW steps, or stops at `cfg.pretrain_max_seconds` of training time if that
@@ -394,6 +405,13 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
     `curve_fn(model)` (if given) is called at `curve_points` evenly spaced points of progress and its
     dict is logged with step, training seconds and recent loss: the learning curve. Its time is not
     counted as training time.
+
+    With `cfg.pretrain_target` > 0 and a `target_fn(model) -> accuracy` the schedule is the target schedule
+    instead (`target_lr_factor`): the full learning rate after warmup, `target_fn` every
+    `cfg.pretrain_target_every` steps, and once it reaches the target (or `pretrain_cooldown` steps before
+    `pretrain_steps` at the latest) a linear decay to 0 over `cfg.pretrain_cooldown` steps, then the end. The
+    model then stops at a skill level rather than a step count: when it learns the task's key skill (a
+    seed- and rounding-dependent moment for a tiny model) moves the step it stops at, not the level.
     """
     if not texts:
         raise ValueError("pretrain needs at least one (message, solution) pair")
@@ -409,6 +427,13 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, betas=(0.9, 0.98), weight_decay=0.01)
     max_s = cfg.pretrain_max_seconds
     total = cfg.pretrain_steps
+    targeted = cfg.pretrain_target > 0 and target_fn is not None
+    if targeted:
+        max_s = 0.0  # the target schedule decides by skill, never by the clock
+    warmup_steps = max(1, round(cfg.pretrain_warmup * total))
+    cooldown = min(cfg.pretrain_cooldown, total)
+    cool_start: int | None = None
+    probes: list[dict] = []
     model.train()
 
     bar = None
@@ -430,8 +455,13 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
             if prog >= 1.0:
                 stopped_by = "time"
                 break
+            if targeted and cool_start is not None and step >= cool_start + cooldown:
+                stopped_by = "target" if probes and probes[-1]["reached"] else "steps"
+                break
+            factor = (target_lr_factor(step, warmup_steps, cool_start, cooldown) if targeted
+                      else lr_factor(prog, cfg.pretrain_warmup))
             for g in opt.param_groups:
-                g["lr"] = cfg.pretrain_lr * lr_factor(prog, cfg.pretrain_warmup)
+                g["lr"] = cfg.pretrain_lr * factor
             batch = collate([examples[i] for i in batches.pop()], pad_id)
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
             loss = completion_loss(out.logits, batch["labels"])
@@ -459,13 +489,33 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
                 curve.append(point)
                 if bar is not None:
                     bar.write(f"curve: {point}")
+            if targeted and cool_start is None:
+                if step >= warmup_steps and step % max(cfg.pretrain_target_every, 1) == 0:
+                    model.eval()
+                    acc = float(target_fn(model))
+                    model.train()
+                    probes.append({"step": step, "accuracy": round(acc, 4), "reached": acc >= cfg.pretrain_target})
+                    if bar is not None:
+                        bar.write(f"target probe: step {step} accuracy {acc:.3f} (target {cfg.pretrain_target})")
+                    if acc >= cfg.pretrain_target:
+                        cool_start = step
+                if cool_start is None and step >= total - cooldown:
+                    cool_start = step  # the step cap: cool down now, target or not
     finally:
         if bar is not None:
             bar.close()
     model.eval()
+    if curve_fn is not None and curve_points > 0 and (not curve or curve[-1]["step"] != step) and losses:
+        curve.append({"step": step, "seconds": round(train_s, 1),  # where a target run stopped
+                      "loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), **curve_fn(model)})
     tail = losses[-max(1, min(50, len(losses) // 10)):]
+    if targeted and cool_start is not None and step >= cool_start + cooldown and stopped_by == "steps":
+        stopped_by = "target" if probes and probes[-1]["reached"] else "steps"
+    target = ({"target": cfg.pretrain_target, "every": cfg.pretrain_target_every, "cooldown": cooldown,
+               "reached_at_step": next((p["step"] for p in probes if p["reached"]), None), "probes": probes}
+              if targeted else None)
     return {
-        "steps": step, "stopped_by": stopped_by if step < total else "steps",
+        "steps": step, "stopped_by": stopped_by if (step < total or targeted) else "steps", "target": target,
         "seconds": round(train_s, 2), "tokens": tokens,
         "tokens_per_second": round(tokens / max(train_s, 1e-9), 1),
         "first_loss": round(losses[0], 4) if losses else None,

@@ -26,7 +26,7 @@ from tandem.evaluation import (FORMAT_VERSION, EvalSettings, content_hash, eos_t
                                torch_threads)
 from tandem.metrics.passk import macro_mean
 from tandem.rollout.factory import rollout_engine
-from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json, write_jsonl
+from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json, write_jsonl, write_metrics
 from tandem.errors import BadInputError
 
 JUNIOR = "junior"  # pseudo-arm name of the junior floor (the base model alone)
@@ -318,7 +318,7 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
         tmp.mkdir()
         for arm in arms:
             write_csv(tmp / f"{arm}.csv", *_arm_table(arms[arm], junior, ev.modes, ev.ks, list(benches)))
-    write_json(outputs["metrics"], doc)
+    write_metrics(outputs["metrics"], doc)  # each entry's compute time goes beside it
     flat = {f"{arm}/{k}": v for arm, s in summary.items() for k, v in s.items() if k != "final_step"}
     return flat
 

@@ -27,7 +27,7 @@ from tandem.config import Params
 from tandem.data.prompts import user_message
 from tandem.data.reader import DataFileError, FileProblem, read_problem_file
 from tandem.data.synthetic import generate
-from tasks.common import Layout, atomic_path, write_json, write_jsonl
+from tasks.common import Layout, atomic_path, write_jsonl, write_metrics
 from tasks.validation import DataValidationError, ValidationReport, validate_splits
 
 __all__ = ["default_io", "run", "resolve_data_path", "DataValidationError", "DataFileError"]
@@ -209,5 +209,5 @@ def run(params: Params, inputs: dict[str, Path], outputs: dict[str, Path]) -> di
         "dropped": dropped,
         "seconds": round(time.perf_counter() - t0, 3),
     }
-    write_json(outputs["metrics"], metrics)
+    write_metrics(outputs["metrics"], metrics)
     return metrics

@@ -33,7 +33,8 @@ import tempfile
 from pathlib import Path
 
 from tandem.config import Params
-from tasks.common import Layout, atomic_path, load_params, read_jsonl, write_json
+from tasks.common import (Layout, atomic_path, is_timing_key, load_params, read_jsonl, split_timing, timing_path,
+                          write_metrics)
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
@@ -68,14 +69,18 @@ def _finish_wandb(params: Params) -> None:
 
 
 def write_step_table(path: Path, rows: list[dict]) -> None:
+    """The per-step table (`dvc plots`) without its timing columns, which go to `<arm>.timing.csv` beside it:
+    the table DVC hashes then depends on the run's inputs alone."""
     from tandem.train import TABLE_COLUMNS
 
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(TABLE_COLUMNS))
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    timing = ["step"] + [c for c in TABLE_COLUMNS if is_timing_key(c)]
+    for dest, cols in ((path, [c for c in TABLE_COLUMNS if not is_timing_key(c)]), (timing_path(path), timing)):
+        with atomic_path(dest) as tmp:
+            with open(tmp, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+                w.writeheader()
+                for r in rows:
+                    w.writerow({k: ("" if r.get(k) is None else r[k]) for k in cols})
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -85,10 +90,27 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
+# Checkpoint files that carry the run's clock (trl's per-step times, the save time): the output gets them
+# without those values, so a rerun with the same inputs materialises bit-identical checkpoints.
+CLOCKED_STATE = ("trainer_state.json", "tandem_state.json")
+
+
+def _without_timings(path: Path) -> None:
+    """Replace `path` (a hard link into scratch/, left as it is) by a copy without timing values."""
+    doc = json.loads(path.read_text())
+    kept, timing = split_timing(doc)
+    if timing is None:
+        return
+    path.unlink()
+    path.write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
+
+
 def materialise(work_dir: Path, out_dir: Path) -> list[str]:
     """`out_dir` := the complete checkpoints of `work_dir` (hard links, copies where linking fails), atomically.
 
-    Nothing ever writes into a committed checkpoint, so sharing its files with the output is safe.
+    Nothing ever writes into a committed checkpoint, so sharing its files with the output is safe. The state
+    files in `CLOCKED_STATE` are the exception: the output holds copies without their timings (scratch/, where
+    a run resumes, keeps them).
     """
     from tandem.train import complete_checkpoints
 
@@ -97,6 +119,9 @@ def materialise(work_dir: Path, out_dir: Path) -> list[str]:
         tmp.mkdir()
         for _, ckpt in complete_checkpoints(work_dir):
             shutil.copytree(ckpt, tmp / ckpt.name, copy_function=_link_or_copy)
+            for name in CLOCKED_STATE:
+                if (tmp / ckpt.name / name).exists():
+                    _without_timings(tmp / ckpt.name / name)
             names.append(ckpt.name)
     return names
 
@@ -173,7 +198,7 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
     """Train one arm in `train.num_processes` processes through `accelerate launch`; returns the summary."""
     import torch
 
-    from tasks.common import read_json
+    from tasks.common import read_metrics
 
     if params.train.sharding != "none" and not torch.cuda.is_available():
         # accelerate 1.15 turns FSDP on only for accelerator devices (a CPU run would silently train with DDP),
@@ -205,7 +230,7 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
                            f"(accelerate launch exit status {rc}); the workers' output is above")
     if not metrics.exists():
         raise RuntimeError(f"train: the workers of arm {arm!r} exited cleanly but wrote no {metrics}")
-    return read_json(metrics)
+    return read_metrics(metrics)
 
 
 def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
@@ -237,7 +262,7 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict) -> dict
         _finish_wandb(params)
     if int(os.environ.get("RANK", "0")) == 0:  # one writer; every rank holds the same history
         materialise(Path(outputs["scratch"]) / arm, Path(outputs["checkpoints"]) / arm)
-        write_json(outputs[f"metrics_{arm}"], res.summary)
+        write_metrics(outputs[f"metrics_{arm}"], res.summary)  # step and phase times go beside it
         write_step_table(Path(outputs[f"plot_{arm}"]), step_rows(res.log_history))
     return res.summary
 
@@ -250,7 +275,7 @@ KEEP = ("steps", "reward_first", "reward_last", "senior_fraction", "handoffs_per
 def collect(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """The headline numbers of every arm, from the per-arm summaries (nothing is written: each arm's own
     `metrics/train_<arm>.json` is its DVC stage's metric)."""
-    from tasks.common import read_json
+    from tasks.common import read_metrics
 
     do = {**default_io(params)[1], **(outputs or {})}
     out = {}
@@ -258,7 +283,7 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
         path = Path(do[f"metrics_{arm}"])
         if not path.exists():
             raise FileNotFoundError(f"train: {path} is missing (arm {arm!r} has not been trained)")
-        summary = read_json(path)
+        summary = read_metrics(path)  # with the run's step and phase times
         out[arm] = {k: summary.get(k) for k in KEEP}
     return out
 
