@@ -224,6 +224,7 @@ def run(params: str = PARAMS_OPT,
     _offline_defaults()
     p = _load(params)
     wanted = _stage_list(stages)
+    todo = _direct_stages(p, wanted)  # also checks the names before any work
     if dvc not in ("auto", "on", "off", "adopt"):
         raise typer.BadParameter(f"{dvc!r}: choose auto, on, off or adopt", param_hint="--dvc")
     from flows.dvc_sync import find_project
@@ -248,9 +249,9 @@ def run(params: str = PARAMS_OPT,
                                            ("--eval-runner", eval_runner != "threads"), ("--dvc", dvc != "auto"))
                      if on]
         if flow_only:
-            raise typer.BadParameter(f"{', '.join(flow_only)} need the Prefect flow (drop --direct)",
+            raise typer.BadParameter(f"{', '.join(flow_only)} {'needs' if len(flow_only) == 1 else 'need'} the Prefect flow "
+                                     "(drop --direct)",
                                      param_hint="--direct")
-        todo = _direct_stages(p, wanted)
     from tandem.workspace import workspace_lock
 
     with expected_failures("pipeline"), workspace_lock(p.out_root, wait=wait, command="tandem run"):

@@ -1,4 +1,5 @@
-"""Shared plumbing for stages: params loading, the standard path layout, JSON/JSONL I/O, atomic writes.
+"""Shared plumbing for stages: params loading, a params file's output root, the standard path layout, JSON/JSONL
+I/O, atomic writes, and metrics written without the run's timings (those go to a `*.timing.*` sidecar).
 
 Every stage module exposes `run(params, inputs, outputs) -> dict` plus `default_io(params)` returning the
 `inputs` and `outputs` dicts of paths that `dvc.yaml` declares for it. The CLI, DVC, Prefect and the tests
