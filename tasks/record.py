@@ -156,7 +156,10 @@ def record_summary(cmp: Comparison, machine_line: str = "") -> str:
     lines = [f"This run differs from the committed record (dvc.lock at {cmp.commit}):"]
     if cmp.same:
         lines.append(f"  same outputs:    {', '.join(cmp.same)}")
-    lines.append("  other outputs:   " + "; ".join(f"{s} ({', '.join(p)})" for s, p in cmp.differs.items()))
+    if sum(len(p) for p in cmp.differs.values()) <= 8:
+        lines.append("  other outputs:   " + "; ".join(f"{s} ({', '.join(p)})" for s, p in cmp.differs.items()))
+    else:  # a whole new run: the stages say enough (`git diff HEAD -- dvc.lock` lists every output)
+        lines.append("  other outputs:   " + ", ".join(f"{s} ({len(p)})" for s, p in cmp.differs.items()))
     moved = [f"{label} {_num(a)} -> {_num(b)}" for label, a, b in cmp.headline if a != b]
     if moved:
         lines.append("  headline numbers (record -> this run): " + "; ".join(moved))
