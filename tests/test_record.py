@@ -111,6 +111,14 @@ def test_compare_with_record(tmp_path):
     assert "sampled" not in text.split("headline numbers")[1].split("\n")[0]  # unchanged numbers stay out
     assert "AVX2" in text and "git checkout -- dvc.lock metrics && dvc checkout" in text
     assert compare_with_record(tmp_path / "nowhere") is None
+    # the report records its time and commit: it alone differing still reproduces the record
+    (root / "dvc.lock").write_text(LOCK.format(metrics="m1", model="aaaa") + "  report:\n    cmd: tandem stage report\n"
+                                   "    outs:\n    - path: reports\n      hash: md5\n      md5: r2.dir\n")
+    (root / "metrics" / "base.json").write_text(json.dumps({"accuracy": {"greedy": {"macro": 0.5},
+                                                                        "sampled": {"macro": 0.37}}}))
+    only_report = compare_with_record(root)
+    assert only_report.identical and only_report.differs == {"report": ["reports"]}
+    assert "bit for bit" in record_summary(only_report) and "apart from report" in record_summary(only_report)
 
 
 def test_run_metadata_keeps_the_last_real_run(tmp_path):
