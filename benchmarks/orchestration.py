@@ -28,6 +28,8 @@ from pathlib import Path
 
 import yaml
 
+from tandem.config import TOOL_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PARAMS = REPO / "tests" / "flows" / "tiny_params.yaml"
 
@@ -81,9 +83,7 @@ def _params_in(tmp: Path, source: Path, name: str) -> Path:
 
 def measure(params: Path = DEFAULT_PARAMS, repeats: int = 1) -> dict:
     """Alternate direct and flow runs `repeats` times; medians and ratios."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled"),
-           "DVC_NO_ANALYTICS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "TRL_EXPERIMENTAL_SILENCE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    env = {**os.environ, **TOOL_ENV, "HF_HUB_OFFLINE": "1", "WANDB_MODE": os.environ.get("WANDB_MODE", "disabled"),
            "PREFECT_LOGGING_LEVEL": "WARNING"}
     direct, flow = [], []
     with tempfile.TemporaryDirectory(prefix="tandem-bench-") as tmp:

@@ -97,19 +97,13 @@ def expected_failures(what: str) -> Iterator[None]:
 
 
 def _offline_defaults() -> None:
-    """Tools that phone home stay quiet unless the user asked otherwise (W&B's mode comes from
-    `train.wandb_mode`, offline by default, unless WANDB_MODE is set)."""
-    for key, value in {
-        "DVC_NO_ANALYTICS": "1",
-        "GX_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "TRL_EXPERIMENTAL_SILENCE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-        # the stages' own loggers reach the flow run's logs (and the UI), not only the terminal
-        "PREFECT_LOGGING_EXTRA_LOGGERS": "tandem,tasks,flows",
-    }.items():
-        os.environ.setdefault(key, value)
+    """Tools that phone home stay quiet unless the user asked otherwise (`tandem.config.TOOL_ENV`; W&B's mode
+    comes from `train.wandb_mode`, offline by default, unless WANDB_MODE is set)."""
+    from tandem.config import apply_tool_env
+
+    apply_tool_env()
+    # the stages' own loggers reach the flow run's logs (and the UI), not only the terminal
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "tandem,tasks,flows")
 
 
 def _load(params: str):
@@ -304,17 +298,66 @@ def _compare_with_record(root: Path) -> None:
 def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds (first-seed, first-seed + 1, ...)"),
           params: str = typer.Option("params.study.yaml", "--params", "-p", help="complete params file of the study"),
           first_seed: int = typer.Option(0, "--first-seed", help="the first seed"),
-          out: str = typer.Option("studies", "--out", help="directory for the per-seed roots, claims.json and the report"),
+          out: Optional[str] = typer.Option(None, "--out", help="directory for the per-seed roots, claims.json and the "
+                                            "report (default: studies/first-study for a --params study, studies for "
+                                            "--registered and --recompute)"),
           jobs: int = typer.Option(2, "--jobs", help="runs side by side (each a one-thread stage process)"),
           until: str = typer.Option("claims", "--until", help="stop after: train | analyze | claims"),
           show_status: bool = typer.Option(False, "--status", help="print where each seed x arm stands and exit"),
-          direct: bool = typer.Option(False, help="run the steps in this process without Prefect")) -> None:
+          recompute: bool = typer.Option(False, "--recompute", help="rebuild <out>/claims.json and the report from "
+                                         "<out>/results/ and <out>/registration.yaml alone, and exit"),
+          direct: bool = typer.Option(False, help="run the steps in this process without Prefect"),
+          registered: bool = typer.Option(False, "--registered", help="the registered study (studies/registration"
+                                          ".yaml: its study file, seeds, arms, positive control); per seed x arm "
+                                          "results go to studies/results/ as they finish")) -> None:
     """Run the pipeline for several seeds x the arms and test the paper's claims with 95% intervals
     (`<out>/claims.json`, `<out>/report.md`). Rerun after an interruption: it continues where it stopped."""
     _offline_defaults()
+    out = out or ("studies" if (recompute or registered) else "studies/first-study")
+    if recompute:  # the committed per-problem CSVs and the registration are all it reads: no params, no models
+        with expected_failures("study"):
+            from tasks import claims as cl
+
+            doc = cl.recompute(out)
+        typer.echo(cl.summary(doc))
+        typer.echo(f"  claims   {Path(out) / 'claims.json'}\n  report   {Path(out) / 'report.md'}")
+        return
     if until not in ("train", "analyze", "claims"):
         typer.secho(f"--until {until!r}: choose train, analyze or claims", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2)
+    if registered:
+        with expected_failures("study"):
+            from tasks import pilot as pl
+            from tasks import study as st
+
+            reg = pl.load_registration()
+            sc = reg["study"]
+            study_file = Path(reg["_dir"]) / "study.yaml"
+            if not study_file.exists():
+                raise st.BadInputError(f"study: {study_file} does not exist yet; `tandem pilot` writes it when a "
+                                       "registered variant has room")
+            seeds_ = sorted(int(x) for x in sc["seeds"])
+            if seeds_ != list(range(seeds_[0], seeds_[0] + len(seeds_))):
+                raise st.BadInputError(f"study: registered seeds {seeds_} must be consecutive")
+            s = st.settings(study_file, len(seeds_), seeds_[0], Path(reg["_dir"]), int(sc.get("jobs", jobs)))
+            if show_status:
+                for r in st.status(s):
+                    step = f"{r['step']}/{r['steps']}" if r["steps"] else ""
+                    typer.echo(f"seed {r['seed']:>3}  {r['arm']:<8} {r['state']:<10} {step}")
+                return
+            pc = sc["positive_control"]
+            ctl = st.Control(int(pc["sft_steps"]), int(pc["sft_batch_size"]), float(pc["sft_lr"]))
+            t0 = time.perf_counter()
+            st.run_study(s, until, ctl, Path(reg["_dir"]) / "results", log=typer.echo)
+            doc = None
+            if until == "claims":
+                from tasks import claims as cl
+
+                doc = cl.recompute(Path(reg["_dir"]))
+        typer.secho(f"\nstudy finished in {time.perf_counter() - t0:.0f}s", bold=True)
+        if doc is not None:
+            typer.echo(cl.summary(doc))
+        return
     _load(params)
     with expected_failures("study"):
         from tasks import study as st
@@ -349,11 +392,41 @@ def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds
         typer.echo(f"  claims   {s.out / 'claims.json'}\n  report   {s.out / 'report.md'}")
 
 
+@app.command()
+def pilot(registration: str = typer.Option("studies/registration.yaml", "--registration",
+                                          help="the registered pilot, study and claims"),
+          jobs: Optional[int] = typer.Option(None, "--jobs", help="runs side by side (default: the registration's)"),
+          show_status: bool = typer.Option(False, "--status", help="print where each pilot run stands and exit")) -> None:
+    """Run the registered pilot (GRPO against the base on a pilot-only seed) to its room verdict, the KL-Reg
+    beta and the study's params file (`studies/pilot/result.md`). Rerun after an interruption: it continues."""
+    _offline_defaults()
+    with expected_failures("pilot"):
+        from tasks import pilot as pl
+
+        if show_status:
+            for r in pl.status(registration):
+                step = f"{r['step']}/{r['steps']}" if r["steps"] else ""
+                typer.echo(f"{r['variant']:<4} {r['unit']:<16} {r['arm']:<8} {r['state']:<10} {step}")
+            return
+        t0 = time.perf_counter()
+        doc = pl.run(registration, jobs, log=typer.echo)
+    typer.secho(f"\npilot finished in {time.perf_counter() - t0:.0f}s: {doc['verdict']}", bold=True)
+    typer.echo(f"  result   {Path(registration).resolve().parent / 'pilot' / 'result.md'}")
+
+
 @app.command("check-params")
-def check_params(file: str = typer.Argument("params.yaml", help="params file to validate")) -> None:
+def check_params(file: str = typer.Argument("params.yaml", help="params file to validate"),
+                 explain: bool = typer.Option(False, "--explain", help="print every setting with its value, rule "
+                                                                      "and help instead of the sections")) -> None:
     """Validate a params file (every setting present, no unknown keys, types, value rules) and print it."""
     p = _load(file)
     typer.secho(f"{file}: OK (every setting stated)", fg=typer.colors.GREEN)
+    if explain:
+        from tandem.config import explain as explain_settings, show
+
+        for key, value, rule, help_text in explain_settings(p):
+            typer.echo(f"  {key} = {show(value)}" + (f"  [{rule}]" if rule else "") + f"\n      {help_text}")
+        return
     for section in ("data", "model", "rollout", "train", "evaluate", "analyze", "report"):
         typer.echo(f"  {section}: {json.dumps(getattr(p, section).__dict__, default=str)}")
 
@@ -405,17 +478,28 @@ def bench_rollout(as_json: bool = typer.Option(False, "--json", help="print one 
                   backend: str = typer.Option("hf", help="hf (this process) or vllm (the rollout service in "
                                                          "vLLM's own environment)"),
                   url: Optional[str] = typer.Option(None, help="vllm: attach to a running service instead of "
-                                                               "starting one")) -> None:
+                                                               "starting one ($TANDEM_VLLM_TOKEN: its secret)"),
+                  vocab: str = typer.Option("model", help="vllm: model (the model's tokenizer) or qwen3 (Qwen3's "
+                                                          "real vocabulary, replayed real text at full length)"),
+                  max_new_tokens: Optional[int] = typer.Option(None, help="vllm: tokens per row (default 128; "
+                                                                          "qwen3: 3000)"),
+                  prompts: int = typer.Option(8, help="vllm: distinct prompts"),
+                  samples: Optional[int] = typer.Option(None, help="vllm: rows per prompt (default 8; qwen3: 4)"),
+                  repeats: int = typer.Option(2, help="vllm: timed runs of each (best kept)"),
+                  gpu: str = typer.Option("h200", help="vllm: the GPU the prediction prices (h200 | h100)"),
+                  gpu_rows: int = typer.Option(128, help="vllm: rows the prediction scales the counts to")) -> None:
     """Rollout throughput: solo, tandem (word), lockstep reference and plain generate, with ratios; with
-    --backend vllm: the service's throughput, decoded vs kept tokens, log-probs against transformers and the
-    weight-sync check."""
+    --backend vllm: the service's throughput, its counters, the predicted GPU ratio, log-probs against
+    transformers and the weight-sync check."""
     model_dir = model if model else ("models/base" if Path("models/base/config.json").exists() else None)
     if backend == "vllm":
-        from tandem.rollout.bench_vllm import bench_rollout_vllm
+        from tandem.rollout.vllm.bench import bench_rollout_vllm
 
-        res = bench_rollout_vllm(model_dir=model_dir, url=url)
+        res = bench_rollout_vllm(model_dir=model_dir, url=url, vocab=vocab, max_new_tokens=max_new_tokens,
+                                 n_prompts=prompts, n_samples=samples or (4 if vocab == "qwen3" else 8),
+                                 repeats=repeats, gpu=gpu, gpu_rows=gpu_rows)
         _print_bench(res, as_json)
-        if not (res["weights_synced"] and res["logprob_max_abs_diff"] <= 0.1):
+        if vocab == "model" and not (res["weights_synced"] and res["logprob_max_abs_diff"] <= 0.1):
             raise typer.Exit(code=1)
         return
     if backend != "hf":

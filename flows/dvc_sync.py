@@ -32,6 +32,8 @@ from typing import Any
 
 import yaml
 
+from tandem.config import apply_tool_env, tool_env
+
 _LOCK = threading.Lock()  # dvc takes a repo lock; commits from concurrent task threads would collide
 
 
@@ -89,7 +91,7 @@ class DvcSync:
         from dvc.exceptions import DvcException
         from dvc.repo import Repo
 
-        os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+        apply_tool_env()
         logging.getLogger("dvc").setLevel(logging.WARNING)  # "Updating lock file" per stage is noise here
         with _LOCK:
             try:
@@ -116,7 +118,7 @@ class DvcSync:
         cmd = [sys.executable, "-m", "dvc", "push", "--quiet"] + (["--remote", remote] if remote else [])
         with _LOCK:
             res = subprocess.run(cmd, cwd=self.root, capture_output=True, text=True, timeout=timeout,
-                                 env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+                                 env=tool_env())
         if res.returncode != 0:
             raise RuntimeError(f"`dvc push` failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()[-2000:]}")
 
@@ -163,7 +165,7 @@ def git(repo: Path, *args: str, check: bool = True, timeout: float = 120) -> sub
 
 def _dvc(root: Path, args: list[str], timeout: float) -> str:
     res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, text=True,
-                         timeout=timeout, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+                         timeout=timeout, env=tool_env())
     if res.returncode != 0:
         raise RuntimeError(f"`dvc {' '.join(args)}` failed (exit {res.returncode}): "
                            f"{(res.stderr or res.stdout).strip()[-2000:]}")

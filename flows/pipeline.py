@@ -56,13 +56,11 @@ TIMEOUTS = {"prepare": 2 * HOUR, "base": 12 * HOUR, "train": 72 * HOUR, "evaluat
 FLOW_TIMEOUT = 7 * 24 * HOUR
 
 
-def eval_workers() -> int:
-    """Evaluation units run at once (TANDEM_EVAL_WORKERS). Default 1: on a small CPU, parallel units only
-    fight over the same cores; on a large GPU box, raise it to overlap units."""
-    raw = os.environ.get("TANDEM_EVAL_WORKERS", "1")
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"TANDEM_EVAL_WORKERS must be an integer >= 1, got {raw!r}")
-    return int(raw)
+def eval_workers(params: Params) -> int:
+    """Evaluation units run at once: `evaluate.workers` ($TANDEM_EVAL_WORKERS overrides it for a deployment).
+    1 in the default run: on a small CPU, parallel units only fight over the same cores; on a large GPU box,
+    raise it to overlap units."""
+    return params.evaluate.workers
 
 
 def _stage(name: str):
@@ -188,11 +186,11 @@ def evaluate_units(params: Params, units: list[dict]) -> list[dict]:
     return evaluate_unit_task.map(unmapped(params), units).result()  # raises if any unit failed
 
 
-def task_runner(spec: str):
-    """`threads` (TANDEM_EVAL_WORKERS at once), `dask` (a local Dask cluster, one worker with that many threads)
+def task_runner(spec: str, workers: int = 1):
+    """`threads` (`workers` at once), `dask` (a local Dask cluster, one worker with that many threads)
     or a Dask scheduler address (`tcp://host:8786`: an existing cluster, e.g. dask-kubernetes)."""
     if spec == "threads":
-        return ThreadPoolTaskRunner(max_workers=eval_workers())
+        return ThreadPoolTaskRunner(max_workers=workers)
     if spec == "dask" or spec.startswith(("tcp://", "tls://")):
         try:
             from prefect_dask import DaskTaskRunner
@@ -201,7 +199,7 @@ def task_runner(spec: str):
 
         if spec == "dask":
             return DaskTaskRunner(cluster_kwargs={"n_workers": 1, "processes": False,
-                                                  "threads_per_worker": eval_workers(), "dashboard_address": None})
+                                                  "threads_per_worker": workers, "dashboard_address": None})
         return DaskTaskRunner(address=spec)
     raise ValueError(f"eval_runner must be 'threads', 'dask' or a Dask scheduler address (tcp://...), got {spec!r}")
 
@@ -384,7 +382,7 @@ def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str) -> d
     units = evaluate_plan_task(params)
     for u in units:
         progress.current().expect("evaluate", unit_label(u))
-    evaluate_units.with_options(task_runner=task_runner(eval_runner))(params, units)
+    evaluate_units.with_options(task_runner=task_runner(eval_runner, eval_workers(params)))(params, units)
     return evaluate_collect_task(params, sync)
 
 

@@ -71,7 +71,7 @@ class ProgressView:
         from tasks.common import peak_rss, reset_peak_rss
 
         # Per-task peak memory: the mark is process-wide, so this is exact when tasks run one at a time (the
-        # default, TANDEM_EVAL_WORKERS=1) and an upper bound for overlapping tasks.
+        # default, evaluate.workers: 1) and an upper bound for overlapping tasks.
         reset_peak_rss()
         self.set_state(stage, name, "running")
         try:

@@ -29,6 +29,9 @@ GROUPED = {
     "infra/accelerate/*": "accelerate / DeepSpeed launch configurations for multi-GPU training",
     "infra/work-pools/*": "Prefect work-pool base job templates",
     "infra/vllm/*": "a vLLM server deployment for GPU nodes",
+    "studies/pilot/*.yaml": "the registered pilot's params files: each task variant's GRPO run and its KL-Reg candidates (seed 100)",
+    "studies/results/**": "the registered study's per-problem values, one CSV per seed x arm (what `tandem study --recompute` reads)",
+    "studies/tasks/**": "the registered study tasks' base models and their metrics (shared by the pilot and the study)",
 }
 
 # Files without a docstring: what each one is, in one line.
@@ -57,10 +60,16 @@ OTHER_FILES = {
     "params.study.yaml": "the study run: the default run's data and base, hundreds of training steps (complete params file)",
     "pyproject.toml": "package metadata, pinned stack, extras (pipeline, test), pytest markers",
     "scripts/gpu_check.sh": "the one GPU check: rollout backends against each other, then training steps through the real stages",
-    "studies/claims.json": "the recorded study (`tandem study --seeds 3`): the four claims with estimates, paired differences, 95% intervals and verdicts",
-    "studies/report.md": "the recorded study's report: claims table, error bars, every measure per arm with its interval",
-    "studies/report.html": "the same report as one self-contained HTML page",
-    "studies/figures/claims-intervals.png": "the study's error-bar figure (each arm's estimate and 95% interval per measure)",
+    "studies/first-study/README.md": "how to read the first study's record (verdicts by interval alone; what they do not show)",
+    "studies/first-study/claims.json": "the first study (`tandem study --seeds 3`, params.study.yaml): claims with estimates, paired differences, 95% intervals and verdicts",
+    "studies/first-study/report.md": "the first study's report: claims table, error bars, every measure per arm with its interval",
+    "studies/first-study/report.html": "the same report as one self-contained HTML page",
+    "studies/first-study/figures/claims-intervals.png": "the first study's error-bar figure (each arm's estimate and 95% interval per measure)",
+    "studies/registration.md": "the registered pilot and study: task variants, room criteria, claims, smallest effects, statistics",
+    "studies/registration.yaml": "the same registration in the form `tandem pilot` and `tandem study --registered` read",
+    "studies/pilot/result.md": "the pilot's result: room criteria per variant and length, the decision, the KL-Reg beta",
+    "studies/pilot/result.json": "the pilot's result as data (`tandem pilot` writes it)",
+    "studies/study.yaml": "the registered study's params file (the chosen variant with the study's changes)",
     "tests/flows/tiny_params.yaml": "a minimal params file for the flow and server tests",
 }
 

@@ -7,8 +7,10 @@
 #      solo/word/step statistics and tokens/s of the hf engine;
 #   2. the vLLM rollout service on CUDA (vLLM's CUDA build in .venv-vllm, `make vllm-env` picks it on a
 #      machine with nvidia-smi): `tandem bench rollout --backend vllm --json` (log-probs against transformers
-#      <= 0.1, weights synced after an optimizer step, tokens/s, decoded vs kept tokens) and the service tests
-#      (tests/rollout/test_vllm_service.py: schedule rules, budget/EOS contract, sync-and-reset, restart);
+#      <= 0.1, weights synced after an optimizer step, tandem_over_solo, the counters, the predicted GPU ratio),
+#      the same with `--vocab qwen3` (Qwen3's vocabulary, 128 rows of replayed real text at 3,000 tokens:
+#      tandem_over_solo with the layout and vllm_gpu_memory), and the service tests
+#      (tests/rollout/test_vllm_service.py, test_vllm_lifecycle.py);
 #   3. a few training steps of the `tandem` arm through the real stages (prepare, base, train) on CUDA, once
 #      with the hf rollout backend and once with vllm, each checked for the planned steps, a finite loss, a
 #      senior token share near one half and an unchanged junior;
@@ -69,6 +71,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tandem.rollout.bench import _prompts
 from tandem.rollout.engine import SamplingParams, TandemEngine
 from tandem.rollout.lockstep import lockstep_generate
+from tandem.rollout.toy import rollout
 
 model_dir = Path(sys.argv[1])
 desc = str(model_dir)
@@ -88,10 +91,10 @@ print(json.dumps({"model": desc, "rows": len(prompts), "max_new_tokens": sp.max_
 
 
 def run(name, engine, schedule):
-    engine.generate(prompts[:8], schedule, SamplingParams(max_new_tokens=8), seed=1)  # warm-up
+    rollout(engine, prompts[:8], schedule, SamplingParams(max_new_tokens=8), seed=1)  # warm-up
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    b = engine.generate(prompts, schedule, sp, seed=0)
+    b = rollout(engine, prompts, schedule, sp, seed=0)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     st = b.stats()
@@ -109,7 +112,7 @@ hf = {s: run("hf", hf_eng, s) for s in ("solo", "word", "step")}
 s64, j64 = senior.double(), junior.double()
 eng64 = TandemEngine(s64, j64, tok)
 few = prompts[::8]
-fast = eng64.generate(few, "word", SamplingParams(max_new_tokens=64), seed=3)
+fast = rollout(eng64, few, "word", SamplingParams(max_new_tokens=64), seed=3)
 with torch.no_grad():
     ref = lockstep_generate(s64, j64, eng64.tables, few, "word", SamplingParams(max_new_tokens=64), 3, eng64.eos_ids)
 print(json.dumps({"check": "hf catch-up == lockstep (cuda, float64)",
@@ -126,7 +129,11 @@ make vllm-env > /tmp/gpu-check-vllm-env.log 2>&1 || { tail -20 /tmp/gpu-check-vl
 model_arg=()
 [ -d "${1:-models/base}" ] && model_arg=(--model "${1:-models/base}")
 "$PY" -m cli bench rollout --backend vllm --json "${model_arg[@]}" || fail "tandem bench rollout --backend vllm"
-TANDEM_REQUIRE_VLLM=1 "$PY" -m pytest -q -p no:cacheprovider tests/rollout/test_vllm_service.py \
+# Qwen3's real vocabulary on replayed real text at full length (3,000 tokens): tandem_over_solo measured on the
+# GPU beside the cost model's prediction, with the layout and vllm_gpu_memory in the same JSON line
+"$PY" -m cli bench rollout --backend vllm --json --vocab qwen3 --prompts 16 --samples 8 --repeats 1 \
+  || fail "tandem bench rollout --backend vllm --vocab qwen3"
+TANDEM_REQUIRE_VLLM=1 "$PY" -m pytest -q -p no:cacheprovider tests/rollout/test_vllm_service.py tests/rollout/test_vllm_lifecycle.py \
   || fail "vLLM rollout service tests on CUDA"
 
 if [ "${GPU_CHECK_SKIP_TRAIN:-0}" = 1 ]; then exit $failed; fi

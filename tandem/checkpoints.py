@@ -139,13 +139,32 @@ class Checkpoint:
         return step_name(self.step)
 
 
-CHECKPOINT_SELECTIONS = ("all", "final")  # `evaluate.checkpoints`: every saved step, or the base and the last
+# `evaluate.checkpoints`: every saved step; the base and the last; or the base, the best by validation and the last
+CHECKPOINT_SELECTIONS = ("all", "final", "final_and_best")
+VAL_KEY, LOG_STEP_KEY = "val/accuracy", "tandem/step"  # the trainer's validation and training-step log keys
+
+
+def best_by_validation(found: list[tuple[int, Path]]) -> int | None:
+    """The saved step with the highest in-training validation accuracy (ties: the later step), read from the
+    last checkpoint's log history (`trainer_state.json`); None when no saved step was validated."""
+    if not found:
+        return None
+    state = found[-1][1] / "trainer_state.json"
+    if not state.is_file():
+        return None
+    history = json.loads(state.read_text()).get("log_history", [])
+    saved = {s for s, _ in found}
+    scored = [(float(h[VAL_KEY]), int(h.get(LOG_STEP_KEY, h.get("step", -1)))) for h in history
+              if h.get(VAL_KEY) is not None]
+    scored = [(acc, s) for acc, s in scored if s in saved]
+    return max(scored)[1] if scored else None
 
 
 def list_checkpoints(checkpoints_dir: str | os.PathLike, arm: str, base_dir: str | os.PathLike,
                      which: str = "all") -> list[Checkpoint]:
     """The base as step 0, then every complete `<checkpoints_dir>/<arm>/step-<N>/` in increasing N
-    (`which="all"`), or only the last of them (`which="final"`).
+    (`which="all"`), only the last of them (`which="final"`), or the best by in-training validation and the
+    last (`which="final_and_best"`, one entry when they coincide or no step was validated).
 
     An arm never trained has only step 0.
     """
@@ -154,6 +173,9 @@ def list_checkpoints(checkpoints_dir: str | os.PathLike, arm: str, base_dir: str
     found = complete_checkpoints(Path(checkpoints_dir) / arm)
     if which == "final":
         found = found[-1:]
+    elif which == "final_and_best":
+        best = best_by_validation(found)
+        found = [(s, p) for s, p in found if s == best or (s, p) == found[-1]] if found else []
     return [Checkpoint(arm, 0, Path(base_dir))] + [Checkpoint(arm, s, p) for s, p in found]
 
 

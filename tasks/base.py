@@ -75,12 +75,18 @@ def _prepared_problems(prepared: Path) -> set[str]:
 # --------------------------------------------------------------------------------------------------
 
 def pretraining_corpus(params: Params, exclude: set[str]) -> list:
-    """`model.n_pretrain` synthetic problems with reference solutions, none of whose texts is in `exclude`."""
+    """`model.n_pretrain` synthetic problems with reference solutions, none of whose texts is in `exclude`.
+
+    Step counts span every count the run trains or evaluates on (the training range and each benchmark's), so a
+    run that trains RL on long problems only still has a base that has seen the short ones.
+    """
     from tandem.data.synthetic import generate
 
     dc = params.data
-    return generate(params.model.n_pretrain, dc.min_steps, dc.max_steps, params.seed, max_operand=dc.max_operand,
-                    max_value=dc.max_value, exclude=exclude, prefix=PRETRAIN_PREFIX)
+    lo = min([dc.min_steps] + [r[0] for r in dc.benchmarks.values()]) if dc.source == "synthetic" else dc.min_steps
+    hi = max([dc.max_steps] + [r[1] for r in dc.benchmarks.values()]) if dc.source == "synthetic" else dc.max_steps
+    return generate(params.model.n_pretrain, lo, hi, params.seed, max_operand=dc.max_operand,
+                    max_value=dc.max_value, exclude=exclude, prefix=PRETRAIN_PREFIX, styles=dc.solution_styles)
 
 
 def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str, list[dict]]) -> dict:
@@ -150,7 +156,7 @@ def _warm_up(params: Params, prepared: Path, model_dir: Path) -> dict:
     tok = M.load_tokenizer(model_dir, mc.trust_remote_code)
     corpus = generate(mc.sft_steps * mc.sft_batch_size, dc.min_steps, dc.max_steps, params.seed,
                       max_operand=dc.max_operand, max_value=dc.max_value, exclude=_prepared_problems(prepared),
-                      prefix="warmup")
+                      prefix="warmup", styles=dc.solution_styles)
     cfg = dataclasses.replace(mc, pretrain_steps=mc.sft_steps, pretrain_lr=mc.sft_lr,
                               pretrain_batch_size=mc.sft_batch_size, pretrain_max_seconds=0.0, pretrain_warmup=0.1,
                               pretrain_target=0.0, pretrain_cooldown=0,

@@ -3,7 +3,7 @@ I/O, atomic writes, and metrics written without the run's timings (those go to a
 
 Every stage module exposes `run(params, inputs, outputs) -> dict` plus `default_io(params)` returning the
 `inputs` and `outputs` dicts of paths that `dvc.yaml` declares for it. The CLI, DVC, Prefect and the tests
-all go through those two functions.
+all go through those two functions. `load_params` reads a params file through a bounded, strict YAML loader.
 """
 
 from __future__ import annotations
@@ -13,54 +13,188 @@ import os
 import re
 import resource
 import shutil
+import stat
 import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import yaml
 
 from tandem.config import Params, ParamsError, params_from_dict
+from tandem.config import clip as _clip
+from tandem.config import show as _show
 from tandem.redact import redact
 
 DEFAULT_PARAMS = "params.yaml"
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one mapping is an error: with plain YAML the
-    last one silently wins, so a params file could say two things about one setting."""
+# Bounds of a params file (params.yaml is ~8 KB, ~250 values, 3 levels deep): a hostile file fails fast, in
+# bounded memory, whatever it holds.
+MAX_PARAMS_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32        # nesting of mappings and lists, aliases followed
+MAX_YAML_VALUES = 100_000  # values after alias expansion (a "billion laughs" file expands to 10**9)
+# a run of opening brackets deeper than the bound, found before PyYAML's scanner spends seconds on it
+_DEEP_BRACKETS = re.compile(r"(?:[\[{][ \t\r\n]*){%d}" % (MAX_YAML_DEPTH + 1))
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """A params file that is valid YAML but breaks one of the loader's own rules (bounds, keys)."""
+
+
+class _ParamsLoader(yaml.SafeLoader):
+    """YAML's safe loader, bounded and strict for params files.
+
+    - A key given twice in one mapping is an error: with plain YAML the last one silently wins, so a params
+      file could say two things about one setting. A list or mapping used as a key is an error too, and so
+      is a merge key (`<<`): a params file states each setting itself.
+    - While the document is composed, every node's size after alias expansion and its depth are counted (an
+      alias costs what its anchor holds), and composing stops as soon as either passes its bound, before the
+      composer's recursion or the constructor could run away.
+    """
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (values after expansion, depth)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        is_alias = self.check_event(yaml.AliasEvent)
+        mark = self.peek_event().start_mark
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _Refused(None, None, f"nests deeper than {MAX_YAML_DEPTH} levels", mark)
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if is_alias:
+            if id(node) not in self._sizes:  # the anchor is still being composed: it contains itself
+                raise _Refused(None, None, "an alias refers to a node that contains it", mark)
+            return node
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        size, depth = 1, 0
+        for child in children:
+            c_size, c_depth = self._sizes[id(child)]
+            size, depth = size + c_size, max(depth, c_depth + 1)
+        if size > MAX_YAML_VALUES:
+            raise _Refused(
+                None, None, f"expands to more than {MAX_YAML_VALUES:,} values (YAML aliases repeat what they "
+                "refer to)", mark)
+        if depth > MAX_YAML_DEPTH:
+            raise _Refused(None, None, f"nests deeper than {MAX_YAML_DEPTH} levels once its aliases are followed",
+                           mark)
+        self._sizes[id(node)] = (size, depth)
+        return node
 
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise _Refused(
+                    None, None, "merge keys (<<) are not supported: a params file states each setting itself",
+                    key_node.start_mark)
             key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                raise _Refused(
+                    None, None, "a list or mapping is used as a key (keys are names)", key_node.start_mark) from None
             if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice in one mapping (the second would silently win)",
+                raise _Refused(
+                    None, None, f"key {_show(key)} appears twice in one mapping (the second would silently win)",
                     key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
 
-def load_params(path: str | os.PathLike = DEFAULT_PARAMS) -> Params:
+def _params_bytes(p: Path) -> bytes:
+    """The bytes of a params file, read only if it is a file (or a pipe) and at most MAX_PARAMS_BYTES long."""
+    name = _show(str(p))
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise ParamsError([f"params file: {name} -> does not exist"]) from None
+    except OSError as e:
+        raise ParamsError([f"params file: {name} -> cannot be read ({e.strerror or e})"]) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ParamsError([f"params file: {name} -> is a directory, not a params file"])
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        raise ParamsError([f"params file: {name} -> is not a regular file (a device or socket)"])
+    too_big = f"params file: {name} -> is larger than {MAX_PARAMS_BYTES // 1024} KiB (a params file is a few KB)"
+    if st.st_size > MAX_PARAMS_BYTES:
+        raise ParamsError([too_big])
+    try:
+        with open(p, "rb") as f:
+            data = f.read(MAX_PARAMS_BYTES + 1)
+    except OSError as e:
+        raise ParamsError([f"params file: {name} -> cannot be read ({e.strerror or e})"]) from None
+    if len(data) > MAX_PARAMS_BYTES:
+        raise ParamsError([too_big])
+    return data
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error as one bounded line: what is wrong and where."""
+    if isinstance(e, yaml.MarkedYAMLError):
+        what = " ".join(x for x in (e.context, e.problem) if x) or "cannot be parsed"
+        mark = e.problem_mark or e.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return f"{what}{where}"
+    return str(e)
+
+
+def parse_params_text(data: bytes, name: str = "params file") -> Any:
+    """Parse the bytes of a params file with `_ParamsLoader`; every failure is a one-line ParamsError."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ParamsError([f"params file: {name} -> is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line})"]) \
+            from None
+    if (deep := _DEEP_BRACKETS.search(text)) is not None:
+        line = text[: deep.start()].count("\n") + 1
+        raise ParamsError([f"params file: {name} -> nests deeper than {MAX_YAML_DEPTH} levels (line {line})"])
+    loader = _ParamsLoader(text)
+    try:
+        node = loader.get_single_node()
+        return None if node is None else loader.construct_document(node)
+    except _Refused as e:
+        raise ParamsError([f"params file: {name} -> {_clip(_yaml_problem(e))}"]) from None
+    except yaml.YAMLError as e:
+        raise ParamsError([f"params file: {name} -> is not valid YAML: {_clip(_yaml_problem(e))}"]) from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:  # e.g. an integer of 5,000 digits
+        raise ParamsError([f"params file: {name} -> holds a value that cannot be read: {_clip(str(e), 200)}"]) \
+            from None
+    finally:
+        loader.dispose()
+
+
+def load_params(path: str | os.PathLike = DEFAULT_PARAMS, environ: Mapping[str, str] | None = None) -> Params:
     """Parse and validate a params file; raises ParamsError (the CLI turns it into exit code 2).
 
     Strict: the file must state every setting (a missing key is an error naming the key and the rule), so
     the file is the complete record of what a stage runs with. The one way to change a setting for a run is
-    another file (`--params FILE`) or DVC editing this one (`dvc exp run -S key=value`).
+    another file (`--params FILE`) or DVC editing this one (`dvc exp run -S key=value`); a deployment may
+    override the few settings in `tandem.config.ENV_OVERRIDES` from `environ` (default: os.environ).
+    Hostile files (huge, not UTF-8, alias bombs, deep nesting, devices, directories) fail fast, one line each.
     """
     p = Path(path)
-    if not p.exists():
-        raise ParamsError([f"params file: {str(p)!r} -> does not exist"])
-    try:
-        raw = yaml.load(p.read_text(), Loader=_UniqueKeyLoader) or {}
-    except yaml.YAMLError as e:
-        raise ParamsError([f"params file: {str(p)!r} -> is not valid YAML ({e})"]) from None
+    name = _show(str(p))
+    raw = parse_params_text(_params_bytes(p), name)
+    if raw is None:
+        raise ParamsError([f"params file: {name} -> holds no settings (an empty document)"])
     if not isinstance(raw, dict):
-        raise ParamsError([f"params file: {str(p)!r} -> must hold a mapping of sections"])
-    return params_from_dict(raw, strict=True)
+        found = "a list" if isinstance(raw, list) else f"a single value ({_show(raw, 40)})"
+        raise ParamsError([f"params file: {name} -> must hold a mapping of sections, not {found}"])
+    return params_from_dict(raw, strict=True, environ=os.environ if environ is None else environ)
 
 
 def own_root_name(params_path: str | os.PathLike) -> str:

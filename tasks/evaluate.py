@@ -213,7 +213,7 @@ def _compute(params: Params, unit: dict, todo: dict, base: Path, base_hash: str,
     junior = _load(base, params, keep={base_hash})
     senior = _load(senior_path, params, keep={base_hash})
     # evaluate.cpu_threads already governs threads here, so the engine leaves them as they are
-    engine = rollout_engine(senior, junior, tokenizer, params.rollout, cpu_threads=0)
+    engine = rollout_engine(senior, junior, tokenizer, params.rollout, cpu_threads=0, roots=(params.out_root, base))
     eos = eos_token_ids(tokenizer, senior)
     for b, (key, rows) in todo.items():
         t0 = time.perf_counter()

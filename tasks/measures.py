@@ -62,11 +62,13 @@ def _per_problem_csv(path: Path) -> dict[tuple[str, int, str], dict[str, dict[st
     return out
 
 
-def run_measures(root: str | Path, arms: list[str]) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
+def run_measures(root: str | Path, arms: list[str], steps: dict[str, int] | None = None
+                 ) -> dict[str, dict[str, dict[str, dict[str, float]]]]:
     """arm (and "base") -> metric -> benchmark -> {problem id: value} for one run under `root`.
 
     Metrics: `<mode>/pass@<k>` for each evaluated mode and k, and the analysis metrics when
-    metrics/plots/analysis/per_problem.csv exists.
+    metrics/plots/analysis/per_problem.csv exists. `steps` ({arm: step}, "base" at 0) picks the checkpoints;
+    by default each arm's last evaluated one and the base.
     """
     root = Path(root)
     eval_path = root / "metrics" / "eval.json"
@@ -74,7 +76,7 @@ def run_measures(root: str | Path, arms: list[str]) -> dict[str, dict[str, dict[
         raise BadInputError(f"measures: {eval_path} does not exist; run the evaluate stage for this run first")
     ev = read_json(eval_path)
     ks, modes, benches = list(ev["settings"]["ks"]), list(ev["settings"]["modes"]), sorted(ev["settings"]["benchmarks"])
-    steps = final_steps(ev, arms)
+    steps = final_steps(ev, arms) if steps is None else dict(steps)
     out: dict = {}
     for arm, step in steps.items():
         out[arm] = {}

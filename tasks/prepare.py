@@ -78,7 +78,7 @@ def _synthetic_splits(params: Params) -> dict[str, list[dict]]:
 
     def draw(n: int, lo: int, hi: int, prefix: str) -> list[dict]:
         probs = generate(n, lo, hi, params.seed, max_operand=cfg.max_operand, max_value=cfg.max_value,
-                         exclude=seen, prefix=prefix)
+                         exclude=seen, prefix=prefix, styles=cfg.solution_styles)
         seen.update(p.problem for p in probs)
         return [p.to_dict() for p in probs]
 

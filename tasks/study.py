@@ -20,10 +20,15 @@
 
 from __future__ import annotations
 
+import csv
+import math
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +36,8 @@ import yaml
 
 from tandem.errors import BadInputError, UserError
 from tandem.metrics.claims import EQUIVALENCE_MARGIN, claims_for, evaluate_claims, seeds_of
-from tasks.common import atomic_path, load_params, read_json, read_metrics, write_json
+from tasks.claims import COLUMNS
+from tasks.common import atomic_path, load_params, read_json, read_jsonl, read_metrics, write_json
 from tasks.measures import final_steps, run_measures, stack_seeds
 
 CODE_ROOT = Path(__file__).resolve().parents[1]
@@ -71,10 +77,10 @@ class StudySettings:
 
     @property
     def main_root(self) -> Path:
-        """The study file's own output root (its `out_root`, relative to the file): where the shared data and
-        base model live."""
+        """The study file's own output root (its `out_root`; a relative one is taken from the project root, as the
+        stages take it): where the shared data and base model live."""
         raw = yaml.safe_load(self.params_file.read_text())
-        return (self.params_file.parent / raw.get("out_root", ".")).resolve()
+        return (CODE_ROOT / raw.get("out_root", ".")).resolve()
 
     def root(self, seed: int) -> Path:
         return (self.out / f"seed-{seed}").resolve()
@@ -193,6 +199,211 @@ def status(s: StudySettings) -> list[dict]:
         rows.append({"seed": seed, "arm": "-", "state": "analyzed" if an.exists() else
                      "evaluated" if ev.exists() else "pending", "step": None, "steps": None})
     return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-problem results of one seed x arm (committed; what the claims are computed from)
+# --------------------------------------------------------------------------------------------------
+
+RESULT_COLUMNS = COLUMNS  # the results format lives with its reader, tasks/claims.py
+CONTROL = "control"  # the positive control's pseudo-arm (trained as `grpo` in its own root)
+
+
+def result_file(results_dir: Path, seed: int, arm: str) -> Path:
+    """Where one seed x arm's per-problem values live: `<results>/seed-<S>/<arm>.csv`."""
+    return Path(results_dir) / f"seed-{seed}" / f"{arm}.csv"
+
+
+def _read_csv(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _num(v) -> str:
+    """A value as the results files hold it: repr of the float (shortest round trip), empty when missing."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+def _steps_of(root: Path, ev: dict, arm: str) -> dict[str, int]:
+    """{"final": step, "best": step} of `arm` among its evaluated checkpoints ("base": both 0)."""
+    from tandem.checkpoints import best_by_validation, complete_checkpoints
+
+    if arm == "base":
+        return {"final": 0, "best": 0}
+    evaluated = [int(c["step"]) for c in ev["arms"][arm]["checkpoints"]]
+    final = evaluated[-1]
+    best = best_by_validation(complete_checkpoints(root / "models" / "checkpoints" / arm))
+    return {"final": final, "best": best if best in evaluated else final}
+
+
+def export_results(root: Path, seed: int, arm: str, results_dir: Path, label: str | None = None) -> Path:
+    """Write `<results>/seed-<S>/<label or arm>.csv`: per (checkpoint, benchmark, problem) the sample counts,
+    the correct samples per mode, the own-text and common-text measures and the compact-style share, from
+    one seed root's evaluated generations and analysis tables (`arm` "base" = step 0)."""
+    from tandem.checkpoints import generations_file
+    from tandem.data.synthetic import solution_style
+
+    root = Path(root)
+    ev = read_json(root / "metrics" / "eval.json")
+    src = next(iter(ev["arms"])) if arm == "base" else arm  # the base's generations sit under every arm's step 0
+    plots = root / "metrics" / "plots" / "analysis"
+    own = {(r["arm"], int(r["step"]), r["benchmark"], r["id"]): r for r in _read_csv(plots / "per_problem.csv")}
+    common = {(r["arm"], int(r["step"]), r["benchmark"], r["id"]): r for r in _read_csv(plots / "common_text.csv")}
+    gen_dir = root / "results" / "generations"
+    rows = []
+    for label_ck, step in _steps_of(root, ev, arm).items():
+        for b in sorted(ev["settings"]["benchmarks"]):
+            per: dict[str, dict] = defaultdict(lambda: {"n": 0, "solo": 0, "step": 0, "compact": 0, "n_step": 0})
+            for mode in ("solo", "step"):
+                f = generations_file(gen_dir, src, step, mode, b)
+                if not f.exists():
+                    if mode == "step":
+                        continue
+                    raise BadInputError(f"study: missing generations {f}; rerun the evaluate stage")
+                for r in read_jsonl(f):
+                    d = per[str(r["id"])]
+                    ok = float(r["score"]) >= 0.5
+                    if mode == "solo":
+                        d["n"] += 1
+                        d["solo"] += ok
+                        d["compact"] += solution_style(r.get("text", "")) == "compact"
+                    else:
+                        d["n_step"] += 1
+                        d["step"] += ok
+            for pid in sorted(per):
+                d = per[pid]
+                o, c = own.get((src, step, b, pid), {}), common.get((src, step, b, pid), {})
+                rows.append({"seed": seed, "arm": label or arm, "checkpoint": label_ck, "step": step, "benchmark": b,
+                             "id": pid, "n_samples": d["n"], "solo_correct": d["solo"],
+                             "step_correct": d["step"] if d["n_step"] == d["n"] else "",
+                             "junior_ce": _num(_f(o.get("junior_ce"))), "overlap": _num(_f(o.get("overlap"))),
+                             "kl_mean": _num(_f(o.get("kl_mean"))), "common_kl": _num(_f(c.get("kl_mean"))),
+                             "common_overlap": _num(_f(c.get("overlap"))),
+                             "compact_share": _num(d["compact"] / d["n"] if d["n"] else None)})
+    from tasks.claims import write_arm_csv
+
+    out = result_file(results_dir, seed, label or arm)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_arm_csv(out, rows)
+    return out
+
+
+def _f(v) -> float | None:
+    return None if v in (None, "") else float(v)
+
+
+# --------------------------------------------------------------------------------------------------
+# The positive control and the whole study, unit by unit
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Control:
+    """The positive control: the base fine-tuned on compact-style reference solutions only (registered)."""
+
+    sft_steps: int = 30
+    sft_batch_size: int = 8
+    sft_lr: float = 1e-3
+
+
+def build_control(s: StudySettings, seed: int, c: Control) -> Path:
+    """`<out>/seed-<S>/control/`: a root with the seed's params (arms: grpo only) whose one `grpo` checkpoint is
+    the base fine-tuned for `c.sft_steps` steps on compact-style solutions of fresh training-like problems drawn
+    with the seed (none of the prepared problems); evaluated and analysed like an arm, exported as "control"."""
+    import dataclasses
+
+    from tandem import models as M
+    from tandem.checkpoints import step_name, write_state
+    from tandem.data.prompts import user_message
+    from tandem.data.synthetic import generate
+    from tasks.base import _prepared_problems
+    from tasks.common import torch_threads
+
+    seed_root = s.root(seed)
+    root = seed_root / CONTROL
+    ck = root / "models" / "checkpoints" / "grpo" / step_name(c.sft_steps)
+    raw = yaml.safe_load((seed_root / "params.yaml").read_text())
+    raw.update(out_root=str(root))
+    raw["train"] = {**raw["train"], "arms": ["grpo"]}
+    raw["evaluate"] = {**raw["evaluate"], "checkpoints": "final"}
+    raw["analyze"] = {**raw["analyze"], "reference_arm": "grpo"}
+    for rel in SHARED:
+        dst = root / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if not dst.exists():
+            dst.symlink_to((seed_root / rel).resolve(), target_is_directory=True)
+    with atomic_path(root / "params.yaml") as tmp:
+        Path(tmp).write_text(yaml.safe_dump(raw, sort_keys=False))
+    if ck.exists():
+        return root
+    params = load_params(root / "params.yaml")
+    dc, mc = params.data, params.model
+    prepared = root / "data" / "prepared"
+    corpus = generate(c.sft_steps * c.sft_batch_size, dc.min_steps, dc.max_steps, seed, max_operand=dc.max_operand,
+                      max_value=dc.max_value, exclude=_prepared_problems(prepared), prefix="control",
+                      styles={"compact": 1.0})
+    with torch_threads(1):
+        base = root / "models" / "base"
+        model, tok = M.load_model(base, "float32"), M.load_tokenizer(base)
+        cfg = dataclasses.replace(mc, pretrain_steps=c.sft_steps, pretrain_lr=c.sft_lr,
+                                  pretrain_batch_size=c.sft_batch_size, pretrain_warmup=0.1, pretrain_max_seconds=0.0)
+        M.pretrain(model, tok, [(user_message(p.problem), p.solution) for p in corpus], cfg, progress=False,
+                   seed=seed)
+    with atomic_path(ck) as tmp:
+        M.save_model(model, tok, tmp)
+        write_state(Path(tmp), {"arm": "grpo", "step": c.sft_steps, "control": dataclasses.asdict(c)})
+    return root
+
+
+def run_study(s: StudySettings, until: str = "claims", control: Control | None = None,
+              results_dir: Path | None = None, log=print) -> None:
+    """Train every seed x arm (`s.jobs` side by side, seed-major), and after each, evaluate and analyse its seed
+    (one seed at a time: the stages cache per unit, so only the new arm's work is done) and export its
+    per-problem results; then the positive control of every seed. Finished units are skipped on a rerun."""
+    shared_inputs(s)
+    roots = {seed: prepare_root(s, seed) for seed in s.seeds}
+    locks = {seed: threading.Lock() for seed in s.seeds}
+    results_dir = Path(results_dir) if results_dir else None
+
+    def exported(seed: int, arm: str) -> bool:
+        return results_dir is not None and result_file(results_dir, seed, arm).exists()
+
+    def one(seed: int, arm: str) -> None:
+        if exported(seed, arm):
+            return
+        log(f"study: seed {seed} {arm}: training (log: {roots[seed] / 'logs' / f'train_{arm}.log'})")
+        train(roots[seed], arm)
+        if until == "train":
+            return
+        with locks[seed]:
+            log(f"study: seed {seed}: evaluating and analysing ({arm} trained)")
+            evaluate(roots[seed])
+            analyze(roots[seed])
+            if results_dir is not None:
+                for a in ("base", arm):
+                    export_results(roots[seed], seed, a, results_dir)
+                log(f"study: seed {seed} {arm}: results in {result_file(results_dir, seed, arm)}")
+
+    def control_unit(seed: int) -> None:
+        if control is None or exported(seed, CONTROL):
+            return
+        log(f"study: seed {seed}: positive control")
+        root = build_control(s, seed, control)
+        evaluate(root)
+        analyze(root)
+        if results_dir is not None:
+            export_results(root, seed, "grpo", results_dir, label=CONTROL)
+
+    with ThreadPoolExecutor(max_workers=max(1, s.jobs)) as pool:
+        futures = [pool.submit(one, seed, arm) for seed in s.seeds for arm in s.arms]
+        for f in futures:
+            f.result()
+        if until != "train":
+            for f in [pool.submit(control_unit, seed) for seed in s.seeds]:
+                f.result()
 
 
 # --------------------------------------------------------------------------------------------------

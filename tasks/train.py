@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tandem.config import Params
+from tandem.config import Params, apply_tool_env, tool_env
 from tasks.common import (Layout, atomic_path, is_timing_key, load_params, read_jsonl, split_timing, timing_path,
                           write_metrics)
 
@@ -214,8 +214,7 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
         spec_path = Path(tmp) / "worker.json"
         spec_path.write_text(json.dumps(spec))
         repo = str(Path(__file__).resolve().parents[1])  # the workers import this very checkout
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRL_EXPERIMENTAL_SILENCE": "1",
-               "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1)),
+        env = {**tool_env(), "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1)),
                "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
                "TANDEM_STAGE_PID": str(os.getpid())}
         proc = subprocess.Popen(launch_command(params, spec_path), env=env, preexec_fn=_die_with_parent)
@@ -257,7 +256,8 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict) -> dict
     _wandb_env(params, Path(outputs["runs"]))
     try:
         res = train_arm(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
-                        Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows)
+                        Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows,
+                        weight_roots=(params.out_root,))
     finally:
         _finish_wandb(params)
     if int(os.environ.get("RANK", "0")) == 0:  # one writer; every rank holds the same history
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arm", action="append", help="train only this arm (repeatable); default train.arms")
     ap.add_argument("--worker", metavar="SPEC", help="internal: one process of a launched multi-process run")
     a = ap.parse_args(argv)
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    apply_tool_env()
     if a.worker:
         return _worker(Path(a.worker))
     params = load_params(a.params)

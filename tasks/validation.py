@@ -9,13 +9,12 @@ inside `validate_splits` because its import costs seconds.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from tandem.config import DataConfig
+from tandem.config import DataConfig, apply_tool_env
 from tandem.errors import UserError
 from tandem.rewards import parses_many
 
@@ -180,7 +179,7 @@ def validate_splits(splits: Mapping[str, Sequence[Mapping[str, Any]]], cfg: Data
         raise ValueError(f"eval_splits names splits that are not given: {unknown}")
     timeout = parse_timeout if parse_timeout is not None else cfg.parse_timeout
     # GX takes seconds to import and math-verify runs in worker processes: overlap the two
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    apply_tool_env()  # GX's analytics off before it is imported
     gx_import = threading.Thread(target=_import_gx_quietly, name="gx-import", daemon=True)
     gx_import.start()
 

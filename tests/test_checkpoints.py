@@ -52,3 +52,22 @@ def test_commit_publishes_a_complete_checkpoint(tmp_path):
 
 def test_generations_layout():
     assert generations_file("g", "kl_reg", 4, "solo", "gsm8k") == Path("g/kl_reg/step-4/solo/gsm8k.jsonl")
+
+
+def test_final_and_best_picks_the_best_validated_saved_step(tmp_path):
+    import json
+
+    arm = tmp_path / "ck" / "grpo"
+    for s in (50, 100, 150):
+        _ckpt(arm / f"step-{s}", {"fingerprint": "A"})
+    # validation at every 50 steps (and once at a step that was not saved); a tie between 50 and 100 -> later
+    hist = [{"loss": 1.0, "tandem/step": s, "step": 2 * s, "val/accuracy": acc}
+            for s, acc in ((25, 0.9), (50, 0.4), (100, 0.4), (150, 0.3))]
+    (arm / "step-150" / "trainer_state.json").write_text(json.dumps({"log_history": hist}))
+    steps = [c.step for c in list_checkpoints(tmp_path / "ck", "grpo", tmp_path / "base", "final_and_best")]
+    assert steps == [0, 100, 150]
+    hist[-1]["val/accuracy"] = 0.5  # the last is the best: one entry
+    (arm / "step-150" / "trainer_state.json").write_text(json.dumps({"log_history": hist}))
+    assert [c.step for c in list_checkpoints(tmp_path / "ck", "grpo", tmp_path / "base", "final_and_best")] == [0, 150]
+    (arm / "step-150" / "trainer_state.json").unlink()  # no validation record: the final checkpoint only
+    assert [c.step for c in list_checkpoints(tmp_path / "ck", "grpo", tmp_path / "base", "final_and_best")] == [0, 150]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,9 @@ def test_unknown_key_wrong_type_and_range_all_named():
     ("evaluate", "top_p", 0.0, "(0, 1]"),
     ("evaluate", "checkpoints", "last", "one of all, final"),
     ("train", "arms", ["tandem", "nope"], "drawn from"),
+    ("data", "solution_styles", {"verbose": 0.7, "terse": 0.2}, "sum to 1"),
+    ("data", "solution_styles", {"verbose": 0.5, "poetic": 0.5}, "unknown style"),
+    ("data", "solution_styles", {"verbose": 1.5, "terse": -0.5}, ">= 0"),
 ])
 def test_impossible_values(section, key, value, rule):
     with pytest.raises(ParamsError) as e:
@@ -152,3 +156,173 @@ def test_a_key_given_twice_is_refused(tmp_path):
     bad.write_text(text)
     with pytest.raises(ParamsError, match="appears twice"):
         load_params(bad)
+
+
+# --------------------------------------------------------------------------------------------------
+# One rule per setting, defaults, the environment, --explain
+# --------------------------------------------------------------------------------------------------
+
+def test_code_defaults_equal_params_yaml():
+    """A config built in code is the default run: every code default equals params.yaml's value."""
+    from tasks.common import load_params
+
+    file, code = load_params(REPO / "params.yaml").to_dict(), Params().to_dict()
+    differ = [f"{s}.{k}: code {code[s][k]!r}, params.yaml {file[s][k]!r}" for s in SECTIONS for k in code[s]
+              if code[s][k] != file[s][k]]
+    differ += [f"{k}: code {code[k]!r}, params.yaml {file[k]!r}" for k in code if k not in SECTIONS and code[k] != file[k]]
+    assert not differ, "\n".join(differ)
+
+
+def _numeric(ann) -> bool:
+    args = typing.get_args(ann)
+    return ann in (int, float) or (typing.get_origin(ann) is list and args and args[0] in (int, float))
+
+
+def test_every_number_has_a_lower_and_an_upper_bound():
+    """Bounds describe a run this project can do: no number setting is unbounded (lists: each item)."""
+    from tandem.config import rule_of
+
+    owners = {"": Params, **SECTIONS}
+    unbounded = []
+    for section, cls in owners.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            ann = hints[f.name]
+            if not _numeric(ann):
+                continue
+            rule = rule_of(f)
+            rule = rule.items if typing.get_origin(ann) is list else rule
+            if rule is None or not rule.has_bounds():
+                unbounded.append(f"{section}.{f.name}".lstrip("."))
+    assert not unbounded, unbounded
+
+
+@pytest.mark.parametrize("key,value,rule", [
+    ("train.learning_rate", float("inf"), "finite"),
+    ("train.learning_rate", 1e308, "<= 1"),
+    ("evaluate.temperature", float("inf"), "finite"),
+    ("data.parse_timeout", float("inf"), "finite"),
+    ("train.steps", 10**20, "<= 1000000"),
+    ("seed", 2**70, "<= 4294967295"),
+    ("evaluate.n_samples", 10**9, "<= 1024"),
+    ("data.n_train", 10**12, "<= 1000000"),
+    ("data.max_value", 1, ">= 2"),
+    ("data.max_steps", 21, "<= 20"),
+])
+def test_impossible_runs_are_refused_with_one_bounded_message(key, value, rule):
+    raw = {key: value} if "." not in key else {key.split(".")[0]: {key.split(".")[1]: value}}
+    with pytest.raises(ParamsError) as e:
+        params_from_dict(raw)
+    (problem,) = e.value.problems  # one bad value, one message: rules between fields wait for valid fields
+    assert problem.startswith(f"{key}: ") and rule in problem and len(problem) < 300
+    assert str(e.value) == f"invalid params: {problem}"
+
+
+def test_messages_render_values_bounded():
+    from tandem.config import show
+
+    assert show(10**5000).startswith("<integer of") and len(show("x" * 10**6)) <= 80
+    nested: list = ["lol"] * 9
+    for _ in range(8):
+        nested = [nested] * 9  # 9**9 leaves: never walked
+    assert len(show(nested)) <= 80 and "\n" not in show("a\nb")
+
+
+def test_a_code_built_config_obeys_the_same_rules():
+    from tandem.config import TrainConfig
+
+    with pytest.raises(ParamsError, match=r"train\.learning_rate: inf -> must be a finite number"):
+        TrainConfig(learning_rate=float("inf"))
+    assert TrainConfig(learning_rate=1).learning_rate == 1.0 and isinstance(TrainConfig(learning_rate=1).learning_rate, float)
+
+
+@pytest.mark.parametrize("value,ok", [
+    (".", True), ("runs/real", True), ("runs/../runs/x", True), ("{tmp}/out", True), ("{home}/tandem-out", True),
+    ("{cwd}/sub", True),
+    ("/", False), ("/etc", False), ("/etc/tandem", False), ("..", False), ("a/../../b", False), ("/usr", False),
+    ("/usr/lib", False), ("/var/log", False), ("/proc/1", False), ("/sys/x", False), ("{tmp}/to-etc", False),
+    ("", False),
+])
+def test_out_root_rule(value, ok, tmp_path):
+    from tandem.config import out_root_problem
+
+    (tmp_path / "to-etc").symlink_to("/etc")
+    value = value.format(tmp=tmp_path, home=Path.home(), cwd=Path.cwd())
+    problem = out_root_problem(value)
+    assert (problem is None) == ok, problem
+    if not ok:
+        with pytest.raises(ParamsError, match="out_root"):
+            params_from_dict({"out_root": value})
+
+
+def test_environment_overrides_only_the_listed_settings_and_obeys_their_rules(tmp_path):
+    from tandem.config import ENV_OVERRIDES
+    from tasks.common import load_params
+
+    assert set(ENV_OVERRIDES) == {"evaluate.workers", "rollout.vllm_url"}
+    path = REPO / "params.yaml"
+    p = load_params(path, environ={"TANDEM_EVAL_WORKERS": "3", "TANDEM_VLLM_URL": "http://node:8471"})
+    assert p.evaluate.workers == 3 and p.rollout.vllm_url == "http://node:8471"
+    assert load_params(path, environ={"TANDEM_EVAL_WORKERS": "", "TANDEM_VLLM_URL": ""}) == load_params(path, environ={})
+    with pytest.raises(ParamsError, match=r"evaluate\.workers: 0 -> must be >= 1.*\(set by \$TANDEM_EVAL_WORKERS\)"):
+        load_params(path, environ={"TANDEM_EVAL_WORKERS": "0"})
+
+
+def test_check_params_explain_prints_every_setting_with_its_rule_and_help():
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from tandem.config import field_help
+
+    res = CliRunner().invoke(app, ["check-params", "--explain", str(REPO / "params.yaml")])
+    assert res.exit_code == 0, res.output
+    keys = [line.split(" = ")[0].strip() for line in res.output.splitlines()
+            if line.startswith("  ") and not line.startswith("      ")]
+    assert keys == setting_keys()
+    assert "train.learning_rate = 0.0002  [in (0, 1]]" in res.output
+    assert field_help(SECTIONS["train"])["learning_rate"] in res.output
+    assert "[environment: $TANDEM_EVAL_WORKERS]" in res.output
+
+
+def test_sharding_values_and_the_memory_plan_agree():
+    """train.sharding accepts exactly what the train stage launches, the plan splits by each of them, and
+    its advice names no other value."""
+    import re
+
+    from tandem.config import SHARDING, TrainConfig
+    from tandem.plan import KNOWN_SHAPES, ModelShape, advice, plan_train_arm
+
+    assert typing.get_args(typing.get_type_hints(TrainConfig)["sharding"]) == SHARDING
+    plan_src = (REPO / "tandem" / "plan.py").read_text()
+    named = set(re.findall(r"train\.sharding: (\w+)", plan_src)) | set(re.findall(r'shard(?:ing)? == "(\w+)"', plan_src))
+    assert named and named <= set(SHARDING), named
+    assert not re.search(r"zero[23]", plan_src)
+    shape = ModelShape(**KNOWN_SHAPES["Qwen/Qwen3-4B"])
+    plans = {}
+    for s in SHARDING:
+        p = params_from_dict({"train": {"num_processes": 8, "prompts_per_step": 16, "sharding": s}})
+        plans[s] = plan_train_arm(p, "tandem", shape, "cuda")
+        tips = advice(plans[s], p)
+        assert set(re.findall(r"train\.sharding: (\w+)", tips)) <= set(SHARDING), tips
+    assert plans["fsdp"].persistent["senior_weights"] == plans["none"].persistent["senior_weights"] / 8
+
+
+def test_tool_defaults_are_stated_once():
+    """TOOL_ENV is the one list; the Makefile and the Prefect deployments, which cannot import it, restate
+    some of its values, and those agree with it."""
+    import re
+
+    from tandem.config import TOOL_ENV
+
+    make = dict(re.findall(r"^export (\w+) := (\S+)$", (REPO / "Makefile").read_text(), re.M))
+    prefect = yaml.safe_load((REPO / "infra" / "prefect.yaml").read_text())["definitions"]
+    restated = [make] + [env for env in (prefect.get("env_process", {}), prefect.get("env_gpu", {}))]
+    for env in restated:
+        for key, value in env.items():
+            if key in TOOL_ENV:
+                assert str(value) == TOOL_ENV[key], (key, value)
+    assert set(make) >= set(TOOL_ENV)
+    for path in ("cli/main.py", "tasks/train.py", "tasks/validation.py", "flows/dvc_sync.py", "tests/conftest.py",
+                 "benchmarks/orchestration.py"):
+        text = (REPO / path).read_text()
+        assert not re.search(r'"(DVC_NO_ANALYTICS|GX_ANALYTICS_ENABLED|TRL_EXPERIMENTAL_SILENCE)"', text), path

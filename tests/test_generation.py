@@ -6,8 +6,10 @@ import pytest
 
 from tandem.generation import accuracy, accuracy_of, cut_at_eos, generate_and_score, stable_seed
 from tandem.rollout.core import RolloutBatch, SamplingParams
+from tandem.rollout.request import RolloutSettings
 
-SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, max_position=512)
+SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=0, intermediate_size=64,
+             max_position=512)
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +29,9 @@ class Scripted:
     def __init__(self, script):
         self.script, self.calls = script, []
 
-    def generate(self, prompt_ids, schedule, sampling, seed, row_ids, **kw):
-        self.calls.append((seed, list(row_ids), schedule))
-        rows = [self.script[r] for r in row_ids]
+    def generate(self, request):
+        self.calls.append((request.seed, list(request.row_ids), request.schedule))
+        rows = [self.script[r] for r in request.row_ids]
         return RolloutBatch([list(r) for r in rows], [[1] * len(r) for r in rows], [[0.0] * len(r) for r in rows],
                             [0] * len(rows), ["eos" if 0 in r else "length" for r in rows])
 
@@ -43,8 +45,8 @@ def test_records_cut_at_eos_score_and_share_one_seed(tok_model):
     rows = [{"id": "a", "prompt": "p a", "answer": "5"}, {"id": "b", "prompt": "p b", "answer": "4"},
             {"id": "c", "prompt": "p c", "answer": "2"}]
     seen = []
-    recs = generate_and_score(engine, tok, rows, "solo", SamplingParams(), n_samples=2, seed=9,
-                              score_fn=lambda t, g: [float(x.strip() == y) for x, y in zip(t, g)], batch_size=4,
+    recs = generate_and_score(engine, tok, rows, RolloutSettings("solo", SamplingParams(), batch_size=4), n_samples=2,
+                              seed=9, score_fn=lambda t, g: [float(x.strip() == y) for x, y in zip(t, g)],
                               eos_ids=[0], progress=seen.append)
     assert [(r["id"], r["sample"]) for r in recs] == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]
     assert recs[0]["completion_ids"] == [digits[5], 0] and recs[0]["owner"] == [1, 1]  # cut after the first EOS
@@ -66,9 +68,9 @@ def test_accuracy_counts_samples_per_problem(tok_model):
     texts = iter(["\\boxed{5}", "\\boxed{7}", "no box", "\\boxed{4}", "\\boxed{4}", "\\boxed{3}"])
 
     class Fake:
-        def generate(self, prompt_ids, schedule, sampling, seed, row_ids, **kw):
-            assert schedule == "solo"
-            ids = [tok(next(texts), add_special_tokens=False)["input_ids"] for _ in row_ids]
+        def generate(self, request):
+            assert request.schedule == "solo"
+            ids = [tok(next(texts), add_special_tokens=False)["input_ids"] for _ in request.row_ids]
             return RolloutBatch(ids, [[1] * len(i) for i in ids], [[0.0] * len(i) for i in ids], [0] * len(ids),
                                 ["eos"] * len(ids))
 

@@ -126,7 +126,7 @@ def test_matches_trls_compute_loss_on_one_batch(beta, tmp_path):
     rewards = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
 
     class Scripted:
-        def generate(self, prompt_ids, schedule, sampling, seed, **kw):
+        def generate(self, request):
             return FakeBatch([list(c) for c in comps], [list(o) for o in owners], [[0.0] * len(c) for c in comps],
                              [0] * len(comps), ["eos"] * len(comps))
 

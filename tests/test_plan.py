@@ -52,7 +52,8 @@ def test_qwen3_4b_parameter_count_equals_transformers_model():
 
 
 def test_shape_sources(tmp_path):
-    tiny = params_from_dict({"model": {"source": "tiny", "hidden_size": 96, "num_layers": 2, "num_heads": 4}})
+    tiny = params_from_dict({"model": {"source": "tiny", "hidden_size": 96, "num_layers": 2, "num_heads": 4,
+                                       "head_dim": 0}})
     s = model_shape(tiny)
     assert (s.hidden, s.layers, s.head_dim, s.tied) == (96, 2, 24, True)
     d = tmp_path / "m"
@@ -255,7 +256,7 @@ def _measure(checkpointing: bool) -> int:
 def test_plan_matches_measured_peak_of_a_cpu_step(checkpointing):
     p = params_from_dict({
         "model": {"source": "tiny", "hidden_size": PROBE["hidden"], "num_layers": PROBE["layers"],
-                  "num_heads": PROBE["heads"], "num_kv_heads": PROBE["kv_heads"],
+                  "num_heads": PROBE["heads"], "num_kv_heads": PROBE["kv_heads"], "head_dim": 0,
                   "intermediate_size": PROBE["intermediate"], "vocab_size": PROBE["vocab"]},
         "train": {"arms": ["grpo"], "prompts_per_step": 1, "group_size": PROBE["rows"],
                   "micro_batch_size": PROBE["rows"], "max_prompt_tokens": PROBE["prompt"],
@@ -286,3 +287,19 @@ def test_vllm_backend_on_a_cpu_plans_the_cpu_engines_instead_of_refusing():
     raw["train"]["max_new_tokens"] = 60_000  # one sequence's KV cache outgrows 1 GiB: refused, naming the knob
     tight = plan_train_arm(params_from_dict(raw), "tandem", shape, device="cpu")
     assert any("rollout.vllm_cpu_kv_cache_gb" in c for c in tight.checks), tight.checks
+
+
+def test_vllm_kv_for_every_row_at_full_length_or_a_failed_tandem_plan_naming_layouts():
+    """Both engines must hold rows x (prompt + max_new_tokens): a tandem plan that does not is refused with the
+    layouts that fit; a solo arm only notes it (rows wait for free slots, no parked sessions)."""
+    p = _params("params.paper.yaml", num_processes=1, sharding="none")  # 128 rows on one GPU: 73.8 GiB of KV per engine
+    shape = model_shape(p)
+    tandem = plan_train_arm(p, "tandem", shape, device="cuda")
+    msg = " ".join(tandem.checks)
+    assert not tandem.fits and "vLLM KV cache holds" in msg and "of the 128 rows" in msg
+    assert "layouts that fit" in msg and "rows per call" in msg and "capped at" in msg
+    grpo = plan_train_arm(p, "grpo", shape, device="cuda")
+    assert not any("vLLM KV" in c for c in grpo.checks)
+    assert any("vLLM KV cache holds" in n and "solo rollouts" in n for n in grpo.notes)
+    ok = plan_train_arm(_params("params.paper.yaml"), "tandem", shape, device="cuda")  # 16 rows per process
+    assert not any("vLLM KV" in c for c in ok.checks) and any("holds all 16 rows" in n for n in ok.notes)

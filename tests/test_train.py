@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tandem.config import RolloutConfig, TrainConfig
+from tandem.rollout.request import RolloutSettings
 from tandem.train import (CorrectnessReward, JuniorGuard, StepStats, TandemRollout, arm_spec, batch_geometry,
                           build_trainer, commit_dir, complete_checkpoints, k3_kl_BT, latest_checkpoint,
                           run_fingerprint, step_rows, token_logprobs_B, train_arm, weights_hash,
@@ -66,8 +67,10 @@ class ScriptedEngine:
         self.senior, self.tokenizer, self.completions, self.owners, self.t = senior, tokenizer, completions, owners, temperature
         self.calls = []
 
-    def generate(self, prompt_ids, schedule, sampling, seed, **kw):
-        self.calls.append({"n": len(prompt_ids), "schedule": schedule, "seed": seed, **kw})
+    def generate(self, request):
+        prompt_ids = [list(p) for p in request.prompts]
+        self.calls.append({"n": len(request), "schedule": request.schedule, "seed": request.seed,
+                           "row_ids": request.row_ids})
         lps = token_logprobs_B(self.senior, prompt_ids, self.completions, self.t, self.tokenizer.pad_token_id)
         lps = [[lp if o else 0.0 for lp, o in zip(row, own)] for row, own in zip(lps, self.owners)]
         hand = [sum(a != b for a, b in zip(o, o[1:])) for o in self.owners]
@@ -202,7 +205,8 @@ def test_rollout_func_returns_owner_as_env_mask(base_dir):
     engine = ScriptedEngine(senior, tok, comps, owners, 1.0)
     stats = StepStats()
     spec = arm_spec("tandem", TrainConfig(group_size=2), RolloutConfig())
-    fn = TandemRollout(engine, tok, spec, em.SamplingParams(max_new_tokens=8), stats, seed=3, base=junior, kl_rows=4)
+    fn = TandemRollout(engine, tok, spec, RolloutSettings(spec.schedule, em.SamplingParams(max_new_tokens=8)), stats,
+                       seed=3, base=junior, kl_rows=4)
 
     class T:  # the two attributes of the trainer the rollout function reads
         model = senior
@@ -497,8 +501,8 @@ def test_each_rank_rolls_out_its_rows_with_global_row_ids(base_dir):
 
     engine = ScriptedEngine(senior, tok, [[20, 21]] * 4, [[1, 0]] * 4, 1.0)
     spec = arm_spec("grpo", TrainConfig(group_size=2), RolloutConfig())
-    fn = TandemRollout(engine, tok, spec, em.SamplingParams(max_new_tokens=4), StepStats(), seed=3, kl_rows=0,
-                       updates_per_batch=2)
+    fn = TandemRollout(engine, tok, spec, RolloutSettings(spec.schedule, em.SamplingParams(max_new_tokens=4)),
+                       StepStats(), seed=3, kl_rows=0, updates_per_batch=2)
 
     class T:  # a trainer on rank 1 of 2, at optimizer update 6 = step 3 of 2 updates each
         model = senior

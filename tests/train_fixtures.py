@@ -25,7 +25,7 @@ def build_base(out_dir: Path, hidden: int = 64, layers: int = 2, seed: int = 0) 
     out_dir = Path(out_dir)
     probs = generate(300, 2, 4, seed=123)
     tok = train_tokenizer([p.problem + "\n\n" + p.solution for p in probs], vocab_size=300)
-    cfg = ModelConfig(hidden_size=hidden, num_layers=layers, num_heads=4, num_kv_heads=2,
+    cfg = ModelConfig(hidden_size=hidden, num_layers=layers, num_heads=4, num_kv_heads=2, head_dim=0,
                       intermediate_size=2 * hidden, max_position=512)
     save_model(build_tiny_model(tok, cfg, seed=seed), tok, out_dir)
     return out_dir
@@ -42,7 +42,7 @@ def build_boxing_base(out_dir: Path, steps: int = 60, seed: int = 0) -> Path:
     out_dir = build_base(out_dir, seed=seed)
     model, tok = load_model(out_dir), load_tokenizer(out_dir)
     pairs = [(user_message(p.problem), "\\boxed{%d}" % (7 + i % 2)) for i, p in enumerate(generate(64, 2, 3, seed=11))]
-    cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+    cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=0, intermediate_size=128,
                       max_position=512, pretrain_steps=steps, pretrain_batch_size=8, pretrain_lr=0.01)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

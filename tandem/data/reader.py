@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import BinaryIO, Iterator, Sequence
 
 from tandem.errors import UserError
 
@@ -49,51 +49,77 @@ class DataFileError(UserError):
         super().__init__("\n".join(lines))
 
 
+_SKIP_CHUNK = 1 << 20
+
+
+def _lines(f: BinaryIO, max_row_bytes: int) -> Iterator[tuple[bytes | None, int, bool]]:
+    """(line without its newline, its length in bytes, whether a newline ended it) for each line of a binary
+    file, streamed: at most `max_row_bytes` + 1 bytes of one line are held in memory. A longer line is
+    skipped in chunks and comes as (None, its length, ...)."""
+    while True:
+        line = f.readline(max_row_bytes + 1)
+        if not line:
+            return
+        if line.endswith(b"\n"):
+            yield line[:-1], len(line) - 1, True
+            continue
+        if len(line) <= max_row_bytes:  # the last line, without a newline
+            yield line, len(line), False
+            return
+        size, ended = len(line), False
+        while chunk := f.readline(_SKIP_CHUNK):
+            if chunk.endswith(b"\n"):
+                size, ended = size + len(chunk) - 1, True
+                break
+            size += len(chunk)
+        yield None, size, ended
+        if not ended:
+            return
+
+
 def read_problem_file(path: str | Path, what: str, max_row_bytes: int,
                       max_problems: int = 50) -> tuple[list[dict], list[FileProblem]]:
     """(rows, problems) of one jsonl file; each row gets `_where` = "<file name>:<line>" for reports.
 
     `what` names the file's role (e.g. "data.train_file") in messages. Blank lines are skipped. At most
-    `max_problems` problems are collected per file (a file that is not JSON Lines fails on every line).
+    `max_problems` problems are collected per file (a file that is not JSON Lines fails on every line). The
+    file is streamed line by line: a line longer than `max_row_bytes` is refused without being held in memory.
     """
     path = Path(path)
     label = f"{what} {path}"
     if not path.is_file():
         return [], [FileProblem(label, "file_exists", "does not exist" if not path.exists() else "is not a file")]
-    data = path.read_bytes()
     rows: list[dict] = []
     problems: list[FileProblem] = []
-    lines = data.split(b"\n")
-    ends_cleanly = data.endswith(b"\n")
-    for n, raw in enumerate(lines, 1):
-        if len(problems) >= max_problems:
-            break
-        where = f"{label}:{n}"
-        if len(raw) > max_row_bytes:
-            problems.append(FileProblem(where, "row_size", f"{len(raw)} bytes, allowed <= {max_row_bytes} "
-                                                           "(data.max_row_bytes)"))
-            continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            problems.append(FileProblem(where, "utf8", f"byte {e.start} (0x{raw[e.start]:02x}) is not valid UTF-8"))
-            continue
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as e:
-            last = n == len(lines) and not ends_cleanly
-            if last and text.lstrip().startswith("{") and not text.rstrip().endswith("}"):
-                problems.append(FileProblem(where, "truncated", f"the line ends mid-object ({e.msg})"))
-            else:
-                problems.append(FileProblem(where, "json_lines", f"not valid JSON ({e.msg} at column {e.colno})"))
-            continue
-        if not isinstance(row, dict):
-            problems.append(FileProblem(where, "json_object", f"a JSON {type(row).__name__}, expected an object"))
-            continue
-        row["_where"] = f"{path.name}:{n}"
-        rows.append(row)
+    with open(path, "rb") as f:
+        for n, (raw, size, ended) in enumerate(_lines(f, max_row_bytes), 1):
+            if len(problems) >= max_problems:
+                break
+            where = f"{label}:{n}"
+            if raw is None:
+                problems.append(FileProblem(where, "row_size", f"{size} bytes, allowed <= {max_row_bytes} "
+                                                               "(data.max_row_bytes)"))
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                problems.append(FileProblem(where, "utf8", f"byte {e.start} (0x{raw[e.start]:02x}) is not valid UTF-8"))
+                continue
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as e:
+                if not ended and text.lstrip().startswith("{") and not text.rstrip().endswith("}"):
+                    problems.append(FileProblem(where, "truncated", f"the line ends mid-object ({e.msg})"))
+                else:
+                    problems.append(FileProblem(where, "json_lines", f"not valid JSON ({e.msg} at column {e.colno})"))
+                continue
+            if not isinstance(row, dict):
+                problems.append(FileProblem(where, "json_object", f"a JSON {type(row).__name__}, expected an object"))
+                continue
+            row["_where"] = f"{path.name}:{n}"
+            rows.append(row)
     if not rows and not problems:
         problems.append(FileProblem(label, "not_empty", "holds no rows (empty or blank lines only)"))
     return rows, problems

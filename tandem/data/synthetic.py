@@ -8,6 +8,14 @@ then writes the equation; the last line is `\boxed{answer}`. Ordinal keys with t
 make retrieval one induction step, which a ~0.3M-parameter model learns reliably within minutes on a CPU; the
 default two-digit values (`max_value` 99) and operands up to twenty then set how good that model gets, and
 long problems stay harder because per-step slips compound.
+
+Solution styles (`STYLES`, drawn per problem with the shares `data.solution_styles` gives):
+- `verbose`: "Third, five more are found: 45 + 5 = 50" (ordinal key, restatement, equation);
+- `terse`: "Third: 45 + 5 = 50" (ordinal key, equation);
+- `compact`: "45+5=50" (the equation alone, no spaces: no ordinal to match, so the step's operand is found by
+  counting lines, and the text is about half as long as verbose). Rare in a base's pretraining data, it is the
+  toy analogue of a drifted reasoning dialect: shorter (it fits a tight budget) and harder for a model that
+  mostly saw the keyed styles to continue.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import asdict, dataclass
+
+from tandem.config import SOLUTION_STYLES
 
 NAMES = ["Ann", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gia", "Hugo", "Ivy", "Jack", "Kim", "Leo", "Mia", "Ned",
          "Omar", "Pia", "Quinn", "Rosa", "Sam", "Tara"]
@@ -29,9 +39,13 @@ class Problem:
     solution: str
     n_steps: int
     source: str = "synthetic"
+    style: str = "verbose"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The row fields a data file holds (the style is not one: `solution_style` reads it off the text)."""
+        d = asdict(self)
+        d.pop("style")
+        return d
 
 
 def _ops(rng: random.Random, start: int, n_steps: int, max_operand: int, max_value: int) -> list[tuple[str, int, int, int]]:
@@ -61,12 +75,32 @@ def _ops(rng: random.Random, start: int, n_steps: int, max_operand: int, max_val
     return out
 
 
-# Share of verbose reference solutions. Away from one half on purpose: at 50/50 the first solution token
-# (":" for terse, "," for verbose) is a coin flip for the model, so its greedy decoding switched style between
-# neighbouring checkpoints and greedy accuracy jumped by tens of points. A clear majority keeps greedy decoding
-# in one style (the verbose one, which restates the operation and so copies its operand locally), while
-# sampling still shows both styles: a cheap, visible drift axis under RL.
-VERBOSE_SHARE = 0.7
+STYLES = SOLUTION_STYLES
+# Default shares of the reference solution styles. Verbose away from one half on purpose: at 50/50 the first
+# solution token (":" for terse, "," for verbose) is a coin flip for the model, so its greedy decoding switched
+# style between neighbouring checkpoints and greedy accuracy jumped by tens of points. A clear majority keeps
+# greedy decoding in one style (the verbose one, which restates the operation and so copies its operand
+# locally), while sampling still shows both styles: a cheap, visible drift axis under RL.
+DEFAULT_STYLES = {"verbose": 0.7, "terse": 0.3}
+
+
+def draw_style(rng: random.Random, shares: dict[str, float] | None = None) -> str:
+    """One style by its share: a single uniform draw, cut in `STYLES` order (so shares {verbose: 0.7, terse:
+    0.3} consume exactly the draw `rng.random() < 0.7` always did)."""
+    shares = DEFAULT_STYLES if shares is None else shares
+    u, acc = rng.random(), 0.0
+    chosen = None
+    for name in STYLES:
+        w = float(shares.get(name, 0.0))
+        if w <= 0:
+            continue
+        chosen = name
+        acc += w
+        if u < acc:
+            return name
+    if chosen is None:
+        raise ValueError(f"solution style shares {shares} give no style a positive share")
+    return chosen  # u beyond the rounded sum: the last style with a share
 
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
                 "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
@@ -98,13 +132,14 @@ def _clauses(op: str, k: int, obj: str) -> tuple[str, str]:
 
 
 def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_value: int = 40,
-                 style: str | None = None) -> Problem:
+                 style: str | None = None, styles: dict[str, float] | None = None) -> Problem:
     """One problem: a start count, then one line per operation keyed by its ordinal ("Second, ...").
 
     The ordinal opens both the question line and the solution step, so each step finds its operation by
     matching one token, and operands are number words (a word is retrieved far more reliably than a digit
     by a tiny model; the equation then turns it into digits). The verbose style restates the operation
-    before the equation, the terse style writes only the equation.
+    before the equation, the terse style keeps the ordinal and the equation, the compact style writes the
+    equation alone without spaces. `style` forces one; otherwise it is drawn with the `styles` shares.
     """
     if n_steps > len(ORDINALS):
         raise ValueError(f"at most {len(ORDINALS)} steps are supported (ordinals up to "
@@ -117,23 +152,37 @@ def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_val
         lines.append(f"{ORDINALS[i]}, {_clauses(op, k, obj)[0]}.")
     lines.append(f"How many {obj} does {name} have now?")
     problem = "\n".join(lines)
-    style = style or ("verbose" if rng.random() < VERBOSE_SHARE else "terse")
+    style = style or draw_style(rng, styles)
+    if style not in STYLES:
+        raise ValueError(f"unknown solution style {style!r}; known: {', '.join(STYLES)}")
     steps = []
     for i, (op, k, before, after) in enumerate(ops):
         eq = f"{before} {op} {k} = {after}"
         if style == "verbose":
             steps.append(f"{ORDINALS[i]}, {_clauses(op, k, obj)[1]}: {eq}")
-        else:
+        elif style == "terse":
             steps.append(f"{ORDINALS[i]}: {eq}")
+        else:
+            steps.append(f"{before}{op}{k}={after}")
     answer = str(ops[-1][3])
     steps.append(f"\\boxed{{{answer}}}")
     solution = "\n\n".join(steps)
     pid = "syn-" + hashlib.sha1(problem.encode()).hexdigest()[:12]
-    return Problem(id=pid, problem=problem, answer=answer, solution=solution, n_steps=n_steps)
+    return Problem(id=pid, problem=problem, answer=answer, solution=solution, n_steps=n_steps, style=style)
+
+
+def solution_style(text: str) -> str:
+    """The style a solution is written in, read off its first step: "verbose" (an ordinal, then a comma),
+    "terse" (an ordinal, then a colon), "compact" (an equation with no ordinal) or "other"."""
+    first = text.lstrip().split("\n", 1)[0]
+    head = first.split(" ", 1)[0]
+    if head.rstrip(",:") in ORDINALS:
+        return "verbose" if head.endswith(",") else "terse" if head.endswith(":") else "other"
+    return "compact" if first[:1].isdigit() and "=" in first and " " not in first else "other"
 
 
 def generate(n: int, min_steps: int, max_steps: int, seed: int, max_operand: int = 9, max_value: int = 40,
-             exclude: set[str] | None = None, prefix: str = "") -> list[Problem]:
+             exclude: set[str] | None = None, prefix: str = "", styles: dict[str, float] | None = None) -> list[Problem]:
     """`n` distinct problems with a step count uniform in [min_steps, max_steps], deterministic in `seed`.
 
     Problems whose text is in `exclude` (problem strings) are skipped, so splits never share a problem.
@@ -147,7 +196,7 @@ def generate(n: int, min_steps: int, max_steps: int, seed: int, max_operand: int
         if attempts > 50 * n + 1000:
             raise ValueError(f"could only generate {len(out)} distinct problems of {n} requested "
                              f"({min_steps}-{max_steps} steps): the space is too small")
-        p = make_problem(rng, rng.randint(min_steps, max_steps), max_operand, max_value)
+        p = make_problem(rng, rng.randint(min_steps, max_steps), max_operand, max_value, styles=styles)
         if p.problem in seen:
             continue
         seen.add(p.problem)

@@ -30,6 +30,7 @@ import torch
 from tandem.rollout.engine import SamplingParams
 from tandem.rollout.factory import make_engine
 from tandem.rollout.lockstep import lockstep_generate
+from tandem.rollout.toy import rollout
 
 DEFAULT_MODEL_DIR = "models/base"
 
@@ -122,17 +123,17 @@ def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: i
         sp = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
 
         def solo(ps=prompts):
-            return engine.generate(ps, "solo", sp, seed=seed)
+            return rollout(engine, ps, "solo", sp, seed=seed)
 
         def tandem(ps=prompts):
-            return engine.generate(ps, "word", sp, seed=seed)
+            return rollout(engine, ps, "word", sp, seed=seed)
 
         def lockstep(ps=prompts, forward="fast"):
             with torch.no_grad():
                 return lockstep_generate(model, junior, engine.tables, ps, "word", sp, seed, engine.eos_ids,
                                          forward=forward)
 
-        engine.generate(prompts[:4], "word", SamplingParams(temperature=temperature, max_new_tokens=8), seed=seed)
+        rollout(engine, prompts[:4], "word", SamplingParams(temperature=temperature, max_new_tokens=8), seed=seed)
         res: dict[str, Any] = {"model": desc, "rows": len(prompts), "max_new_tokens": max_new_tokens,
                                "threads": torch.get_num_threads(),
                                "kernel": "catch-up" if engine.fast else "lockstep-fallback"}

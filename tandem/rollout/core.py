@@ -7,13 +7,16 @@ rounds handling and the per-token records; a backend only proposes the next toke
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import torch
 
 from tandem.rollout.sampling import STREAM_SAMPLE, sample_tokens, uniform
-from tandem.rollout.schedule import Schedule, check_schedule, uses_junior
+from tandem.rollout.schedule import Schedule
 
 FINISH_EOS, FINISH_LENGTH, FINISH_ROUNDS = "eos", "length", "rounds"
 _FINISH_NAMES = {1: FINISH_EOS, 2: FINISH_LENGTH, 3: FINISH_ROUNDS}
@@ -173,15 +176,27 @@ def run_rounds(hist_BS: torch.Tensor, p_max: int, sched: Schedule, sampling: Sam
     return RolloutBatch(ids_out, own_out, lp_out, hand, fin)
 
 
-def check_request(schedule: str, sampling: SamplingParams, seed: int, p_senior: float, max_gap_tokens: int,
-                  max_rounds: int, has_junior: bool) -> None:
-    """The checks every engine's `generate` makes before any work (one definition for the hf engine and the
-    vLLM client): a known schedule with valid settings, a non-negative seed, real sampling settings, and a
-    junior whenever the schedule can hand a token to it."""
-    check_schedule(schedule, p_senior, max_gap_tokens, max_rounds)
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
-    if not isinstance(sampling, SamplingParams):
-        raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-    if uses_junior(schedule, p_senior) and not has_junior:
-        raise ValueError(f"schedule {schedule!r} (p_senior={p_senior}) needs a junior model, but junior is None")
+def _eos_list(x: Any) -> list[int]:
+    if x is None:
+        return []
+    if isinstance(x, int):
+        return [x]
+    return [int(i) for i in x]
+
+
+def collect_eos_ids(tokenizer: Any, *models: Any) -> list[int]:
+    """EOS ids: the tokenizer's plus every model's generation/config EOS (either model may end a rollout)."""
+    ids = set(_eos_list(getattr(tokenizer, "eos_token_id", None)))
+    for m in models:
+        if m is None:
+            continue
+        if isinstance(m, (str, os.PathLike)):  # a model directory (the vLLM service loads it itself)
+            for name in ("generation_config.json", "config.json"):
+                f = Path(m) / name
+                if f.is_file():
+                    ids |= set(_eos_list(json.loads(f.read_text()).get("eos_token_id")))
+            continue
+        gc = getattr(m, "generation_config", None)
+        ids |= set(_eos_list(getattr(gc, "eos_token_id", None)))
+        ids |= set(_eos_list(getattr(getattr(m, "config", None), "eos_token_id", None)))
+    return sorted(ids)

@@ -9,7 +9,8 @@ client of the rollout service, which runs vLLM in its own environment (docs/roll
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Sequence
 
 from tandem.rollout.engine import TandemEngine
 
@@ -28,17 +29,18 @@ def make_engine(senior: Any, junior: Any | None, tokenizer: Any, backend: str = 
 
 
 def rollout_engine(senior: Any, junior: Any | None, tokenizer: Any, rollout: Any, *, live: bool = False,
-                   **overrides: Any):
+                   roots: Sequence[str | os.PathLike] = (), **overrides: Any):
     """The engine the `rollout` params section asks for; `overrides` go to `make_engine` (hf backend).
 
     With `backend: vllm` this is a client of the run's shared rollout service (vLLM in its own environment,
-    `tandem.rollout.vllm_client`): `live=True` in training, where the trained senior module is pushed to the
+    `tandem.rollout.vllm.client`; `roots`: the directories it may load weights from, besides the junior's):
+    `live=True` in training, where the trained senior module is pushed to the
     service after each optimizer step; False in evaluation, where the senior is a saved checkpoint directory.
     Threads are the calling stage's setting (`train.cpu_threads`, `evaluate.cpu_threads`, ...), applied by the
     stage around its whole work, so the engine leaves them as they are unless `cpu_threads` is passed.
     """
     if rollout.backend == "vllm":
-        from tandem.rollout.vllm_client import engine_from_config
+        from tandem.rollout.vllm.client import engine_from_config
 
-        return engine_from_config(senior, junior, tokenizer, rollout, live=live)
+        return engine_from_config(senior, junior, tokenizer, rollout, live=live, roots=roots)
     return make_engine(senior, junior, tokenizer, rollout.backend, **overrides)

@@ -128,41 +128,90 @@ def naive_authors(kind: str, tokens: Sequence[int], texts: Sequence[str], seed: 
     return out, False
 
 
-class RowSchedule:
-    """The same state machine for ONE row in plain Python (the vLLM backend walks each turn's tokens with it).
+class LookupTables:
+    """The token tables as `bytes` (one byte per id): O(1) lookups in plain Python, built once per vocabulary.
 
-    Reads the same tables and the same counter-based uniforms as `Schedule`, so both agree token for token.
+    `RowSchedule` reads these; the vLLM engine core decides authorship switches with them token by token.
     """
 
-    def __init__(self, kind: str, tables: TokenTables, seed: int, row_id: int, p_senior: float = 0.5,
-                 max_gap_tokens: int = 32, max_rounds: int = 150):
+    __slots__ = ("word", "end", "snl", "enl", "empty")
+
+    def __init__(self, word: bytes, end: bytes, snl: bytes, enl: bytes, empty: bytes):
+        self.word, self.end, self.snl, self.enl, self.empty = word, end, snl, enl, empty
+
+    @classmethod
+    def of(cls, tables: "TokenTables | LookupTables") -> "LookupTables":
+        if isinstance(tables, LookupTables):
+            return tables
+        key = id(tables)
+        hit = _LOOKUP_CACHE.get(key)
+        if hit is not None and hit[0] is tables:
+            return hit[1]
+        out = cls(*(bytes(t.to(torch.uint8).tolist()) for t in (tables.word_start_V, tables.step_end_V,
+                                                                tables.starts_newline_V, tables.ends_newline_V,
+                                                                tables.empty_V)))
+        _LOOKUP_CACHE.clear()  # one vocabulary at a time is the common case; keep the cache small
+        _LOOKUP_CACHE[key] = (tables, out)
+        return out
+
+
+_LOOKUP_CACHE: dict[int, tuple] = {}
+
+
+class RowSchedule:
+    """The same state machine for ONE row in plain Python (the vLLM path walks each turn's tokens with it, and
+    the vLLM engine core resumes it at every chunk to stop exactly at the authorship switch).
+
+    Reads the same tables and the same counter-based uniforms as `Schedule`, so both agree token for token.
+    State: `author`, `gap` (tokens since the last redraw), `newline` (step schedule: the turn's text ends with
+    a newline), `turns` (step schedule: completed turns).
+    """
+
+    __slots__ = ("kind", "seed", "row_id", "p_senior", "max_gap", "max_rounds", "_t", "author", "gap", "newline",
+                 "turns")
+
+    def __init__(self, kind: str, tables: "TokenTables | LookupTables", seed: int, row_id: int,
+                 p_senior: float = 0.5, max_gap_tokens: int = 32, max_rounds: int = 150):
         check_schedule(kind, p_senior, max_gap_tokens, max_rounds)
         self.kind, self.seed, self.row_id = kind, seed, row_id
         self.p_senior, self.max_gap, self.max_rounds = p_senior, max_gap_tokens, max_rounds
-        self._word = tables.word_start_V.tolist()
-        self._end = tables.step_end_V.tolist()
-        self._snl = tables.starts_newline_V.tolist()
-        self._enl = tables.ends_newline_V.tolist()
-        self._empty = tables.empty_V.tolist()
+        self._t = LookupTables.of(tables)
         if kind in ("word", "token"):
             self.author = int(uniform_int(seed, STREAM_FIRST, row_id, 0) < p_senior)
         else:
             self.author = JUNIOR if kind == "junior" else SENIOR
         self.gap, self.newline, self.turns = 0, False, 0
 
+    @classmethod
+    def resume(cls, kind: str, tables: "TokenTables | LookupTables", seed: int, row_id: int, p_senior: float,
+               max_gap_tokens: int, max_rounds: int, author: int, gap: int, newline: bool,
+               turns: int) -> "RowSchedule":
+        """The state machine at a known state (no validation: the state comes from a validated one)."""
+        st = cls.__new__(cls)
+        st.kind, st.seed, st.row_id = kind, seed, row_id
+        st.p_senior, st.max_gap, st.max_rounds = p_senior, max_gap_tokens, max_rounds
+        st._t = LookupTables.of(tables)
+        st.author, st.gap, st.newline, st.turns = int(author), int(gap), bool(newline), int(turns)
+        return st
+
+    def state(self) -> dict:
+        """The resumable state (see `resume`)."""
+        return {"author": self.author, "gap": self.gap, "newline": self.newline, "turns": self.turns}
+
     def advance(self, token: int, t: int) -> bool:
         """Account for `token` emitted at position t; return True when it completed the last allowed turn."""
         if self.kind == "word":
             self.gap += 1
-            if self._word[token] or self.gap >= self.max_gap:
+            if self._t.word[token] or self.gap >= self.max_gap:
                 self.author = int(uniform_int(self.seed, STREAM_REDRAW, self.row_id, t) < self.p_senior)
                 self.gap = 0
         elif self.kind == "token":
             self.author = int(uniform_int(self.seed, STREAM_REDRAW, self.row_id, t) < self.p_senior)
         elif self.kind == "step":
-            end = self._end[token] or (self.newline and self._snl[token])
-            if not self._empty[token]:
-                self.newline = self._enl[token]
+            tb = self._t
+            end = tb.end[token] or (self.newline and tb.snl[token])
+            if not tb.empty[token]:
+                self.newline = bool(tb.enl[token])
             if end:
                 self.author, self.newline = 1 - self.author, False
                 self.turns += 1

@@ -100,3 +100,12 @@ def add_logit_bias(model: Any, bias: dict[int, float]) -> Any:
             new.bias[i] = b
     model.lm_head = new
     return model
+
+
+def rollout(engine: Any, prompts: Any, schedule: str, sampling: Any, seed: int, row_ids: Any = None,
+            batch_size: int | None = None, **settings: Any):
+    """`engine.generate` of one request built from loose settings (tests and benchmarks)."""
+    from tandem.rollout.request import RolloutSettings
+
+    s = RolloutSettings(schedule, sampling, batch_size=batch_size or 0, **settings)
+    return engine.generate(s.request(prompts, seed, row_ids))

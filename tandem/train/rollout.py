@@ -63,18 +63,20 @@ class TandemRollout:
     """trl `rollout_func`: one engine call per step over the repeated prompts; env_mask = owner mask.
 
     `engine` follows `tandem.rollout.engine.TandemEngine` (its senior is the very module trl trains, so
-    rollouts always use the current weights). `base` is the frozen base model used for the KL-to-base
+    rollouts always use the current weights); `settings` is the arm's `RolloutSettings` (schedule, sampling,
+    `p_senior`, gap and rounds caps, batch size), built once. `base` is the frozen base model used for the KL-to-base
     diagnostic on `kl_rows` rows per step (0 turns it off). `updates_per_batch` is the number of optimizer
     updates per rollout batch: the seed follows the rollout step (optimizer step // updates_per_batch).
     """
 
-    def __init__(self, engine, tokenizer, spec: ArmSpec, sampling, stats: StepStats, seed: int,
-                 p_senior: float = 0.5, max_gap_tokens: int = 32, max_rounds: int = 150,
-                 batch_size: int | None = None, base=None, kl_rows: int = 16, updates_per_batch: int = 1):
-        self.engine, self.tokenizer, self.spec, self.sampling = engine, tokenizer, spec, sampling
+    def __init__(self, engine, tokenizer, spec: ArmSpec, settings, stats: StepStats, seed: int, base=None,
+                 kl_rows: int = 16, updates_per_batch: int = 1):
+        if settings.schedule != spec.schedule:
+            raise ValueError(f"arm {spec.name} rolls out with schedule {spec.schedule!r}, settings say "
+                             f"{settings.schedule!r}")
+        self.engine, self.tokenizer, self.spec, self.settings = engine, tokenizer, spec, settings
+        self.sampling = settings.sampling
         self.stats, self.seed, self.updates_per_batch = stats, seed, updates_per_batch
-        self.p_senior, self.max_gap_tokens, self.max_rounds, self.batch_size = (
-            p_senior, max_gap_tokens, max_rounds, batch_size)
         self.base, self.kl_rows = base, kl_rows
         self._prompt_cache: dict[str, list[int]] = {}
 
@@ -101,11 +103,9 @@ class TandemRollout:
         trainer.model.eval()
         try:
             with full_weights(trainer):
-                batch = self.engine.generate(
-                    prompt_ids, self.spec.schedule, self.sampling,
-                    seed=self.step_seed(trainer.state.global_step // self.updates_per_batch), row_ids=row_ids,
-                    p_senior=self.p_senior, max_gap_tokens=self.max_gap_tokens, max_rounds=self.max_rounds,
-                    batch_size=self.batch_size)
+                batch = self.engine.generate(self.settings.request(
+                    prompt_ids, seed=self.step_seed(trainer.state.global_step // self.updates_per_batch),
+                    row_ids=row_ids))
         finally:
             trainer.model.train(was_training)
         completion_ids, owner, logprobs = (list(map(list, batch.completion_ids)), list(map(list, batch.owner)),

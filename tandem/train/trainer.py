@@ -37,6 +37,7 @@ from transformers import TrainerCallback
 
 from tandem.config import RolloutConfig, TrainConfig
 from tandem.guards import NonFiniteGuard
+from tandem.rollout.request import RolloutSettings
 from tandem.train.arms import ArmSpec, arm_spec, run_fingerprint
 from tandem.train.callbacks import JuniorGuard, PhaseTimer, ProgressBar, StopAfter, Validation
 from tandem.train.checkpoints import (STAGING_PREFIX, STEP_PREFIX, TANDEM_STATE, clean_arm_dir, commit_dir,
@@ -252,14 +253,15 @@ def train_arm(arm: str, senior, junior, tokenizer, train_rows: Sequence[dict], t
               rollout: RolloutConfig, arm_dir: str | os.PathLike, seed: int = 0,
               val_rows: Sequence[dict] = (), report_to: str | None = None, engine=None,
               score_fn: Callable[..., list[float]] | None = None, progress: bool = True,
-              stop_after: int | None = None) -> ArmResult:
+              stop_after: int | None = None, weight_roots: Sequence[str | os.PathLike] = ()) -> ArmResult:
     """Train one arm from `senior` (a fresh copy of the base) next to the frozen `junior` (another copy).
 
     `train_rows` are prepared rows (id, answer, prompt = the user message). Checkpoints land in
     `arm_dir/step-<N>/`; with `train.resume == "auto"` the run continues from the last complete checkpoint of
     the same run (same fingerprint), and checkpoints of a different run are removed first. `engine`
     defaults to `make_engine(senior, junior, tokenizer, rollout)`. `stop_after` ends the
-    run after that many steps of this call (benchmarks). Under `accelerate launch` every process calls this;
+    run after that many steps of this call (benchmarks). `weight_roots`: directories a vLLM rollout service
+    started here may load weights from (the run's output root), besides the junior's. Under `accelerate launch` every process calls this;
     the main process alone removes stale checkpoints and publishes new ones.
     """
     if not train_rows:
@@ -274,13 +276,13 @@ def train_arm(arm: str, senior, junior, tokenizer, train_rows: Sequence[dict], t
         torch.set_num_threads(train.cpu_threads)
     try:
         return _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout, Path(arm_dir), seed,
-                          val_rows, report_to, engine, score_fn, progress, stop_after)
+                          val_rows, report_to, engine, score_fn, progress, stop_after, weight_roots)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout, arm_dir, seed, val_rows,
-               report_to, engine, score_fn, progress, stop_after) -> ArmResult:
+               report_to, engine, score_fn, progress, stop_after, weight_roots=()) -> ArmResult:
     ranks = _Ranks()
     geo = batch_geometry(train.prompts_per_step, spec.group_size, train.micro_batch_size, train.updates_per_batch,
                          ranks.world)  # fail on a batch that does not split before any work
@@ -308,7 +310,7 @@ def _train_arm(arm, spec, senior, junior, tokenizer, train_rows, train, rollout,
     else:
         trainer = build_trainer(spec, senior, junior, tokenizer, train_rows, train, rollout, arm_dir, seed,
                                 fingerprint, guard, val_rows, report_to or train.report_to, engine, score_fn,
-                                progress, stop_after)
+                                progress, stop_after, weight_roots)
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         history = list(trainer.state.log_history)
         distributed = trainer.accelerator.distributed_type.value  # MULTI_CPU / MULTI_GPU (DDP), FSDP, ...
@@ -336,7 +338,7 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
                   rollout: RolloutConfig, arm_dir: Path, seed: int, fingerprint: str, guard: JuniorGuard,
                   val_rows: Sequence[dict] = (), report_to: str = "none", engine=None,
                   score_fn: Callable[..., list[float]] | None = None, progress: bool = True,
-                  stop_after: int | None = None):
+                  stop_after: int | None = None, weight_roots: Sequence[str | os.PathLike] = ()):
     """The `TandemGRPOTrainer` of one arm with its rollout function, reward and callbacks (not yet trained)."""
     from datasets import Dataset
     from transformers import PrinterCallback, ProgressCallback
@@ -347,10 +349,9 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
     stats = StepStats()
     ds = Dataset.from_list([{"prompt": render_prompt(r["prompt"], tokenizer), "answer": str(r["answer"]),
                              "id": str(r.get("id", i))} for i, r in enumerate(train_rows)])
-    rollout_fn = TandemRollout(engine, tokenizer, spec, sampling_params(train), stats, seed,
-                               p_senior=rollout.p_senior, max_gap_tokens=rollout.max_gap_tokens,
-                               max_rounds=rollout.max_rounds, batch_size=rollout.batch_size, base=junior,
-                               kl_rows=train.kl_rows, updates_per_batch=u)
+    settings = RolloutSettings.from_config(rollout, sampling_params(train), schedule=spec.schedule)
+    rollout_fn = TandemRollout(engine, tokenizer, spec, settings, stats, seed, base=junior, kl_rows=train.kl_rows,
+                               updates_per_batch=u)
     reward = CorrectnessReward(stats, spec.group_size, train.score_timeout, train.score_workers, score_fn)
     callbacks: list[TrainerCallback] = [PhaseTimer(stats, u), guard, NonFiniteGuard(train.nonfinite_loss)]
     if train.val_every > 0 and val_rows:
@@ -359,7 +360,7 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
                                     train.val_every, train.max_new_tokens, rollout.batch_size,
                                     train.score_workers, updates_per_batch=u))
     if rollout.backend == "vllm":  # push the senior to the rollout service after every optimizer step
-        from tandem.rollout.vllm_sync import VLLMWeightSync
+        from tandem.rollout.vllm.sync import VLLMWeightSync
 
         callbacks.append(VLLMWeightSync(lambda: rollout_fn.engine, stats))
     callbacks.append(ProgressBar(spec.name, enabled=progress))
@@ -378,7 +379,7 @@ def build_trainer(spec: ArmSpec, senior, junior, tokenizer, train_rows: Sequence
         trainer.remove_callback(cb)
     junior.to(trainer.args.device)  # trl placed the senior; the junior decodes next to it
     if engine is None:  # built after trl moved the senior, so the engine sees both models on their device
-        rollout_fn.engine = make_engine(senior, junior, tokenizer, rollout, live=True)
+        rollout_fn.engine = make_engine(senior, junior, tokenizer, rollout, live=True, roots=weight_roots)
     if trainer.ref_model is not None and weights_hash(trainer.ref_model) != guard.before:
         # trl loads the KL reference from the senior's own path: it must be the base the junior copies
         raise RuntimeError("the kl_reg reference model differs from the frozen base: load the senior from the "

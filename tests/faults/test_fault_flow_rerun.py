@@ -36,13 +36,13 @@ def make(*a, **k):
     eng = real_make(*a, **k)
     inner = eng.generate
 
-    def generate(prompt_ids, schedule, *x, **y):
+    def generate(request):
         done = sum(1 for _ in open(calls_file)) if os.path.exists(calls_file) else 0
         if kill_after and done >= kill_after:
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no exception handler: a real crash
-        out = inner(prompt_ids, schedule, *x, **y)
+        out = inner(request)
         with open(calls_file, "a") as f:
-            f.write(schedule + "\\n")
+            f.write(request.schedule + "\\n")
         return out
 
     eng.generate = generate

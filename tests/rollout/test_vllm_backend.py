@@ -1,50 +1,130 @@
-"""Turn planning of the vLLM rollout service, without vLLM: turn walking, stop-based turns that waste no
-decoded token, per-request seeds, the weight-sync callback, and the engine's service requirement."""
+"""The vLLM path without vLLM: the per-row state machine over two fake streaming sessions that stop with the
+engine core's rule (`turns.ChunkRule`), turn walking, session seeds, the counters, admission, the weight-sync
+callback, and the engine's service requirement."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 
 import pytest
 import torch
 
-from tandem.rollout.backends.vllm import plan_turn, request_seed, run_turns, stop_sets, walk_turn
-from tandem.rollout.schedule import RowSchedule, Schedule, naive_authors
+from tandem.rollout.schedule import LookupTables, RowSchedule, Schedule, naive_authors
+from tandem.rollout.vllm.turns import (Chunk, ChunkRule, RolloutError, rollout_counters, run_rows, session_seed,
+                                       walk_turn)
 from tandem.rollout.vocab import tables_from_texts
 
 TEXTS = ["a", " b", "\n", "\n\n", "c", "<eos>"]
 TABLES = tables_from_texts(TEXTS)
+LOOKUP = LookupTables.of(TABLES)
 EOS = {5}
 
 
-def _walk_all(kind, tokens, budget, **kw):
-    """Feed `tokens` in turns the way the vLLM backend does; return kept tokens, owners and the finish reason."""
-    st = RowSchedule(kind, TABLES, 3, 7, **kw)
-    kept, owner, pos = [], [], 0
-    while pos < len(tokens):
-        author = st.author
-        n, why = walk_turn(st, tokens[pos:pos + 5], len(kept), budget, EOS)
-        kept += tokens[pos:pos + n]
-        owner += [author] * n
-        pos += n
-        if why:
-            return kept, owner, why
-    return kept, owner, None
+class FakeSession:
+    """A streaming session the way vLLM keeps one: it holds every token it computed, drops its last sampled
+    token at a chunk end (its KV was never computed), samples from a fixed distribution, and stops with EOS
+    or with the engine core's rule."""
+
+    def __init__(self, role, weights, seed, log, break_rule=False):
+        self.role, self.weights, self.rng = role, weights, random.Random(seed)
+        self.hist: list[int] = []
+        self.last: int | None = None
+        self.log, self.break_rule, self.closed = log, break_rule, False
+
+    async def send(self, tokens, args):
+        assert not self.closed
+        if self.last is not None:
+            assert tokens[:1] == [self.last], "the next chunk must start with the session's last sampled token"
+        assert args["role"] == self.role
+        self.hist += tokens
+        rule = ChunkRule(args, LOOKUP)
+        out, stop = [], None
+        t0 = time.perf_counter()
+        while stop is None:
+            tok = self.rng.choices(range(len(self.weights)), self.weights)[0]
+            out.append(tok)
+            if tok in EOS:
+                stop = "eos"
+                break
+            why = rule.step(tok, len(out) - 1)
+            if why is not None and not (self.break_rule and why == "tandem_switch" and len(out) < 2):
+                stop = {"tandem_switch": "switch", "tandem_rounds": "rounds"}.get(why, why)
+        await asyncio.sleep(0)
+        self.hist += out[:-1]
+        self.last = out[-1]
+        self.log.append((self.role, len(tokens), len(out)))
+        lps = [-1.0] * len(out) if self.role == 1 else None
+        return Chunk(out, lps, stop, t0, time.perf_counter(), time.perf_counter())
+
+    async def close(self):
+        self.closed = True
 
 
-@pytest.mark.parametrize("kind", ["word", "token", "step"])
-def test_turn_walk_reproduces_the_vectorised_schedule(kind):
+def _run(kind, p, budget=40, rows=12, gap=4, rounds=6, break_rule=False):
+    weights = {1: [3.0, 2, 1.5, 1, 3, 0.3], 0: [1.0, 3, 2, 1, 2, 0.3]}
+    sessions, log = [], []
+    prompts = [[0, 4]] * rows
+    row_ids = list(range(100, 100 + rows))
+
+    def open_session(role, b):
+        s = FakeSession(role, weights[role], session_seed(9, row_ids[b], role), log, break_rule)
+        sessions.append((b, s))
+        return s
+
+    batch, records, extra = asyncio.run(run_rows(prompts, row_ids, kind, LOOKUP, 9, p, gap, rounds, budget,
+                                                 sorted(EOS), "tables", open_session))
+    return batch, records, extra, sessions, log, prompts, row_ids
+
+
+@pytest.mark.parametrize("kind,p", [("word", 0.5), ("token", 0.5), ("step", 0.5), ("solo", 0.5), ("junior", 0.5),
+                                    ("word", 1.0), ("token", 0.3)])
+def test_rows_follow_the_schedule_and_each_model_gets_exactly_the_unseen_tokens(kind, p):
+    batch, records, extra, sessions, log, prompts, rows = _run(kind, p)
+    for b, (ids, own, why) in enumerate(zip(batch.completion_ids, batch.owner, batch.finish_reason)):
+        want, by_rounds = naive_authors(kind, ids, TEXTS, 9, rows[b], p, 4, 6)
+        assert own == want[:len(ids)]
+        assert len(ids) <= 40 and (why != "length" or len(ids) == 40)
+        assert (why == "eos") == (ids[-1] in EOS) and not any(t in EOS for t in ids[:-1])
+        assert (why == "rounds") == (by_rounds and why != "length")
+        assert all((lp == -1.0) == (o == 1) for lp, o in zip(batch.senior_logprobs[b], own))
+    for b, s in sessions:  # every session holds a prefix of its row's history: nothing was sent twice
+        full = prompts[b] + batch.completion_ids[b]
+        assert s.closed and s.hist == full[:len(s.hist)] and len(s.hist) >= len(full) - len(batch.completion_ids[b])
+    n_chunks = len(log)
+    assert n_chunks == sum(len(r.chunks) for r in records)
+    # one chunk per authorship run: a switch stop is a handoff, nothing decoded is thrown away
+    assert sum(n for _, _, n in log) == sum(map(len, batch.completion_ids))
+    assert n_chunks == sum(h + 1 for h in batch.handoffs)
+    assert extra["max_live_rows"] == len(rows)
+    if kind in ("word", "token") and 0 < p < 1:
+        assert 0 < sum(map(sum, batch.owner)) < sum(map(len, batch.owner)) and sum(batch.handoffs) > 0
+
+
+def test_a_chunk_that_stops_where_the_schedule_does_not_is_refused():
+    with pytest.raises(RolloutError, match="the schedule keeps"):  # it decoded past a switch
+        _run("word", 0.5, break_rule=True)
+
+
+def test_turn_walk_reproduces_the_vectorised_schedule():
     g = torch.Generator().manual_seed(0)
     tokens = torch.multinomial(torch.tensor([3.0, 2, 1, 1, 3, 0]), 60, replacement=True, generator=g).tolist()
-    kept, owner, why = _walk_all(kind, tokens, budget=1000, max_gap_tokens=4, max_rounds=50)
-    s = Schedule(kind, TABLES, 3, torch.tensor([7]), max_gap_tokens=4, max_rounds=50)
-    want = []
-    for t, tok in enumerate(tokens):
-        want.append(int(s.author_B[0]))
-        s.advance(torch.tensor([tok]), t)
-    assert kept == tokens and owner == want and why is None
-    if kind != "step":
-        assert 0 < sum(owner) < len(owner)
+    for kind in ("word", "token", "step"):
+        st = RowSchedule(kind, TABLES, 3, 7, max_gap_tokens=4, max_rounds=50)
+        kept, owner, pos = [], [], 0
+        while pos < len(tokens):
+            author = st.author
+            n, why = walk_turn(st, tokens[pos:pos + 5], len(kept), 1000, EOS)
+            kept += tokens[pos:pos + n]
+            owner += [author] * n
+            pos += n
+        s = Schedule(kind, TABLES, 3, torch.tensor([7]), max_gap_tokens=4, max_rounds=50)
+        want = []
+        for t, tok in enumerate(tokens):
+            want.append(int(s.author_B[0]))
+            s.advance(torch.tensor([tok]), t)
+        assert kept == tokens and owner == want
 
 
 def test_turn_walk_stops_at_eos_budget_and_rounds():
@@ -54,75 +134,78 @@ def test_turn_walk_stops_at_eos_budget_and_rounds():
     assert walk_turn(st, [0, 4, 0, 4], 10, 12, EOS) == (2, "length")
     st = RowSchedule("step", TABLES, 0, 0, max_rounds=1)
     assert walk_turn(st, [0, 2, 2, 0], 0, 100, EOS) == (3, "rounds")
-    st = RowSchedule("step", TABLES, 0, 0, max_rounds=5)
-    n, why = walk_turn(st, [0, 3, 0, 0], 0, 100, EOS)
-    assert (n, why) == (2, None) and st.author == 0  # the blank line hands the turn to the junior
 
 
-def test_request_seed_is_deterministic_and_spread():
-    seeds = {request_seed(1, r, t) for r in range(50) for t in range(20)}
-    assert len(seeds) == 1000 and all(0 <= s < 2**31 for s in seeds)
-    assert request_seed(1, 2, 3) == request_seed(1, 2, 3) != request_seed(2, 2, 3)
+def test_chunk_rule_resumes_the_schedule_state_across_chunks():
+    """The engine core's rule, resumed at every chunk from the state the frontend sends, stops exactly where
+    one uninterrupted schedule switches, and carries the gap counter and the budget across chunks."""
+    from tandem.rollout.vllm.turns import chunk_args
+
+    rng = random.Random(4)
+    tokens = [rng.choice([0, 0, 0, 4, 1]) for _ in range(200)]
+    ref = RowSchedule("word", TABLES, 5, 2, 0.5, max_gap_tokens=3)
+    switches = []
+    for t, tok in enumerate(tokens):
+        a = ref.author
+        ref.advance(tok, t)
+        if ref.author != a:
+            switches.append(t)
+    st = RowSchedule("word", TABLES, 5, 2, 0.5, max_gap_tokens=3)
+    t, got = 0, []
+    while t < 150:
+        rule = ChunkRule(chunk_args(st, st.author, t, 150, "x"), LOOKUP)
+        i = 0
+        while True:
+            why = rule.step(tokens[t + i], i)
+            if why is not None:
+                break
+            i += 1
+        walk_turn(st, tokens[t:t + i + 1], t, 150, set())
+        t += i + 1
+        if why == "tandem_switch":
+            got.append(t - 1)
+        else:
+            assert why == "length" and t == 150
+    assert got == [s for s in switches if s < 149]
 
 
-def fake_vllm(weights: dict[int, list[float]], stops: dict[str, list[int]], log: list):
-    """A stand-in for one batched `LLM.generate` per model: draws tokens from a fixed per-model distribution
-    (seeded per request) and honours `max_tokens` and stop ids the way vLLM does (the stop token is kept)."""
-    def generate_turns(author, reqs):
-        out = []
-        for hist, turn, vseed, want_lp in reqs:
-            rng = random.Random(vseed * 7 + len(hist))
-            toks = []
-            while len(toks) < turn.max_tokens:
-                t = rng.choices(range(len(weights[author])), weights[author])[0]
-                toks.append(t)
-                if t in stops[turn.stops]:
-                    break
-            log.append((author, len(toks)))
-            out.append((toks, [-1.0] * len(toks) if want_lp else None))
-        return out
-    return generate_turns
+def test_session_seeds_are_deterministic_and_spread():
+    seeds = {session_seed(1, r, m) for r in range(50) for m in (0, 1)}
+    assert len(seeds) == 100 and all(0 <= s < 2**31 for s in seeds)
+    assert session_seed(1, 2, 1) == session_seed(1, 2, 1) != session_seed(2, 2, 1)
 
 
-@pytest.mark.parametrize("kind,p", [("word", 0.5), ("token", 0.5), ("step", 0.5), ("solo", 0.5), ("junior", 0.5),
-                                    ("word", 1.0), ("token", 0.3)])
-def test_turns_keep_every_decoded_token_and_follow_the_schedule(kind, p):
+def test_admission_keeps_rows_within_the_kv_capacity():
+    """With room for three rows' worst case, at most three rows are live at once, and the result is the same
+    as with room for all."""
     weights = {1: [3.0, 2, 1.5, 1, 3, 0.3], 0: [1.0, 3, 2, 1, 2, 0.3]}
-    stops = stop_sets(TABLES, sorted(EOS))
-    log: list = []
-    prompts = [[0, 4]] * 12
-    rows = list(range(100, 112))
-    batch, stats = run_turns(prompts, rows, kind, TABLES, 40, 9, sorted(EOS), p, 4, 6,
-                             fake_vllm(weights, stops, log))
-    assert stats["decoded"] == stats["kept"] == sum(len(c) for c in batch.completion_ids)
-    assert stats["turns"] == len(log)
-    for b, (ids, own, why) in enumerate(zip(batch.completion_ids, batch.owner, batch.finish_reason)):
-        want, by_rounds = naive_authors(kind, ids, TEXTS, 9, rows[b], p, 4, 6)
-        assert own == want[:len(ids)]
-        assert len(ids) <= 40 and (why != "length" or len(ids) == 40)
-        assert (why == "eos") == (ids[-1] in EOS) and not any(t in EOS for t in ids[:-1])
-        # the rounds cap on the budget's last token reads as "length", as in the hf engine
-        assert (why == "rounds") == (by_rounds and why != "length")
-        lps = batch.senior_logprobs[b]
-        assert all((lp == -1.0) == (o == 1) for lp, o in zip(lps, own))
-    if kind in ("word", "token") and 0 < p < 1:
-        assert 0 < sum(map(sum, batch.owner)) < stats["kept"]
+    prompts, rows = [[0, 4]] * 10, list(range(10))
+
+    def run(capacity):
+        def open_session(role, b):
+            return FakeSession(role, weights[role], session_seed(3, rows[b], role), [])
+        return asyncio.run(run_rows(prompts, rows, "word", LOOKUP, 3, 0.5, 4, 6, 30, sorted(EOS), "t",
+                                    open_session, capacity, 8))
+
+    full, _, e_full = run(None)
+    small, _, e_small = run(3 * (-(-32 // 8) + 1))
+    assert e_small["max_live_rows"] == 3 and e_full["max_live_rows"] == 10
+    assert small.completion_ids == full.completion_ids and small.owner == full.owner
 
 
-def test_plan_turn_stops_where_authorship_may_change():
-    st = RowSchedule("word", TABLES, 1, 2, 0.5, max_gap_tokens=5)
-    assert plan_turn(st, 0, 100).stops == "word" and plan_turn(st, 0, 100).max_tokens == 5
-    assert plan_turn(st, 0, 3).max_tokens == 3  # the budget caps the turn
-    st = RowSchedule("token", TABLES, 1, 2, 0.5)
-    turn = plan_turn(st, 0, 100)
-    n, why = walk_turn(st, [0] * turn.max_tokens, 0, 1000, EOS)  # the pre-drawn run ends at its last token
-    assert n == turn.max_tokens and why is None and st.author != RowSchedule("token", TABLES, 1, 2, 0.5).author
-    stops = stop_sets(TABLES, [5])
-    assert stops["word"] == [1, 2, 3, 5] and stops["step"] == [2, 3, 5] and stops["eos"] == [5]
+def test_counters_from_row_records():
+    from tandem.rollout.vllm.turns import RowRecord
+
+    # one row: senior writes 3 tokens (steps of 1 s), the junior starts 2 s after the senior's last token
+    rec = RowRecord(chunks=[(1, 3, 0.0, 1.0, 3.0), (0, 2, 3.0, 5.0, 6.0)], sessions=2, t_start=0.0, t_end=6.0)
+    c = rollout_counters([rec], {1: 1.0, 0: 1.0})
+    assert c["chunks"] == 2 and c["session_starts"] == 2 and c["handoffs_timed"] == 1
+    assert c["handoff_latency_steps_p50"] == pytest.approx(1.0)  # one partner step lost beyond the computing one
+    assert c["idle_row_step_fraction"] == pytest.approx(1 - 5 / 6)
 
 
 def test_weight_sync_callback_pushes_after_each_step():
-    from tandem.rollout.vllm_sync import VLLMWeightSync
+    from tandem.rollout.vllm.sync import VLLMWeightSync
 
     class Engine:
         live = True
@@ -155,3 +238,20 @@ def test_vllm_backend_needs_a_service():
     m = toy.tiny_qwen3(len(tok), layers=1, hidden=32, intermediate=64)
     with pytest.raises(ValueError, match="rollout service"):
         TandemEngine(m, None, tok, backend="vllm")
+
+
+def test_engine_and_client_do_not_import_each_other():
+    import ast
+    from pathlib import Path
+
+    import tandem.rollout.engine as engine_mod
+    import tandem.rollout.vllm.client as client_mod
+
+    def imports(mod):
+        tree = ast.parse(Path(mod.__file__).read_text())
+        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+    assert "tandem.rollout.vllm.client" not in imports(engine_mod)
+    # the client reaches the engine only inside engine_from_config (a lazy import), never at module level
+    top = ast.parse(Path(client_mod.__file__).read_text()).body
+    assert not any(isinstance(n, ast.ImportFrom) and n.module == "tandem.rollout.engine" for n in top)

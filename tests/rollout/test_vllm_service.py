@@ -1,14 +1,20 @@
 """The vLLM rollout service for real, with vLLM's CPU build from `.venv-vllm` (`make vllm-env`), on tiny models.
 
-One service is started for the whole module (two tiny random Qwen3 models, head_dim 32, float32) and shared by
-every test; the restart test runs last. Checks: owners follow the schedule rules, budget/EOS/stop ids follow
-the hf engine's contract, no decoded token is discarded, log-probs equal the transformers model's, a weight
-push reaches the engine (prefix cache reset), and a killed service is restarted by the next request.
+One service is started for the whole module (two tiny random Qwen3 models, head_dim 32, float32, a KV cache of
+48 blocks of 32 tokens per engine, so that the memory-pressure test really runs short of it) and shared by
+every test; the restart test runs last. Checks: owners follow the schedule rules for every schedule, one chunk
+per authorship run (switch stops = handoffs, decoded = kept), budget/EOS/stop ids and the gap cap as in the hf
+engine, log-probs equal the transformers model's (< 1e-3), replay from the seed independent of the batch
+split, a rollout needing more KV than the engines hold finishes with the same tokens, a resumed session is
+not re-seeded, a weight push reaches the engine (prefix cache reset asserted), the service refuses requests
+without its secret or with a foreign Host, and a killed service is restarted by the next request.
 Without `.venv-vllm` these tests skip, unless TANDEM_REQUIRE_VLLM=1 (`make test`), where they fail.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 
@@ -17,49 +23,34 @@ import torch
 
 from tandem.rollout import toy
 from tandem.rollout.core import SamplingParams
+from tandem.rollout.engine import TandemEngine
 from tandem.rollout.schedule import naive_authors
-from tandem.rollout.vllm_client import DEFAULT_PYTHON, REPO_ROOT, VLLMEngine, VLLMService
-from tandem.rollout.vocab import build_tables, token_texts
+from tandem.rollout.toy import rollout
+from tandem.rollout.vllm.client import VLLMService
+from tandem.rollout.vocab import token_texts
+from vllm_fixtures import need_vllm, tiny_dirs
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-VLLM_PY = REPO_ROOT / DEFAULT_PYTHON
-
-
-def steer(model, tok, newline: float = 0.6, eos: float = 0.1, shared: float = 50.0, shrink: float = 0.2):
-    """Make a random tiny model write newlines and EOS often enough for step handoffs and EOS to happen: a large
-    embedding component shared by every token dominates the last hidden state, so with tied embeddings a
-    token's extra value on it acts as a logit bias (the rest of the embedding is shrunk toward uniform)."""
-    nl, e = tok.convert_tokens_to_ids("Ċ"), tok.eos_token_id
-    with torch.no_grad():
-        E = model.model.embed_tokens.weight
-        E[:, 1:] *= shrink
-        E[:, 0] = shared
-        E[nl, 0] = shared + newline
-        E[e, 0] = shared + eos
-    return model
+KV_BLOCKS = 48
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    if not VLLM_PY.exists():
-        msg = f"vLLM's environment is missing ({VLLM_PY}): run `make vllm-env`"
-        if os.environ.get("TANDEM_REQUIRE_VLLM"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    need_vllm()
     root = tmp_path_factory.mktemp("vllm")
     tok = toy.byte_bpe_tokenizer()
-    dirs = {}
-    for name, seed in (("senior", 1), ("junior", 2)):
-        m = steer(toy.tiny_qwen3(len(tok), seed=seed, layers=2, hidden=128, heads=4, kv_heads=2,
-                                 eos_token_id=tok.eos_token_id), tok)
-        m.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-        dirs[name] = root / name
+    dirs = tiny_dirs(root, tok)
     svc = VLLMService.start(dirs["senior"], dirs["junior"], dtype="float32", max_model_len=512,
-                            log_path=root / "service.log")
+                            log_path=root / "service.log", roots=[root], kv_blocks=KV_BLOCKS, start_timeout=1500)
     yield {"svc": svc, "tok": tok, "dirs": dirs, "root": root}
     svc.stop()
+
+
+def engine(setup, senior=None, junior=None, **kw) -> TandemEngine:
+    d = setup["dirs"]
+    return TandemEngine(senior if senior is not None else d["senior"], junior if junior is not None else d["junior"],
+                        setup["tok"], backend="vllm", vllm_options={"service": setup["svc"], **kw})
 
 
 def _load(path):
@@ -76,53 +67,60 @@ def _hf_logprobs(model, seq, start, temperature=1.0):
 
 
 @pytest.mark.parametrize("schedule", ["word", "step", "token", "solo", "junior"])
-def test_owners_follow_the_schedule_and_no_token_is_discarded(setup, schedule):
-    tok, d = setup["tok"], setup["dirs"]
-    eng = VLLMEngine(d["senior"], d["junior"], tok, setup["svc"])
+def test_owners_follow_the_schedule_and_each_run_is_one_chunk(setup, schedule):
+    tok = setup["tok"]
+    eng = engine(setup)
     prompts = toy.prompts(tok, 8)
     rows = list(range(20, 28))
-    b = eng.generate(prompts, schedule, SamplingParams(max_new_tokens=48), seed=5, row_ids=rows, max_gap_tokens=6,
-                     max_rounds=4)
+    b = rollout(eng, prompts, schedule, SamplingParams(max_new_tokens=48), seed=5, row_ids=rows, max_gap_tokens=6,
+                max_rounds=4)
     texts = token_texts(tok, eng.vocab_size)
     for i, (ids, own) in enumerate(zip(b.completion_ids, b.owner)):
         want, by_rounds = naive_authors(schedule, ids, texts, 5, rows[i], 0.5, 6, 4)
         assert own == want[:len(ids)], f"row {i}: owners differ from the schedule's rules"
         assert b.finish_reason[i] != "rounds" or by_rounds
         assert all((lp != 0.0) == (o == 1) for lp, o in zip(b.senior_logprobs[i], own))
-    assert eng.last_stats["decoded"] == eng.last_stats["kept"] == sum(map(len, b.completion_ids))
+    st = eng._backend.last_stats
+    kept = sum(map(len, b.completion_ids))
+    assert st["decoded"] == st["kept"] == kept  # nothing decoded past a switch
+    assert st["chunks"] == sum(h + 1 for h in b.handoffs)  # one chunk per authorship run
+    switches = st["engines"]["senior"]["switch_stops"] + st["engines"]["junior"]["switch_stops"]
+    assert switches == sum(b.handoffs)  # every switch stop is a handoff, and back
     n_sen = sum(map(sum, b.owner))
     if schedule in ("word", "token"):
-        assert 0 < n_sen < eng.last_stats["kept"] and sum(b.handoffs) > 0
+        assert 0 < n_sen < kept and sum(b.handoffs) > 0
     if schedule == "step":
         assert sum(b.handoffs) > 0  # the steered models write blank lines
     assert (n_sen == 0) == (schedule == "junior")
 
 
-def test_budget_eos_and_stop_ids_follow_the_engine_contract(setup):
-    tok, d = setup["tok"], setup["dirs"]
-    eng = VLLMEngine(d["senior"], d["junior"], tok, setup["svc"])
+def test_budget_eos_stop_ids_and_gap_follow_the_engine_contract(setup):
+    tok = setup["tok"]
+    eng = engine(setup)
     prompts = toy.prompts(tok, 12)
     for sp in (SamplingParams(max_new_tokens=24), SamplingParams(max_new_tokens=200)):
-        b = eng.generate(prompts, "word", sp, seed=3)
-        for ids, why in zip(b.completion_ids, b.finish_reason):
+        b = rollout(eng, prompts, "word", sp, seed=3, max_gap_tokens=32)
+        texts = token_texts(tok, eng.vocab_size)
+        for i, (ids, why) in enumerate(zip(b.completion_ids, b.finish_reason)):
             assert 1 <= len(ids) <= sp.max_new_tokens
             assert why in ("eos", "length")
             assert (why == "length") == (len(ids) == sp.max_new_tokens and ids[-1] != tok.eos_token_id)
             assert (why == "eos") == (ids[-1] == tok.eos_token_id)
             assert tok.eos_token_id not in ids[:-1]
+            assert b.owner[i] == naive_authors("word", ids, texts, 3, i, 0.5, 32, 150)[0]
     assert "eos" in b.finish_reason  # the long budget lets rows end at EOS (kept, as in the hf engine)
     stop = tok.convert_tokens_to_ids("Ċ")
-    b = eng.generate(prompts, "word", SamplingParams(max_new_tokens=200, stop_token_ids=(stop,)), seed=3)
+    b = rollout(eng, prompts, "word", SamplingParams(max_new_tokens=200, stop_token_ids=(stop,)), seed=3)
     assert any(ids[-1] == stop for ids in b.completion_ids)
     assert all(stop not in ids[:-1] for ids in b.completion_ids)
 
 
 def test_logprobs_match_the_transformers_model(setup):
     tok, d = setup["tok"], setup["dirs"]
-    eng = VLLMEngine(d["senior"], d["junior"], tok, setup["svc"])
+    eng = engine(setup)
     senior, junior = _load(d["senior"]), _load(d["junior"])
     prompts = toy.prompts(tok, 4)
-    b = eng.generate(prompts, "word", SamplingParams(max_new_tokens=32, temperature=0.7), seed=11)
+    b = rollout(eng, prompts, "word", SamplingParams(max_new_tokens=32, temperature=0.7), seed=11)
     worst = 0.0
     for p, ids, own, lps in zip(prompts, b.completion_ids, b.owner, b.senior_logprobs):
         ref = _hf_logprobs(senior, p + ids, len(p), temperature=0.7)
@@ -130,20 +128,69 @@ def test_logprobs_match_the_transformers_model(setup):
     assert worst < 1e-3, f"sampled senior log-probs differ from log_softmax(logits / T) by {worst}"
     seqs = [p + ids for p, ids in zip(prompts, b.completion_ids)]
     for role, model in (("senior", senior), ("junior", junior)):
-        got = eng.score(seqs, [len(p) for p in prompts], role=role)
+        got = eng._backend.score(seqs, [len(p) for p in prompts], role=role)
         for s, p, g in zip(seqs, prompts, got):
             ref = _hf_logprobs(model, s, len(p))
             assert max(abs(a - r) for a, r in zip(g, ref)) < 1e-3
 
 
+def test_replay_is_exact_and_independent_of_the_batch_split_and_of_kv_pressure(setup):
+    """24 rows of up to 120 tokens need about twice the KV the engines hold (48 blocks of 32 tokens each):
+    the service admits as many rows as fit and the rest wait, with the tokens of the same rows generated in
+    calls of 6 rows (each fits), i.e. a replay independent of the split."""
+    tok = setup["tok"]
+    eng = engine(setup)
+    prompts = toy.prompts(tok, 24)
+    rows = list(range(40, 64))
+    sp = SamplingParams(max_new_tokens=120)
+    need = sum(-(-(len(p) + 120) // 32) for p in prompts)
+    assert need > 1.6 * KV_BLOCKS  # the engines hold at most ~60% of the rows at their full length
+    full = rollout(eng, prompts, "word", sp, seed=7, row_ids=rows)
+    assert eng._backend.last_stats["max_live_rows"] < len(rows)
+    parts = [rollout(eng, prompts[i:i + 6], "word", sp, seed=7, row_ids=rows[i:i + 6]) for i in range(0, 24, 6)]
+    assert [c for p in parts for c in p.completion_ids] == full.completion_ids
+    assert [o for p in parts for o in p.owner] == full.owner
+    other = rollout(eng, prompts[:6], "word", sp, seed=8, row_ids=rows[:6])  # the seed matters
+    assert other.completion_ids != full.completion_ids[:6]
+
+
+def test_a_resumed_session_is_not_reseeded(setup):
+    """With a model whose next-token distribution is uniform whatever the context (final norm zeroed), each
+    token is the noise alone. A session re-seeded at every chunk would draw the same first token in every
+    chunk; independent noise repeats the session's first one about once in |V| chunks."""
+    tok, root = setup["tok"], setup["root"]
+    flat = _load(setup["dirs"]["senior"])
+    with torch.no_grad():
+        flat.model.norm.weight.zero_()
+    flat.save_pretrained(root / "flat")
+    tok.save_pretrained(root / "flat")
+    eng = engine(setup, senior=root / "flat", junior=root / "flat")
+    b = rollout(eng, toy.prompts(tok, 16), "token", SamplingParams(max_new_tokens=64), seed=2)
+    repeats = starts = 0
+    for ids, own in zip(b.completion_ids, b.owner):
+        first: dict[int, int] = {}
+        for t, (tok_id, o) in enumerate(zip(ids, own)):
+            if t == 0 or own[t - 1] != o:  # a chunk starts here
+                if o in first:
+                    starts += 1
+                    repeats += tok_id == first[o]
+                else:
+                    first[o] = tok_id
+    assert starts > 200
+    assert repeats / starts < 0.05, f"{repeats} of {starts} resumed chunks repeat the session's first token"
+    V = len(tok)
+    counts = torch.bincount(torch.tensor([t for ids in b.completion_ids for t in ids]), minlength=V).double()
+    assert counts.max() < 8 * counts.sum() / V + 10  # no token is drawn far more often than uniform
+
+
 def test_weight_push_reaches_the_engine_and_resets_the_prefix_cache(setup):
     tok, d = setup["tok"], setup["dirs"]
     senior = _load(d["senior"])
-    eng = VLLMEngine(senior, d["junior"], tok, setup["svc"], live=True)
+    eng = engine(setup, senior=senior, live=True)
     prompts = [toy.prompts(tok, 1)[0] * 6]  # several full KV blocks (32 tokens on the CPU build) get cached
     assert len(prompts[0]) >= 96
     sp = SamplingParams(max_new_tokens=16)
-    before = eng.generate(prompts, "solo", sp, seed=2)  # caches the prompt's blocks under the old weights
+    before = rollout(eng, prompts, "solo", sp, seed=2)  # caches the prompt's blocks under the old weights
     old = _hf_logprobs(senior, prompts[0] + before.completion_ids[0], len(prompts[0]))
     assert max(abs(a - b) for a, b in zip(before.senior_logprobs[0], old)) < 1e-3
     with torch.no_grad():  # a "training update" (the shared embedding component moves the logits most)
@@ -154,42 +201,67 @@ def test_weight_push_reaches_the_engine_and_resets_the_prefix_cache(setup):
             if "layers.0" in n and p.dim() == 2:
                 p.add_(torch.randn(p.shape, generator=g) * 0.05)
     eng.push_weights()
-    after = eng.generate(prompts, "solo", sp, seed=2)
+    assert not list(setup["svc"].inbox.glob("senior-*.safetensors"))  # the pushed file is gone once loaded
+    after = rollout(eng, prompts, "solo", sp, seed=2)
     seq = prompts[0] + after.completion_ids[0]
     new_ref = _hf_logprobs(senior, seq, len(prompts[0]))
-    old_model = _load(d["senior"])
-    old_ref = _hf_logprobs(old_model, seq, len(prompts[0]))
+    old_ref = _hf_logprobs(_load(d["senior"]), seq, len(prompts[0]))
     assert max(abs(a - b) for a, b in zip(after.senior_logprobs[0], new_ref)) < 1e-3
     assert max(abs(a - b) for a, b in zip(after.senior_logprobs[0], old_ref)) > 1e-2
     # another client naming the saved directory gets the original weights back (one service, many users)
-    eng_dir = VLLMEngine(d["senior"], d["junior"], tok, setup["svc"])
-    again = eng_dir.generate(prompts, "solo", sp, seed=2)
+    again = rollout(engine(setup), prompts, "solo", sp, seed=2)
     assert again.completion_ids == before.completion_ids
     assert max(abs(a - b) for a, b in zip(again.senior_logprobs[0], before.senior_logprobs[0])) < 1e-4
 
 
-def test_tandem_engine_delegates_to_the_service(setup):
-    from tandem.rollout.engine import TandemEngine
+def _raw(svc, method, path, body=b"", headers=None):
+    from urllib.parse import urlparse
 
-    tok, d = setup["tok"], setup["dirs"]
-    eng = TandemEngine(d["senior"], d["junior"], tok, backend="vllm", vllm_options={"service": setup["svc"]})
-    direct = VLLMEngine(d["senior"], d["junior"], tok, setup["svc"])
-    prompts = toy.prompts(tok, 3)
-    a = eng.generate(prompts, "word", SamplingParams(max_new_tokens=20), seed=8)
-    b = direct.generate(prompts, "word", SamplingParams(max_new_tokens=20), seed=8)
-    assert a.completion_ids == b.completion_ids and a.owner == b.owner
+    u = urlparse(svc.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def test_the_service_serves_its_pipeline_only(setup, tmp_path):
+    svc = setup["svc"]
+    good = {"Authorization": f"Bearer {svc.token}", "Content-Type": "application/json"}
+    body = json.dumps({"role": "senior", "tag": "x", "dir": str(tmp_path)}).encode()
+    status, out = _raw(svc, "POST", "/weights", body, {"Content-Type": "application/json"})
+    assert status == 401 and "token" in out["error"]
+    status, _ = _raw(svc, "POST", "/shutdown", b"{}", {**good, "Authorization": "Bearer wrong-token-123456"})
+    assert status == 401
+    status, out = _raw(svc, "POST", "/weights", body, {**good, "Host": "evil.example:80"})
+    assert status == 421
+    status, _ = _raw(svc, "POST", "/weights", body, {**good, "Origin": "http://evil.example"})
+    assert status == 403
+    status, _ = _raw(svc, "POST", "/weights", body, {**good, "Content-Type": "text/plain"})
+    assert status == 415
+    status, out = _raw(svc, "POST", "/weights", body, good)  # a directory outside the run's roots
+    assert status == 403 and "\n" not in out["error"] and "Traceback" not in out["error"]
+    status, out = _raw(svc, "POST", "/tables", json.dumps({"key": "k", "vocab_size": 10**12}).encode(), good)
+    assert status == 400
+    status, out = _raw(svc, "POST", "/generate", b"{}", {**good, "Content-Length": str(10**12)})
+    assert status == 413
+    status, out = _raw(svc, "GET", "/health")
+    assert status == 200 and out == {"ok": True}  # no state without the token
+    assert svc.health()["senior"]  # the client's token sees it
 
 
 def test_a_killed_service_is_restarted_by_the_next_request(setup):
     tok, d, svc = setup["tok"], setup["dirs"], setup["svc"]
     senior = _load(d["senior"])
-    eng = VLLMEngine(senior, d["junior"], tok, svc, live=True)  # live weights must come back after a restart
+    eng = engine(setup, senior=senior, live=True)  # live weights must come back after a restart
     prompts = toy.prompts(tok, 4)
     sp = SamplingParams(max_new_tokens=16)
-    first = eng.generate(prompts, "word", sp, seed=4)
+    first = rollout(eng, prompts, "word", sp, seed=4)
     os.killpg(svc.proc.pid, signal.SIGKILL)
     svc.proc.wait()
-    again = eng.generate(prompts, "word", sp, seed=4)
+    again = rollout(eng, prompts, "word", sp, seed=4)
     assert svc.restarts == 1 and svc.alive()
     assert again.completion_ids == first.completion_ids and again.owner == first.owner
-    assert svc.health()["senior"] == eng.senior_spec["tag"]
+    assert svc.health()["senior"] == eng._backend.senior_spec["tag"]

@@ -11,6 +11,7 @@ import importlib.util
 import pytest
 import torch
 
+from tandem.rollout.toy import rollout
 from tandem.rollout.vocab import build_tables, token_texts, word_start_ids
 
 from tandem.models import cached_wheel_file  # noqa: E402
@@ -100,7 +101,7 @@ def test_handoffs_fall_at_word_starts_on_the_real_vocabulary(real_tok, tables):
         toy.add_logit_bias(m, bias)
     eng = TandemEngine(s, j, real_tok, eos_token_ids=[])
     prompts = [real_tok(p, add_special_tokens=False)["input_ids"] for p in ("Ann has 5 apples.", "What is 7 + 8?")]
-    batch = eng.generate(prompts * 4, "word", SamplingParams(max_new_tokens=40), seed=0, p_senior=0.5,
+    batch = rollout(eng, prompts * 4, "word", SamplingParams(max_new_tokens=40), seed=0, p_senior=0.5,
                          max_gap_tokens=1000)
     changes = 0
     for ids, own in zip(batch.completion_ids, batch.owner):

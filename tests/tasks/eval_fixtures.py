@@ -24,7 +24,7 @@ def build_tree(root: Path, steps=(2, 4), n_problems: int = 3, benchmarks=("arith
     root = Path(root)
     probs = generate(200, 2, 4, seed=123)
     tok = train_tokenizer([p.problem + "\n\n" + p.solution for p in probs], vocab_size=300)
-    cfg = ModelConfig(hidden_size=hidden, num_layers=2, num_heads=4, num_kv_heads=2,
+    cfg = ModelConfig(hidden_size=hidden, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=0,
                       intermediate_size=2 * hidden, max_position=512)
     base_dir = root / "models" / "base"
     save_model(build_tiny_model(tok, cfg, seed=seed), tok, base_dir)
@@ -45,7 +45,7 @@ def build_tree(root: Path, steps=(2, 4), n_problems: int = 3, benchmarks=("arith
         with open(eval_dir / f"{b}.jsonl", "w") as f:
             for p in generate(n_problems, 2 + i, 3 + i, seed=50 + i, prefix=b):
                 f.write(json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer,
-                                    "prompt": user_message(p.problem), "source": b}) + "\n")
+                                    "prompt": user_message(p.problem), "source": b, "solution": p.solution}) + "\n")
     return root
 
 
@@ -71,12 +71,12 @@ def use_engine(monkeypatch, counter: list | None = None, fail_after: int | None 
         eng = real_make(senior, junior, tokenizer, rollout, **kw)
         inner = eng.generate
 
-        def generate(prompt_ids, schedule, *a, **k):
+        def generate(request):
             if counter is not None:
                 if fail_after is not None and len(counter) >= fail_after:
                     raise RuntimeError("simulated crash in the middle of evaluate")
-                counter.append((schedule, len(prompt_ids)))
-            return inner(prompt_ids, schedule, *a, **k)
+                counter.append((request.schedule, len(request)))
+            return inner(request)
 
         eng.generate = generate
         return eng

@@ -160,6 +160,24 @@ def test_analyze_reports_every_metric_for_every_arm_and_checkpoint(evaluated):
                 if c["step"] == 0:
                     assert all(float(r["kl_mean"]) == 0.0 and float(r["overlap"]) == pytest.approx(1.0) for r in rows)
 
+    # the common text: every arm and checkpoint on the same reference solutions, one row per problem
+    with open(plots / "common_text.csv") as f:
+        reader = csv.DictReader(f)
+        ct = list(reader)
+    assert reader.fieldnames == ["arm", "step", "benchmark", "id", "kl_mean", "overlap"]
+    ids = {b: {str(json.loads(x)["id"]) for x in (evaluated / "data" / "prepared" / "eval" / f"{b}.jsonl")
+               .read_text().splitlines()} for b in benches}
+    for arm in F.ARMS:
+        for c in doc["arms"][arm]["checkpoints"]:
+            for b in benches:
+                rows = [r for r in ct if r["arm"] == arm and r["step"] == str(c["step"]) and r["benchmark"] == b]
+                assert {r["id"] for r in rows} <= ids[b] and len(rows) == len({r["id"] for r in rows}) > 0
+                kls = [float(r["kl_mean"]) for r in rows]
+                assert all(k == 0.0 for k in kls) if c["step"] == 0 else all(k > 0.0 for k in kls)
+    # the same text for every arm: at one checkpoint hash the values agree whichever arm lists it
+    base_rows = {(r["benchmark"], r["id"]): r for r in ct if r["step"] == "0" and r["arm"] == F.ARMS[0]}
+    assert all(base_rows[(r["benchmark"], r["id"])]["overlap"] == r["overlap"] for r in ct if r["step"] == "0")
+
 
 @pytest.mark.slow
 def test_analyze_without_the_reference_arm_leaves_top_token_metrics_undefined(evaluated, tmp_path):

@@ -11,7 +11,7 @@ from tandem.config import params_from_dict
 from tandem.data.prompts import user_message
 from tandem.data.synthetic import generate
 
-TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 64,
+TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 0, "intermediate_size": 64,
         "vocab_size": 400, "n_pretrain": 300, "pretrain_steps": 12, "pretrain_batch_size": 8,
         "pretrain_max_seconds": 0.0, "eval_problems": 4, "eval_max_new_tokens": 12, "curve_points": 2,
         "curve_problems": 2}
@@ -27,7 +27,9 @@ def _write(path: Path, problems) -> None:
 
 
 def _params(root: Path, **model):
-    return params_from_dict({"seed": 0, "out_root": str(root), "data": {"max_steps": 4},
+    # benchmarks as _prepare writes them: the pretraining corpus spans the training and benchmark step counts
+    data = {"max_steps": 4, "benchmarks": {"arith-short": [2, 3], "arith-long": [4, 4]}}
+    return params_from_dict({"seed": 0, "out_root": str(root), "data": data,
                              "model": {**TINY, **model}})
 
 
@@ -115,7 +117,7 @@ def test_path_source_copies_a_local_model(tmp_path):
     probs = generate(50, 2, 4, seed=3)
     tok = train_tokenizer([user_message(p.problem) + "\n\n" + p.solution for p in probs], 300)
     save_model(build_tiny_model(tok, ModelConfig(**{k: TINY[k] for k in (
-        "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")})), tok, src)
+        "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")})), tok, src)
     (src / "pytorch_model.bin").write_bytes(b"not loaded, not copied")
     params = _params(tmp_path, source="path", path=str(src))
     inputs, outputs = base.default_io(params)
@@ -169,7 +171,7 @@ def test_warm_up_trains_a_fetched_model_in_place_and_records_it(tmp_path):
     probs = generate(50, 2, 4, seed=3)
     tok = train_tokenizer([user_message(p.problem) + "\n\n" + p.solution for p in probs], 300)
     save_model(build_tiny_model(tok, ModelConfig(**{k: TINY[k] for k in (
-        "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")})), tok, src)
+        "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")})), tok, src)
     params = _params(tmp_path, source="path", path=str(src), sft_steps=3, sft_batch_size=4, sft_lr=1e-3)
     inputs, outputs = base.default_io(params)
     metrics = base.run(params, inputs, outputs)

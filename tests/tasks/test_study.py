@@ -22,6 +22,7 @@ def _study_file(tmp_path: Path) -> Path:
     (main / "data" / "prepared").mkdir(parents=True)
     (main / "models" / "base").mkdir(parents=True)
     raw = yaml.safe_load((ROOT / "params.study.yaml").read_text())
+    raw["out_root"] = str(main)  # a relative out_root is the project root's, as for the stages
     p = main / "params.study.yaml"
     p.write_text(yaml.safe_dump(raw, sort_keys=False))
     return p
@@ -123,3 +124,66 @@ def test_aggregate_names_a_seed_that_is_not_finished(tmp_path):
     study.prepare_root(s, 0)
     with pytest.raises(BadInputError, match="seed 0 has no analysis"):
         study.aggregate(s)
+
+
+def _fake_seed_root(root: Path) -> None:
+    """A seed root as evaluate (final_and_best) and analyze leave it: base, grpo at steps 50 (best) and 100."""
+    from tandem.checkpoints import generations_file, write_state
+
+    ev = {"settings": {"benchmarks": {"b1": {"n_problems": 2}, "b2": {"n_problems": 1}}},
+          "arms": {"grpo": {"checkpoints": [{"step": 0}, {"step": 50}, {"step": 100}]}}}
+    (root / "metrics" / "plots" / "analysis").mkdir(parents=True)
+    (root / "metrics" / "eval.json").write_text(json.dumps(ev))
+    for s in (50, 100):
+        d = root / "models" / "checkpoints" / "grpo" / f"step-{s}"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+        (d / "model.safetensors").write_bytes(b"w")
+        write_state(d, {"step": s})
+    hist = [{"loss": 1.0, "tandem/step": 50, "val/accuracy": 0.6}, {"loss": 1.0, "tandem/step": 100, "val/accuracy": 0.5}]
+    (root / "models" / "checkpoints" / "grpo" / "step-100" / "trainer_state.json").write_text(
+        json.dumps({"log_history": hist}))
+    texts = {"solo": ["First, two more are found: 3 + 2 = 5\n\n\\boxed{5}", "3+2=5\n\n\\boxed{5}"],
+             "step": ["First: 3 + 2 = 5\n\n\\boxed{6}", "3+2=5\n\n\\boxed{5}"]}
+    own, common = [], []
+    for step in (0, 50, 100):
+        for b, ids in (("b1", ["p1", "p2"]), ("b2", ["q1"])):
+            for mode in ("solo", "step"):
+                f = generations_file(root / "results" / "generations", "grpo", step, mode, b)
+                f.parent.mkdir(parents=True, exist_ok=True)
+                rows = [{"id": i, "sample": k, "text": texts[mode][k], "score": float(k == 1 or step == 100)}
+                        for i in ids for k in range(2)]
+                f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            for i in ids:
+                own.append(f"grpo,{step},{b},{i},2,{0.5 + step / 1000},{1 - step / 1000},{step / 1000}")
+                common.append(f"grpo,{step},{b},{i},{step / 2000},{1 - step / 2000}")
+    (root / "metrics" / "plots" / "analysis" / "per_problem.csv").write_text(
+        "arm,step,benchmark,id,n_completions,junior_ce,overlap,kl_mean\n" + "\n".join(own) + "\n")
+    (root / "metrics" / "plots" / "analysis" / "common_text.csv").write_text(
+        "arm,step,benchmark,id,kl_mean,overlap\n" + "\n".join(common) + "\n")
+
+
+def test_export_writes_one_row_per_checkpoint_benchmark_and_problem(tmp_path):
+    import csv
+
+    root = tmp_path / "seed-3"
+    _fake_seed_root(root)
+    out = study.export_results(root, 3, "grpo", tmp_path / "results")
+    assert out == tmp_path / "results" / "seed-3" / "grpo.csv"
+    with open(out, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert tuple(reader.fieldnames) == study.RESULT_COLUMNS
+    assert [(r["checkpoint"], r["step"], r["benchmark"], r["id"]) for r in rows] == [
+        ("final", "100", "b1", "p1"), ("final", "100", "b1", "p2"), ("final", "100", "b2", "q1"),
+        ("best", "50", "b1", "p1"), ("best", "50", "b1", "p2"), ("best", "50", "b2", "q1")]
+    final, best = rows[0], rows[3]
+    assert final["n_samples"] == "2" and final["solo_correct"] == "2" and best["solo_correct"] == "1"
+    assert best["step_correct"] == "1" and final["compact_share"] == "0.5"
+    assert float(final["kl_mean"]) == 0.1 and float(final["common_kl"]) == 0.05 and float(best["junior_ce"]) == 0.55
+    base = list(csv.DictReader(open(study.export_results(root, 3, "base", tmp_path / "results"), newline="")))
+    assert {r["step"] for r in base} == {"0"} and {r["checkpoint"] for r in base} == {"final", "best"}
+    assert all(float(r["kl_mean"]) == 0.0 for r in base)
+    before = out.read_bytes()
+    study.export_results(root, 3, "grpo", tmp_path / "results")
+    assert out.read_bytes() == before  # deterministic

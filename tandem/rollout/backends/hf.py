@@ -436,3 +436,88 @@ def catch_up_generate(senior: Any, junior: Any | None, tables: Any, prompt_ids: 
     finally:
         for d in decoders.values():
             d.release()
+
+
+class HFBackend:
+    """The `hf` backend: transformers modules in this process, the catch-up kernel (or the lockstep fallback).
+
+    `fast`: None picks the catch-up kernel when the architecture supports it and otherwise falls back, with a
+    warning, to the lockstep algorithm through the models' own forward (same distribution, about twice the
+    cost); True requires the kernel; False forces the fallback. `cpu_threads` sets torch's intra-op threads
+    during `generate` (restored after). Models are put in eval mode under `torch.no_grad()` while generating and
+    their modes are restored after.
+    """
+
+    name = "hf"
+
+    def __init__(self, *, senior: Any, junior: Any | None, tables: Any, eos_ids: list[int],
+                 device: Any = None, fast: bool | None = None, cpu_threads: int | None = None, **_: Any):
+        import warnings
+
+        self.senior, self.junior, self.tables, self.eos_ids = senior, junior, tables, list(eos_ids)
+        self.device = torch.device(device) if device is not None else None
+        self.cpu_threads = cpu_threads or None
+        self.fast = False
+        reasons = [r for r in (unsupported_reason(senior), junior is not None and unsupported_reason(junior)) if r]
+        if fast is None or fast:
+            if reasons:
+                if fast:
+                    raise ValueError(f"catch-up kernel unavailable: {'; '.join(reasons)}")
+                warnings.warn(f"hf backend: catch-up kernel unavailable ({'; '.join(reasons)}); falling back "
+                              f"to lockstep decoding through the models' own forward (same distribution, "
+                              f"about 2x slower)", stacklevel=3)
+            else:
+                for m in {id(senior): senior, id(junior): junior}.values():
+                    if m is not None:
+                        self_check(m)
+                self.fast = True
+
+    def generate(self, request: Any):
+        import time
+
+        from tandem.rollout.core import RolloutBatch
+
+        B = len(request)
+        if B == 0:
+            return RolloutBatch([], [], [], [], [])
+        eos = request.eos(self.eos_ids)
+        models = [m for m in (self.senior, self.junior) if isinstance(m, torch.nn.Module)]
+        modes = [m.training for m in models]
+        t0 = time.perf_counter()
+        parts = []
+        threads = torch.get_num_threads()
+        try:
+            if self.cpu_threads:
+                torch.set_num_threads(self.cpu_threads)
+            for m in models:
+                m.eval()
+            with torch.no_grad():
+                for g in request.groups():
+                    parts.append((g, self._run(request.subset(g), eos)))
+        finally:
+            torch.set_num_threads(threads)
+            for m, mode in zip(models, modes):
+                m.train(mode)
+        out = RolloutBatch([None] * B, [None] * B, [None] * B, [0] * B, [""] * B)  # type: ignore[list-item]
+        for g, part in parts:
+            for j, i in enumerate(g):
+                out.completion_ids[i] = part.completion_ids[j]
+                out.owner[i] = part.owner[j]
+                out.senior_logprobs[i] = part.senior_logprobs[j]
+                out.handoffs[i] = part.handoffs[j]
+                out.finish_reason[i] = part.finish_reason[j]
+        out.timings = {"seconds": time.perf_counter() - t0}
+        return out
+
+    def _run(self, req: Any, eos: list[int]):
+        s = req.settings
+        prompts, rows = [list(p) for p in req.prompts], list(req.row_ids)
+        if self.fast:
+            return catch_up_generate(self.senior, self.junior, self.tables, prompts, s.schedule, s.sampling,
+                                     req.seed, eos, s.p_senior, s.max_gap_tokens, s.max_rounds, rows, self.device,
+                                     req.progress)
+        from tandem.rollout.lockstep import lockstep_generate
+
+        return lockstep_generate(self.senior, self.junior, self.tables, prompts, s.schedule, s.sampling, req.seed,
+                                 eos, s.p_senior, s.max_gap_tokens, s.max_rounds, rows, forward="hf",
+                                 device=self.device)

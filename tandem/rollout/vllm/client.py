@@ -1,22 +1,28 @@
-"""The pipeline's side of the vLLM rollout service: start/attach/stop the service, and an engine-shaped client.
+"""The pipeline's side of the vLLM rollout service: start/attach/stop the service, and the `vllm` backend.
 
-    service = VLLMService.start("models/base", "models/base")          # or VLLMService.attach("http://node:8471")
-    engine = VLLMEngine(senior, junior, tokenizer, service, live=True)  # same generate() as TandemEngine
-    batch = engine.generate(prompt_ids, "word", SamplingParams(max_new_tokens=160), seed=3)
-    engine.push_weights()                                               # after each optimizer step (VLLMWeightSync)
+    service = VLLMService.start("models/base", "models/base", roots=["."])   # or VLLMService.attach(url, token)
+    engine = VLLMEngine(senior=module, junior="models/base", tokenizer=tok, service=service, live=True)
+    batch = engine.generate(settings.request(prompt_ids, seed=3))                 # -> RolloutBatch
+    engine.push_weights()                                     # after each optimizer step (VLLMWeightSync)
 
-The service (`tandem/rollout/vllm_service.py`) runs in vLLM's own virtual environment (`.venv-vllm`, made by
+The service (`tandem/rollout/vllm/service.py`) runs in vLLM's own virtual environment (`.venv-vllm`, made by
 `make vllm-env`); this module needs only the standard library, torch and safetensors, so the pipeline never
-imports vLLM. `shared_service(rollout)` keeps one service per process (a Prefect run trains every arm and
-evaluates every unit in one process): the first caller starts it (or attaches to `rollout.vllm_url`), the
-rest reuse it, and it is stopped at exit.
+imports vLLM. `shared_service(rollout, start_dir, roots)` keeps one service per process (a Prefect run trains
+every arm and evaluates every unit in one process): the first caller starts it (or attaches to
+`rollout.vllm_url`), the rest reuse it, and it is stopped at exit.
+
+Security. A started service gets a fresh per-run secret (`secrets.token_urlsafe`) in its environment; every
+request but `/health` carries it (`Authorization: Bearer`). A service on another machine is started with
+its own secret (`TANDEM_VLLM_TOKEN` there) and attached to with the same value in this process's
+`TANDEM_VLLM_TOKEN` (see docs/rollout.md, "A service on another machine"). The service loads weight
+directories only under the roots the stage names (the run's output root and the base model's directory),
+files only from its own inbox, and it stops by itself when this process dies.
 
 Weights. A senior given as a model directory (evaluation) is named by its directory; the service loads it
 only when its engine holds something else. A live senior (a module trained in place, `live=True`) is pushed:
-its state dict is written as safetensors to a transfer directory (`/dev/shm` when it exists: shared memory,
-no disk I/O) and the service reloads it in place and resets the prefix cache (`file` transport), or the bytes
-are posted to the service (`http` transport, a service on another machine). On GPUs the same hand-over can
-go through NCCL (see docs/rollout.md, "Weight sync on GPUs").
+its state dict is written as safetensors into the service's inbox (`/dev/shm` when it exists: shared memory,
+no disk I/O; the service deletes the file once loaded) and reloaded in place (`file` transport), or the bytes
+are posted to the service (`http` transport, a service on another machine; one upload per role, replaced).
 
 Failures. A request that finds the service gone restarts it when this process started it (then re-sends the
 token tables and the weights it needs: the service answers 409 for state it does not hold), or waits for
@@ -30,6 +36,7 @@ import hashlib
 import http.client
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -41,18 +48,23 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from tandem.rollout.core import RolloutBatch, SamplingParams, check_request
+from tandem.rollout.core import RolloutBatch, collect_eos_ids
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_PYTHON = ".venv-vllm/bin/python"
+TOKEN_ENV = "TANDEM_VLLM_TOKEN"
 
 
 class ServiceError(RuntimeError):
-    """The rollout service failed a request (its message and traceback are included)."""
+    """The rollout service failed a request (its one-line message is included; details are in its log)."""
 
 
 class ServiceConflict(ServiceError):
     """The service lacks state this client sent before (it restarted): send it again."""
+
+
+class ServiceStarting(ServiceError):
+    """The service answers but its engines are still loading."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -66,14 +78,16 @@ def _is_local(url: str) -> bool:
 
 
 class VLLMService:
-    """A running rollout service: its URL and, when this process started it, its process and command."""
+    """A running rollout service: its URL and token and, when this process started it, its process."""
 
-    def __init__(self, url: str, proc: subprocess.Popen | None = None, cmd: list[str] | None = None,
+    def __init__(self, url: str, token: str, proc: subprocess.Popen | None = None, cmd: list[str] | None = None,
                  env: dict | None = None, log_path: Path | None = None, start_timeout: float = 600.0):
         self.url = url.rstrip("/")
+        self.token = token
         self.proc, self.cmd, self.env, self.log_path = proc, cmd, env, log_path
         self.start_timeout = start_timeout
         self.restarts = 0
+        self.info: dict = {}
         self._lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -81,36 +95,57 @@ class VLLMService:
     def start(cls, senior_dir: str | os.PathLike, junior_dir: str | os.PathLike | None = None, *,
               python: str | os.PathLike | None = None, host: str = "127.0.0.1", port: int = 0,
               dtype: str = "auto", max_model_len: int = 0, gpu_memory: float = 0.35, enforce_eager: bool = True,
-              cpu_kv_cache_gb: int = 1, start_timeout: float = 600.0, log_path: str | os.PathLike | None = None
-              ) -> "VLLMService":
-        """Start the service from vLLM's environment and wait until it answers /health."""
+              cpu_kv_cache_gb: int = 1, start_timeout: float = 600.0, log_path: str | os.PathLike | None = None,
+              roots: Sequence[str | os.PathLike] = (), kv_blocks: int = 0, max_num_seqs: int = 256,
+              replay: bool = False) -> "VLLMService":
+        """Start the service from vLLM's environment and wait until its engines answer /health."""
         py = Path(python or DEFAULT_PYTHON)
         py = py if py.is_absolute() else REPO_ROOT / py
         if not py.exists():
             raise FileNotFoundError(f"vllm backend: no Python at {py}; create vLLM's environment with "
                                     f"`make vllm-env` (or set rollout.vllm_python)")
         port = port or free_port(host)
-        cmd = [str(py), "-m", "tandem.rollout.vllm_service", "--senior", str(Path(senior_dir).resolve()),
+        run_dir = Path(tempfile.mkdtemp(prefix="tandem-vllm-"))
+        log = Path(log_path) if log_path else run_dir / "service.log"
+        cmd = [str(py), "-m", "tandem.rollout.vllm.service", "--senior", str(Path(senior_dir).resolve()),
                "--junior", str(Path(junior_dir or senior_dir).resolve()), "--host", host, "--port", str(port),
-               "--dtype", dtype, "--max-model-len", str(max_model_len), "--gpu-memory-utilization", str(gpu_memory)]
+               "--dtype", dtype, "--max-model-len", str(max_model_len), "--gpu-memory-utilization", str(gpu_memory),
+               "--parent-pid", str(os.getpid()), "--run-dir", str(run_dir), "--max-num-seqs", str(max_num_seqs)]
+        for r in roots:
+            cmd += ["--allow-root", str(Path(r).resolve())]
+        if kv_blocks:
+            cmd += ["--kv-blocks", str(kv_blocks)]
         if not enforce_eager:
             cmd.append("--no-enforce-eager")
+        if replay:
+            cmd.append("--replay")
+        token = secrets.token_urlsafe(32)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
         env["PYTHONPATH"] = str(REPO_ROOT)
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        env[TOKEN_ENV] = token
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gb))  # GiB per engine on the CPU build
+        env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # the service is threaded: never fork it
+        # vLLM's CPU build binds each engine core's OpenMP threads to a core of its choosing: both engines on
+        # the same core. Unbound, one thread each, the OS spreads the two engines over the machine's cores.
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("DO_NOT_TRACK", "1")
-        log = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="tandem-vllm-")) / "service.log"
-        svc = cls(f"http://{host}:{port}", None, cmd, env, log, start_timeout)
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # AsyncLLM: each engine core in its own process
+        svc = cls(f"http://{host}:{port}", token, None, cmd, env, log, start_timeout)
+        svc.run_dir = run_dir
         svc._spawn()
         return svc
 
     @classmethod
-    def attach(cls, url: str, timeout: float = 60.0) -> "VLLMService":
-        """Use a service someone else started (another node, a Kubernetes service)."""
-        svc = cls(url, start_timeout=timeout)
+    def attach(cls, url: str, token: str | None = None, timeout: float = 60.0) -> "VLLMService":
+        """Use a service someone else started (another node); `token` defaults to $TANDEM_VLLM_TOKEN."""
+        token = token or os.environ.get(TOKEN_ENV, "")
+        if not token:
+            raise ServiceError(f"attaching to the rollout service at {url} needs its secret: set {TOKEN_ENV} to "
+                               f"the value the service was started with")
+        svc = cls(url, token, start_timeout=timeout)
         svc.wait_healthy(timeout)
         return svc
 
@@ -119,7 +154,7 @@ class VLLMService:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=str(REPO_ROOT), start_new_session=True)
+                                         stdin=subprocess.DEVNULL, cwd=str(REPO_ROOT), start_new_session=True)
         self.wait_healthy(self.start_timeout)
 
     def wait_healthy(self, timeout: float) -> dict:
@@ -130,8 +165,11 @@ class VLLMService:
                 raise ServiceError(f"the vLLM rollout service exited with code {self.proc.returncode} while "
                                    f"starting; its log ({self.log_path}) ends with:\n{self.log_tail()}")
             try:
-                return self.health(timeout=5.0)
-            except (OSError, http.client.HTTPException) as e:
+                self.info = self.health(timeout=5.0)
+                if "inbox" in self.info:
+                    return self.info
+                raise ServiceError("the service did not accept this client's token")
+            except (OSError, http.client.HTTPException, ServiceStarting) as e:
                 last = e
                 time.sleep(0.5)
         raise ServiceError(f"the vLLM rollout service at {self.url} did not answer /health within {timeout:.0f} s "
@@ -150,18 +188,21 @@ class VLLMService:
         try:
             self.health(timeout=5.0)
             return True
-        except (OSError, http.client.HTTPException):
+        except (OSError, http.client.HTTPException, ServiceError):
             return False
 
     def restart(self) -> None:
         """Start the service again (same command); only for a service this process started."""
         if not self.owned:
             raise ServiceError(f"cannot restart a service this process did not start ({self.url})")
-        self.stop()
+        old_inbox = self.inbox
+        self._stop_proc()
+        if old_inbox is not None:  # a killed service could not remove its own inbox (weights, counters)
+            shutil.rmtree(old_inbox, ignore_errors=True)
         self.restarts += 1
         self._spawn()
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def _stop_proc(self, timeout: float = 60.0) -> None:
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -174,28 +215,41 @@ class VLLMService:
             except subprocess.TimeoutExpired:
                 self.proc.terminate()
                 try:
-                    self.proc.wait(10)
+                    self.proc.wait(15)
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait()
         self.proc = None
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._stop_proc(timeout)
+        run_dir = getattr(self, "run_dir", None)
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
     # -- requests ------------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
                  content_type: str = "application/json") -> dict:
         u = urlparse(self.url)
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+        headers = {"Content-Type": content_type, "Authorization": f"Bearer {self.token}"}
         try:
-            conn.request(method, path, body=body, headers={"Content-Type": content_type})
+            conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
         finally:
             conn.close()
-        obj = json.loads(data or b"{}")
+        try:
+            obj = json.loads(data or b"{}")
+        except ValueError:
+            obj = {"error": data[:200].decode(errors="replace")}
         if resp.status == 409:
             raise ServiceConflict(obj.get("error", "conflict"))
+        if resp.status == 503:
+            raise ServiceStarting(obj.get("error", "starting"))
         if resp.status != 200:
-            raise ServiceError(f"{path}: HTTP {resp.status}: {obj.get('error')}\n{obj.get('traceback', '')}")
+            raise ServiceError(f"rollout service {path}: HTTP {resp.status}: {obj.get('error')}"
+                               + (f" (details in {self.log_path})" if self.log_path else ""))
         return obj
 
     def health(self, timeout: float = 10.0) -> dict:
@@ -222,6 +276,11 @@ class VLLMService:
             else:
                 self.wait_healthy(self.start_timeout)
 
+    @property
+    def inbox(self) -> Path | None:
+        box = self.info.get("inbox")
+        return Path(box) if box else None
+
 
 # ------------------------------------------------------------------------------------------------------
 # One service per process
@@ -231,10 +290,12 @@ _SHARED: dict[str, VLLMService] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_service(rollout: Any, start_dir: str | os.PathLike) -> VLLMService:
+def shared_service(rollout: Any, start_dir: str | os.PathLike, roots: Sequence[str | os.PathLike] = ()
+                   ) -> VLLMService:
     """The process's rollout service for the `rollout` config section: attached to `rollout.vllm_url` if set
-    (or $TANDEM_VLLM_URL), else started once from `start_dir` and stopped at exit; reused by every caller."""
-    url = rollout.vllm_url or os.environ.get("TANDEM_VLLM_URL", "")
+    ($TANDEM_VLLM_URL overrides it when params are loaded: tandem.config.ENV_OVERRIDES), else started once
+    from `start_dir` (its weight roots: `start_dir` and `roots`) and stopped at exit; reused by every caller."""
+    url = rollout.vllm_url
     key = url or f"{rollout.vllm_python}|{rollout.vllm_host}|{rollout.vllm_dtype}|{rollout.vllm_max_model_len}"
     with _SHARED_LOCK:
         svc = _SHARED.get(key)
@@ -248,7 +309,7 @@ def shared_service(rollout: Any, start_dir: str | os.PathLike) -> VLLMService:
                                     max_model_len=rollout.vllm_max_model_len, gpu_memory=rollout.vllm_gpu_memory,
                                     enforce_eager=rollout.vllm_enforce_eager,
                                     cpu_kv_cache_gb=rollout.vllm_cpu_kv_cache_gb,
-                                    start_timeout=rollout.vllm_start_timeout)
+                                    start_timeout=rollout.vllm_start_timeout, roots=[start_dir, *roots])
             atexit.register(svc.stop)
         _SHARED[key] = svc
         return svc
@@ -262,7 +323,7 @@ def stop_shared_services() -> None:
 
 
 # ------------------------------------------------------------------------------------------------------
-# The engine-shaped client
+# The `vllm` backend
 # ------------------------------------------------------------------------------------------------------
 
 def _model_dir(model: Any) -> Path:
@@ -279,25 +340,22 @@ def _dir_spec(path: Path) -> dict:
     return {"tag": f"dir:{path}", "dir": str(path)}
 
 
-def _transfer_root() -> Path:
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return Path(tempfile.mkdtemp(prefix="tandem-vllm-sync-", dir=base))
-
-
 class VLLMEngine:
-    """Tandem rollouts through the vLLM rollout service, with `TandemEngine.generate`'s signature and output.
+    """The `vllm` backend: tandem rollouts through the rollout service, `generate(request) -> RolloutBatch`.
 
     `senior`/`junior`: model directories, or modules (a module's `name_or_path` directory is used unless
     `live=True`, in which case its current weights are pushed now and by every `push_weights()`).
-    `transport`: `file` (a shared transfer directory), `http` (bytes posted to the service), `auto` (file for
-    a service on this machine, http otherwise).
+    `transport`: `file` (the service's inbox), `http` (bytes posted to the service), `auto` (file for a service
+    on this machine, http otherwise). Built by `TandemEngine(backend="vllm")` (which checks the vocabulary and
+    builds `tables` and `eos_ids`) or directly.
     """
 
+    name = "vllm"
+
     def __init__(self, senior: Any, junior: Any | None, tokenizer: Any, service: VLLMService, *,
-                 junior_tokenizer: Any | None = None, eos_token_ids: Sequence[int] | None = None,
-                 live: bool = False, transport: str = "auto", request_timeout: float | None = None):
-        from tandem.rollout.engine import collect_eos_ids
+                 tables: Any = None, eos_ids: Sequence[int] | None = None, vocab_size: int | None = None,
+                 junior_tokenizer: Any | None = None, live: bool = False, transport: str = "auto",
+                 request_timeout: float | None = None, **_: Any):
         from tandem.rollout.vocab import build_tables, check_vocab_compatible
 
         if transport not in ("auto", "file", "http"):
@@ -305,21 +363,18 @@ class VLLMEngine:
         if isinstance(tokenizer, (tuple, list)):
             tokenizer, junior_tokenizer = tokenizer
         self.service, self.senior, self.junior, self.tokenizer = service, senior, junior, tokenizer
-        self.backend = "vllm"
-        self.vocab_size = check_vocab_compatible(senior, junior, tokenizer, junior_tokenizer)
-        self.tables = build_tables(tokenizer, self.vocab_size)
-        self.eos_ids = list(eos_token_ids) if eos_token_ids is not None else collect_eos_ids(tokenizer, senior,
-                                                                                              junior)
+        self.vocab_size = vocab_size or check_vocab_compatible(senior, junior, tokenizer, junior_tokenizer)
+        self.tables = tables if tables is not None else build_tables(tokenizer, self.vocab_size)
+        self.eos_ids = list(eos_ids) if eos_ids is not None else collect_eos_ids(tokenizer, senior, junior)
         self.transport = ("file" if _is_local(service.url) else "http") if transport == "auto" else transport
         self.request_timeout = request_timeout
         self.live = bool(live)
         self._tables_msg = self._tables_payload()
         self.junior_spec = _dir_spec(_model_dir(junior)) if junior is not None else None
         self.senior_spec: dict | None = None
-        self._transfer: Path | None = None
         self.version = 0
         self.last_stats: dict = {}
-        self.totals = {"decoded": 0, "kept": 0, "turns": 0, "rounds": 0, "seconds": 0.0}
+        self.totals = {"decoded": 0, "kept": 0, "chunks": 0, "seconds": 0.0}
         if self.live:
             if not hasattr(senior, "state_dict"):
                 raise TypeError("live=True needs the senior as a torch module")
@@ -344,50 +399,42 @@ class VLLMEngine:
     def _send_tables(self) -> None:
         self.service.post("/tables", self._tables_msg)
 
-    def _send_weights(self) -> None:
-        """Make the service hold the current live weights (re-upload for the http transport)."""
-        spec = self.senior_spec
-        assert spec is not None
-        if self.transport == "http":
-            self.service.post(f"/upload?tag={spec['tag']}", Path(spec["path"]).read_bytes(),
-                              content_type="application/octet-stream")
-            self.service.post("/weights", {"role": "senior", "tag": spec["tag"]})
-        else:
-            self.service.post("/weights", {"role": "senior", **spec})
-
     def push_weights(self, module: Any | None = None) -> dict:
         """Hand the live senior's current weights to the service (reloaded in place, prefix cache reset)."""
         import torch
         from safetensors.torch import save_file
 
         model = module if module is not None else self.senior
-        if self._transfer is None:
-            self._transfer = _transfer_root()
-            atexit.register(shutil.rmtree, self._transfer, True)
         t0 = time.perf_counter()
         self.version += 1
-        path = self._transfer / f"senior-{self.version}.safetensors"
+        tag = f"{self._tag_base}:{self.version}"
         with torch.no_grad():
             sd = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         # tied embeddings: one tensor under two names is refused by safetensors; the engine re-ties them
         if "lm_head.weight" in sd and "model.embed_tokens.weight" in sd and \
                 sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr():
             del sd["lm_head.weight"]
-        save_file(sd, str(path))
-        old = self.senior_spec
-        tag = f"{self._tag_base}:{self.version}"
-        self.senior_spec = {"tag": tag, "file": str(path)} if self.transport == "file" else {"tag": tag,
-                                                                                                "path": str(path)}
-        self._send_weights()
-        if old and old.get("file", old.get("path")) and old.get("file", old.get("path")) != str(path):
-            Path(old.get("file", old.get("path"))).unlink(missing_ok=True)
+        if self.transport == "file":
+            box = self.service.inbox
+            if box is None or not box.is_dir():
+                raise ServiceError(f"the rollout service's inbox ({box}) is not on this machine: use "
+                                   f"rollout.vllm_weight_transport http")
+            path = box / f"senior-{os.getpid()}-{self.version}.safetensors"
+            tmp = path.with_suffix(".part")
+            save_file(sd, str(tmp))
+            os.replace(tmp, path)
+            self.senior_spec = {"tag": tag, "file": str(path)}
+            self.service.post("/weights", {"role": "senior", **self.senior_spec})
+        else:
+            with tempfile.TemporaryDirectory(prefix="tandem-vllm-push-") as d:
+                f = Path(d) / "senior.safetensors"
+                save_file(sd, str(f))
+                self.service.post(f"/upload?role=senior&tag={tag}", f.read_bytes(),
+                                  content_type="application/octet-stream")
+            self.senior_spec = {"tag": tag}
+            self.service.post("/weights", {"role": "senior", **self.senior_spec})
+        self._live_module = model
         return {"tag": tag, "seconds": time.perf_counter() - t0}
-
-    def _senior_request_spec(self) -> dict | None:
-        spec = self.senior_spec
-        if spec is None:
-            return None
-        return {"tag": spec["tag"]} if self.transport == "http" else spec
 
     def _call(self, path: str, payload: dict) -> dict:
         """POST, re-sending tables/weights once when the service says it lacks them (it restarted)."""
@@ -399,41 +446,49 @@ class VLLMEngine:
                     raise
                 self._send_tables()
                 if self.live:
-                    self._send_weights()
+                    self.version -= 1  # the same weights again, under the same tag
+                    self.push_weights(getattr(self, "_live_module", None))
+                    payload = {**payload, "senior": self.senior_spec} if "senior" in payload else payload
         raise AssertionError("unreachable")
 
-    # -- the engine API ------------------------------------------------------------------------------
-    def generate(self, prompt_ids: Sequence[Sequence[int]], schedule: str, sampling: SamplingParams, seed: int,
-                 p_senior: float = 0.5, max_gap_tokens: int = 32, max_rounds: int = 150,
-                 row_ids: Sequence[int] | None = None, batch_size: int | None = None,
-                 progress: bool = False) -> RolloutBatch:
-        """Roll out every prompt once (see `TandemEngine.generate`); `batch_size`/`progress` are accepted for
-        the same signature: the service batches all rows of a call itself."""
-        check_request(schedule, sampling, seed, p_senior, max_gap_tokens, max_rounds, self.junior is not None)
-        prompts = [list(map(int, p)) for p in prompt_ids]
-        B = len(prompts)
+    # -- the backend API -----------------------------------------------------------------------------
+    def generate(self, request: Any) -> RolloutBatch:
+        """Roll out every prompt of `request` once (see `tandem.rollout.request.RolloutRequest`): one service
+        call per group of `settings.batch_size` rows (all rows at once when 0)."""
+        B = len(request)
         if B == 0:
             return RolloutBatch([], [], [], [], [])
-        rows = list(range(B)) if row_ids is None else [int(r) for r in row_ids]
-        if len(rows) != B or min(rows) < 0:
-            raise ValueError(f"row_ids must hold {B} ids >= 0")
-        for b, p in enumerate(prompts):
-            if not p:
-                raise ValueError(f"prompt {b} is empty: every prompt needs at least one token")
-            if min(p) < 0 or max(p) >= self.vocab_size:
-                raise ValueError(f"prompt {b} holds token ids outside [0, {self.vocab_size})")
-        eos = sorted(set(self.eos_ids) | set(sampling.stop_token_ids))
-        payload = {"tables": self._tables_msg["key"], "senior": self._senior_request_spec(),
-                   "junior": self.junior_spec, "prompts": prompts, "rows": rows, "schedule": schedule,
-                   "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-                                "max_new_tokens": sampling.max_new_tokens},
-                   "seed": int(seed), "eos": eos, "p_senior": p_senior, "max_gap_tokens": max_gap_tokens,
-                   "max_rounds": max_rounds}
         t0 = time.perf_counter()
+        out = RolloutBatch([None] * B, [None] * B, [None] * B, [0] * B, [""] * B)  # type: ignore[list-item]
+        service_s = 0.0
+        for g in request.groups():
+            part = self._generate(request.subset(g))
+            service_s += part.timings["service_seconds"]
+            for j, i in enumerate(g):
+                out.completion_ids[i] = part.completion_ids[j]
+                out.owner[i] = part.owner[j]
+                out.senior_logprobs[i] = part.senior_logprobs[j]
+                out.handoffs[i] = part.handoffs[j]
+                out.finish_reason[i] = part.finish_reason[j]
+        out.timings = {"seconds": time.perf_counter() - t0, "service_seconds": service_s}
+        return out
+
+    def _generate(self, request: Any, replay: Sequence[Sequence[int]] | None = None) -> RolloutBatch:
+        s = request.settings
+        sp = s.sampling
+        payload = {"tables": self._tables_msg["key"], "senior": self.senior_spec, "junior": self.junior_spec,
+                   "prompts": [list(p) for p in request.prompts], "rows": list(request.row_ids),
+                   "schedule": s.schedule,
+                   "sampling": {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k,
+                                "max_new_tokens": sp.max_new_tokens},
+                   "seed": int(request.seed), "eos": request.eos(self.eos_ids), "p_senior": s.p_senior,
+                   "max_gap_tokens": s.max_gap_tokens, "max_rounds": s.max_rounds}
+        if replay is not None:
+            payload["replay"] = [list(map(int, t)) for t in replay]
         out = self._call("/generate", payload)
         batch = RolloutBatch(out["completion_ids"], out["owner"], out["senior_logprobs"], out["handoffs"],
                              out["finish_reason"])
-        batch.timings = {"seconds": time.perf_counter() - t0, "service_seconds": out["stats"]["seconds"]}
+        batch.timings = {"service_seconds": out["stats"]["seconds"]}
         self.last_stats = out["stats"]
         for k in self.totals:
             self.totals[k] += out["stats"].get(k, 0)
@@ -442,19 +497,21 @@ class VLLMEngine:
     def score(self, sequences: Sequence[Sequence[int]], starts: Sequence[int], role: str = "senior"
               ) -> list[list[float]]:
         """Teacher-forced log-probs (temperature 1) from the service's engine of `role`, positions >= start."""
-        weights = self._senior_request_spec() if role == "senior" else self.junior_spec
+        weights = self.senior_spec if role == "senior" else self.junior_spec
         return self._call("/score", {"role": role, "weights": weights, "sequences": [list(map(int, s)) for s in
                                                                                        sequences],
                                      "starts": [int(s) for s in starts]})["logprobs"]
 
 
-
 def engine_from_config(senior: Any, junior: Any | None, tokenizer: Any, rollout: Any, *, live: bool,
-                       eos_token_ids: Sequence[int] | None = None) -> VLLMEngine:
-    """The `rollout.backend: vllm` engine: the process's shared service (started from the junior's directory,
-    or attached to `rollout.vllm_url`) and a client for these models. `live=True` in training (the senior
-    module is trained in place and pushed after each optimizer step, see `vllm_sync.VLLMWeightSync`),
-    False in evaluation (the senior is a saved checkpoint directory)."""
-    service = shared_service(rollout, _model_dir(junior if junior is not None else senior))
-    return VLLMEngine(senior, junior, tokenizer, service, eos_token_ids=eos_token_ids, live=live,
-                      transport=rollout.vllm_weight_transport)
+                       roots: Sequence[str | os.PathLike] = (), eos_token_ids: Sequence[int] | None = None):
+    """The `rollout.backend: vllm` engine: a `TandemEngine` over the process's shared service (started from
+    the junior's directory with weight roots `roots`, or attached to `rollout.vllm_url`). `live=True` in
+    training (the senior module is trained in place and pushed after each optimizer step, see
+    `sync.VLLMWeightSync`), False in evaluation (the senior is a saved checkpoint directory)."""
+    from tandem.rollout.engine import TandemEngine
+
+    service = shared_service(rollout, _model_dir(junior if junior is not None else senior), roots)
+    return TandemEngine(senior, junior, tokenizer, backend="vllm", eos_token_ids=eos_token_ids,
+                        vllm_options={"service": service, "live": live,
+                                      "transport": rollout.vllm_weight_transport})

@@ -1,0 +1,135 @@
+"""The rollout request: one frozen settings object, built once from params and validated once, and the rows of
+one engine call.
+
+    settings = RolloutSettings.from_config(params.rollout, sampling, schedule="word")   # validated here, once
+    batch = engine.generate(settings.request(prompt_ids, seed=step_seed, row_ids=rows))  # -> RolloutBatch
+
+`RolloutSettings` holds everything that shapes the sampled distribution of a rollout (the authorship schedule,
+`p_senior`, `max_gap_tokens`, `max_rounds`, the sampling settings and with them the token budget) plus the
+batching (`batch_size`, which never changes a result). `RolloutRequest` adds the prompts, the seed and the row
+ids of one call. Every backend (`tandem.rollout.backends`) implements `generate(request) -> RolloutBatch`; the
+engine checks only what depends on its models (token ids inside the vocabulary, a junior when the schedule
+needs one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from tandem.rollout.core import SamplingParams
+from tandem.rollout.schedule import check_schedule, uses_junior, uses_senior
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """Schedule, sampling and batching of rollouts; invalid values raise `ValueError` at construction."""
+
+    schedule: str = "word"
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    p_senior: float = 0.5
+    max_gap_tokens: int = 32
+    max_rounds: int = 150
+    batch_size: int = 0  # rows generated together in one group (0 = all rows of a call)
+
+    def __post_init__(self) -> None:
+        check_schedule(self.schedule, self.p_senior, self.max_gap_tokens, self.max_rounds)
+        if not isinstance(self.sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(self.sampling).__name__}")
+        if self.batch_size < 0:
+            raise ValueError(f"batch_size must be >= 0 (0 = all rows together), got {self.batch_size}")
+
+    @classmethod
+    def from_config(cls, rollout: Any, sampling: SamplingParams, schedule: str | None = None,
+                    batch_size: int | None = None) -> "RolloutSettings":
+        """From the `rollout` params section (`p_senior`, `max_gap_tokens`, `max_rounds`, `batch_size`,
+        `schedule` unless given) and the stage's sampling settings."""
+        return cls(schedule=schedule or rollout.schedule, sampling=sampling, p_senior=rollout.p_senior,
+                   max_gap_tokens=rollout.max_gap_tokens, max_rounds=rollout.max_rounds,
+                   batch_size=rollout.batch_size if batch_size is None else batch_size)
+
+    @property
+    def budget(self) -> int:
+        """Completion tokens per row at most (`sampling.max_new_tokens`)."""
+        return self.sampling.max_new_tokens
+
+    @property
+    def needs_junior(self) -> bool:
+        return uses_junior(self.schedule, self.p_senior)
+
+    @property
+    def needs_senior(self) -> bool:
+        return uses_senior(self.schedule, self.p_senior)
+
+    def replace(self, **changes: Any) -> "RolloutSettings":
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def request(self, prompts: Sequence[Sequence[int]], seed: int, row_ids: Sequence[int] | None = None,
+                progress: bool = False) -> "RolloutRequest":
+        return RolloutRequest.make(prompts, self, seed, row_ids, progress)
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """One engine call: prompts (token ids), their row ids (each row's noise), the seed and the settings."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    settings: RolloutSettings
+    seed: int
+    row_ids: tuple[int, ...]
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.settings, RolloutSettings):
+            raise TypeError(f"settings must be a RolloutSettings, got {type(self.settings).__name__}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if len(self.row_ids) != len(self.prompts):
+            raise ValueError(f"row_ids has {len(self.row_ids)} entries for {len(self.prompts)} prompts")
+        if self.row_ids and min(self.row_ids) < 0:
+            raise ValueError("row_ids must be >= 0")
+        for b, p in enumerate(self.prompts):
+            if not p:
+                raise ValueError(f"prompt {b} is empty: every prompt needs at least one token")
+
+    @classmethod
+    def make(cls, prompts: Sequence[Sequence[int]], settings: RolloutSettings, seed: int,
+             row_ids: Sequence[int] | None = None, progress: bool = False) -> "RolloutRequest":
+        ps = tuple(tuple(int(t) for t in p) for p in prompts)
+        rows = tuple(range(len(ps))) if row_ids is None else tuple(int(r) for r in row_ids)
+        return cls(ps, settings, int(seed), rows, progress)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def schedule(self) -> str:
+        return self.settings.schedule
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.settings.sampling
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Every prompt token must be an id of the models' vocabulary."""
+        for b, p in enumerate(self.prompts):
+            if min(p) < 0 or max(p) >= vocab_size:
+                raise ValueError(f"prompt {b} holds token ids outside [0, {vocab_size})")
+
+    def eos(self, eos_ids: Sequence[int]) -> list[int]:
+        """The ids that end a row: the engine's EOS ids plus the sampling settings' stop ids."""
+        return sorted({int(e) for e in eos_ids} | {int(s) for s in self.sampling.stop_token_ids})
+
+    def groups(self) -> list[list[int]]:
+        """Row indices generated together: all rows, or `batch_size` at a time grouped by prompt length
+        (results do not depend on the grouping)."""
+        B, bs = len(self.prompts), self.settings.batch_size
+        if not bs or bs >= B:
+            return [list(range(B))] if B else []
+        order = sorted(range(B), key=lambda i: len(self.prompts[i]))
+        return [order[i:i + bs] for i in range(0, B, bs)]
+
+    def subset(self, idx: Sequence[int]) -> "RolloutRequest":
+        return RolloutRequest(tuple(self.prompts[i] for i in idx), self.settings, self.seed,
+                              tuple(self.row_ids[i] for i in idx), self.progress)

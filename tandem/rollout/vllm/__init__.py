@@ -1,0 +1,14 @@
+"""The vLLM rollout path: the service (vLLM's environment) and its client (the pipeline's environment).
+
+| module | environment | what |
+|---|---|---|
+| `client.py` | pipeline | `VLLMService` (start, attach, health, restart, stop), `VLLMEngine` (the `vllm` backend), `shared_service`, `engine_from_config` |
+| `sync.py` | pipeline | `VLLMWeightSync`: a `TrainerCallback` pushing the senior after every optimizer step |
+| `bench.py` | pipeline | `tandem bench rollout --backend vllm`: throughput, counters, the GPU prediction, checks |
+| `turns.py` | both | the row state machine over two streaming sessions, the per-chunk stop rule, the counters |
+| `service.py` | vLLM | the HTTP server with two `AsyncLLM` engines |
+| `sched.py` | vLLM engine core | `TandemScheduler`: stops chunks exactly at authorship switches; engine counters |
+| `worker.py` | vLLM engine core | `TandemWorker`: weights reloaded in place |
+
+Nothing here imports vLLM at package import; the pipeline imports only `client`, `sync`, `bench`, `turns`.
+"""

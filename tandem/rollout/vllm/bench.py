@@ -1,0 +1,296 @@
+"""Benchmark and check of the vLLM rollout service (`tandem bench rollout --backend vllm --json`).
+
+One process starts (or attaches to) the service on one model, senior and junior being the same weights, and
+measures solo (the senior alone) against tandem (`word` schedule), best of `repeats` interleaved runs after a
+warm-up:
+- `solo_tok_s`, `tandem_tok_s`, `tandem_over_solo`: completion tokens per second;
+- the counters of the tandem rollout (the service's stats; see docs/rollout.md, "Counters"): engine steps per
+  engine, chunks and session starts per generated token, computed tokens per generated token (both engines),
+  handoff latency in partner steps (p50, p90), idle row-steps, idle engine time, scheduler CPU per step,
+  engine-core CPU per chunk, frontend CPU per generated token, decoded vs kept tokens, switch stops;
+- `predicted_gpu_tandem_over_solo` (and `_two_gpus`): the counts of both rollouts priced on a GPU by the cost
+  model of `cost.py` (Qwen3-4B on an H200 at 128 rows by default);
+- `logprob_max_abs_diff`: the service's log-probs against the transformers model's on the same tokens
+  (teacher-forced on both engines, and the sampled senior log-probs of the tandem batch);
+- `weights_synced`: one real optimizer step (AdamW on the senior's own tokens) is pushed like training does;
+  true only when the service's sampled log-probs then match the updated weights and no longer the old ones.
+
+Models: `model_dir` (default models/base when it exists, else a random tiny Qwen3 with a byte-level BPE built
+here). `vocab="qwen3"`: Qwen3's real tokenizer (`qwen3_vocab.py`) on a random tiny Qwen3 body with 151,936
+output rows, rows of replayed real text at full length (the engines are made to emit the project's docs and
+arithmetic solutions, `replay.py`), counted at `max_new_tokens` and at a short history (`short_tokens`) so
+that the per-step CPU can be compared; no log-prob or sync check there (the tokens are forced).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tandem.rollout.core import SamplingParams
+from tandem.rollout.request import RolloutSettings
+
+TOLERANCE = 0.1
+
+
+def _hf_logprobs(model: Any, seqs: list[list[int]], starts: list[int], temperature: float = 1.0) -> list[list[float]]:
+    out = []
+    with torch.no_grad():
+        for s, st in zip(seqs, starts):
+            logits = model(torch.tensor([s])).logits[0].double()
+            lp = torch.log_softmax(logits / temperature, -1)
+            out.append([float(lp[t - 1, s[t]]) for t in range(st, len(s))])
+    return out
+
+
+def _max_diff(a: list[list[float]], b: list[list[float]], mask: list[list[int]] | None = None) -> float:
+    worst = 0.0
+    for i, (x, y) in enumerate(zip(a, b)):
+        for j, (u, v) in enumerate(zip(x, y)):
+            if mask is None or mask[i][j]:
+                worst = max(worst, abs(u - v))
+    return worst
+
+
+def _model_dir(model_dir: str | None) -> tuple[Path, str]:
+    from tandem.rollout.bench import DEFAULT_MODEL_DIR
+
+    path = Path(model_dir or DEFAULT_MODEL_DIR)
+    if path.is_dir() and any(path.glob("*.safetensors")):
+        return path, str(path)
+    if model_dir:
+        raise FileNotFoundError(f"{model_dir}: not a model directory with *.safetensors weights")
+    from tandem.rollout import toy
+
+    tok = toy.byte_bpe_tokenizer(vocab_size=640)
+    model = toy.tiny_qwen3(len(tok), seed=0, eos_token_id=tok.eos_token_id)  # head_dim 128/4 = 32
+    tmp = Path(tempfile.mkdtemp(prefix="tandem-bench-vllm-"))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    return tmp, (f"fallback: {DEFAULT_MODEL_DIR} not found; randomly initialised tiny Qwen3 (hidden 128, 4 layers, "
+                 f"head_dim 32) with a byte-level BPE built here ({len(tok)} tokens)")
+
+
+def _qwen3_model_dir(max_len: int) -> tuple[Path, str]:
+    from tandem.rollout import toy
+    from tandem.rollout.qwen3_vocab import QWEN3_VOCAB_ROWS, qwen3_tokenizer
+
+    tok = qwen3_tokenizer()
+    model = toy.tiny_qwen3(QWEN3_VOCAB_ROWS, seed=0, layers=2, hidden=128, heads=4, kv_heads=2,
+                           max_position=max_len, eos_token_id=tok.eos_token_id)
+    tmp = Path(tempfile.mkdtemp(prefix="tandem-bench-qwen3-"))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    return tmp, (f"Qwen3 vocabulary ({len(tok)} tokens, {QWEN3_VOCAB_ROWS} output rows) on a random tiny Qwen3 "
+                 f"body (hidden 128, 2 layers, head_dim 32), replayed real text")
+
+
+def real_text_rows(tok: Any, rows: int, length: int, seed: int = 0) -> list[list[int]]:
+    """`rows` windows of `length` tokens of real text: the project's documentation and README (prose,
+    tables, code) interleaved with worked arithmetic solutions, tokenised as one stream, each row starting at
+    its own offset."""
+    import random
+
+    from tandem.data.synthetic import generate
+
+    root = Path(__file__).resolve().parents[3]
+    docs = [p.read_text() for p in sorted((root / "docs").glob("*.md"))] + [(root / "README.md").read_text()]
+    sols = [f"{p.problem}\n\n{p.solution}" for p in generate(200, 2, 8, seed=seed, prefix="replay")]
+    rng = random.Random(seed)
+    parts = docs + sols
+    rng.shuffle(parts)
+    ids = tok("\n\n".join(parts), add_special_tokens=False)["input_ids"]
+    while len(ids) < length * 2:
+        ids = ids + ids
+    step = max(1, (len(ids) - length) // max(rows, 1))
+    return [ids[i * step:i * step + length] for i in range(rows)]
+
+
+def _counters(st: dict, prefix: str = "") -> dict:
+    """The issue's counters from one rollout's service stats."""
+    e = st["engines"]
+    kept = max(st["kept"], 1)
+    out: dict[str, Any] = {}
+    for role in ("senior", "junior"):
+        c = e[role]
+        steps = c["steps"]
+        out[f"{prefix}engine_steps_{role}"] = int(steps)
+        out[f"{prefix}engine_idle_fraction_{role}"] = max(0.0, 1 - c["busy_seconds"] / st["seconds"]) if steps else 1.0
+        out[f"{prefix}sched_cpu_us_per_step_{role}"] = 1e6 * c["sched_cpu_seconds"] / steps if steps else 0.0
+        out[f"{prefix}mean_rows_per_step_{role}"] = c["scheduled_rows_sum"] / steps if steps else 0.0
+    chunks = st["chunks"]  # chunks the rows sent (the engines count the same: engines.*.chunks)
+    out.update({
+        f"{prefix}chunks": int(chunks), f"{prefix}session_starts": st["session_starts"],
+        f"{prefix}chunks_per_token": chunks / kept,
+        f"{prefix}computed_tokens": int(e["senior"]["computed_tokens"] + e["junior"]["computed_tokens"]),
+        f"{prefix}computed_per_token": (e["senior"]["computed_tokens"] + e["junior"]["computed_tokens"]) / kept,
+        f"{prefix}handoff_latency_steps_p50": st["handoff_latency_steps_p50"],
+        f"{prefix}handoff_latency_steps_p90": st["handoff_latency_steps_p90"],
+        f"{prefix}idle_row_step_fraction": st["idle_row_step_fraction"],
+        f"{prefix}engine_cpu_us_per_chunk": 1e6 * (e["senior"]["add_cpu_seconds"] + e["junior"]["add_cpu_seconds"])
+        / max(chunks, 1),
+        f"{prefix}stop_rule_us_per_token": 1e6 * (e["senior"]["rule_cpu_seconds"] + e["junior"]["rule_cpu_seconds"])
+        / max(e["senior"]["rule_tokens"] + e["junior"]["rule_tokens"], 1),
+        f"{prefix}frontend_cpu_us_per_token": 1e6 * st["frontend_cpu_seconds"] / kept,
+        f"{prefix}decoded_tokens": int(st["decoded"]), f"{prefix}kept_tokens": int(st["kept"]),
+        f"{prefix}switch_stops": int(e["senior"]["switch_stops"] + e["junior"]["switch_stops"]),
+        f"{prefix}max_live_rows": st.get("max_live_rows", 0),
+    })
+    return out
+
+
+def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_prompts: int = 8,
+                       n_samples: int = 8, max_new_tokens: int | None = None, temperature: float = 1.0,
+                       seed: int = 0, repeats: int = 2, dtype: str = "auto", python: str | None = None,
+                       vocab: str = "model", gpu: str = "h200", gpu_rows: int = 128, short_tokens: int = 500,
+                       gpu_memory: float = 0.35) -> dict:
+    """Run the measurements above; returns one flat dict (see the module docstring)."""
+    from tandem.models import load_tokenizer
+    from tandem.plan import KNOWN_SHAPES, ModelShape
+    from tandem.rollout.bench import _prompts
+    from tandem.rollout.engine import TandemEngine
+    from tandem.rollout.vllm.client import VLLMService
+    from tandem.rollout.vllm.cost import predict
+
+    if vocab not in ("model", "qwen3"):
+        raise ValueError(f"vocab must be model or qwen3, got {vocab!r}")
+    replay = vocab == "qwen3"
+    budget = max_new_tokens or (3000 if replay else 128)
+    t_start = time.perf_counter()
+    if replay:
+        path, desc = _qwen3_model_dir(budget + 256)
+    else:
+        path, desc = _model_dir(model_dir)
+    tok = load_tokenizer(path)
+    base = _prompts(tok, n_prompts, seed)
+    prompts = [p for p in base for _ in range(n_samples)]
+    t0 = time.perf_counter()
+    if url:
+        svc, owned = VLLMService.attach(url), False
+    else:
+        svc = VLLMService.start(path, path, python=python, dtype=dtype, roots=[path], replay=replay,
+                                max_model_len=(budget + max(map(len, prompts)) + 64) if replay else 0,
+                                gpu_memory=gpu_memory, start_timeout=1800)
+        owned = True
+    res: dict[str, Any] = {"backend": "vllm", "model": desc, "vocab": vocab, "vocab_size": len(tok),
+                           "rows": len(prompts), "max_new_tokens": budget,
+                           "layout": "both engines on one device (one service)", "vllm_gpu_memory": gpu_memory,
+                           "service_start_s": time.perf_counter() - t0}
+    try:
+        health = svc.health()
+        res["vllm_version"] = health.get("vllm")
+        res["kv_blocks"], res["block_size"] = health.get("kv_blocks"), health.get("block_size")
+        from transformers import AutoModelForCausalLM
+
+        senior = None if replay else AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
+                                                                          use_safetensors=True).eval()
+        eng = TandemEngine(senior if senior is not None else path, path, tok, backend="vllm",
+                           vllm_options={"service": svc, "live": senior is not None})
+        be = eng._backend
+        sp = SamplingParams(temperature=temperature, max_new_tokens=budget)
+        text = real_text_rows(tok, len(prompts), budget, seed) if replay else None
+
+        def run(schedule: str, settings_sp: SamplingParams = sp, rows_text=text):
+            req = RolloutSettings(schedule, settings_sp).request(prompts, seed=seed)
+            t = time.perf_counter()
+            b = be._generate(req, replay=[r[:settings_sp.max_new_tokens] for r in rows_text] if rows_text else None)
+            return time.perf_counter() - t, b, dict(be.last_stats)
+
+        run("word", SamplingParams(temperature=temperature, max_new_tokens=8),
+            [r[:8] for r in text] if text else None)  # warm-up
+        best: dict[str, tuple[float, Any, dict]] = {}
+        for _ in range(repeats):
+            for name, sched in (("solo", "solo"), ("tandem", "word")):
+                dt, b, st = run(sched)
+                if name not in best or dt < best[name][0]:
+                    best[name] = (dt, b, st)
+        (t_s, b_s, st_s), (t_t, b_t, st_t) = best["solo"], best["tandem"]
+        res["solo_tok_s"] = b_s.stats()["tokens"] / t_s
+        res["tandem_tok_s"] = b_t.stats()["tokens"] / t_t
+        res["tandem_over_solo"] = res["tandem_tok_s"] / res["solo_tok_s"]
+        st = b_t.stats()
+        res.update({"senior_fraction": st["senior_fraction"], "handoffs_per_100": st["handoffs_per_100"],
+                    "mean_run_length": st["mean_run_length"], "mean_length": st["mean_length"],
+                    "handoffs": sum(b_t.handoffs)})
+        res.update(_counters(st_t))
+        res["solo_engine_steps"] = int(st_s["engines"]["senior"]["steps"])
+        res["solo_sched_cpu_us_per_step"] = (1e6 * st_s["engines"]["senior"]["sched_cpu_seconds"]
+                                             / max(st_s["engines"]["senior"]["steps"], 1))
+        gpu_shape = ModelShape(**KNOWN_SHAPES["Qwen/Qwen3-4B-Instruct-2507"], source="Qwen3-4B")
+        pred = predict(st_t, st_s, gpu_shape, gpu=gpu, rows=gpu_rows)
+        res.update({"predicted_gpu_tandem_over_solo": pred["predicted_gpu_tandem_over_solo"],
+                    "predicted_gpu_tandem_over_solo_two_gpus": pred["predicted_gpu_tandem_over_solo_two_gpus"],
+                    "predicted_gpu": {k: v for k, v in pred.items() if not k.startswith("predicted")},
+                    "service_stats": {"tandem": st_t, "solo": st_s}})
+        if replay:
+            if short_tokens and short_tokens < budget:
+                _, _, st_short = run("word", SamplingParams(temperature=temperature, max_new_tokens=short_tokens),
+                                     [r[:short_tokens] for r in text])
+                short = _counters(st_short, prefix="short_")
+                res.update({k: v for k, v in short.items() if "sched_cpu" in k or "per_token" in k
+                            or "per_chunk" in k})
+                res["short_max_new_tokens"] = short_tokens
+            res.update({"logprob_max_abs_diff": None, "weights_synced": None})
+        else:
+            _checks(res, eng, be, senior, prompts, b_t, sp, temperature, seed)
+    finally:
+        if owned:
+            svc.stop()
+        if str(path).startswith(tempfile.gettempdir()) and path.name.startswith("tandem-bench-"):
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)  # the model this benchmark built for itself
+    res["seconds"] = time.perf_counter() - t_start
+    return res
+
+
+def _checks(res: dict, eng: Any, be: Any, senior: Any, prompts: list, b_t: Any, sp: SamplingParams,
+            temperature: float, seed: int) -> None:
+    """Log-probs against transformers and the weight sync after a real optimizer step."""
+    from tandem.rollout.toy import rollout
+
+    rows = list(range(0, len(prompts), max(1, len(prompts) // 16)))[:16]
+    seqs = [prompts[i] + b_t.completion_ids[i] for i in rows]
+    starts = [len(prompts[i]) for i in rows]
+    ref = _hf_logprobs(senior, seqs, starts)
+    tf_senior = _max_diff(be.score(seqs, starts, "senior"), ref)
+    tf_junior = _max_diff(be.score(seqs, starts, "junior"), ref)  # same weights as the senior here
+    ref_t = _hf_logprobs(senior, seqs, starts, temperature) if temperature != 1.0 else ref
+    sampled = _max_diff([b_t.senior_logprobs[i] for i in rows], ref_t, [b_t.owner[i] for i in rows])
+    res.update({"logprob_diff_teacher_forced_senior": tf_senior, "logprob_diff_teacher_forced_junior": tf_junior,
+                "logprob_diff_sampled": sampled, "logprob_max_abs_diff": max(tf_senior, tf_junior, sampled)})
+    # one optimizer step, pushed as in training; the prompts' KV blocks were cached under the old weights
+    old = copy.deepcopy(senior)
+    opt = torch.optim.AdamW(senior.parameters(), lr=1e-2)
+    senior.train()
+    loss = 0.0
+    for s, stt in zip(seqs[:8], starts[:8]):
+        logits = senior(torch.tensor([s])).logits[0, stt - 1:-1]
+        loss = loss + torch.nn.functional.cross_entropy(logits, torch.tensor(s[stt:]))
+    loss.backward()
+    opt.step()
+    senior.eval()
+    t = time.perf_counter()
+    eng.push_weights()
+    res["push_s"] = time.perf_counter() - t
+    after = rollout(eng, prompts[:16], "solo", sp, seed=seed + 1)
+    seqs2 = [p + c for p, c in zip(prompts[:16], after.completion_ids)]
+    st2 = [len(p) for p in prompts[:16]]
+    new_diff = _max_diff(after.senior_logprobs, _hf_logprobs(senior, seqs2, st2, temperature))
+    old_diff = _max_diff(after.senior_logprobs, _hf_logprobs(old, seqs2, st2, temperature))
+    res.update({"synced_new_diff": new_diff, "synced_old_diff": old_diff,
+                "weights_synced": bool(new_diff <= TOLERANCE and old_diff > max(10 * new_diff, 0.01))})
+
+
+if __name__ == "__main__":  # python -m tandem.rollout.vllm.bench [model_dir]
+    import json
+    import sys
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    print(json.dumps(bench_rollout_vllm(sys.argv[1] if len(sys.argv) > 1 else None)))

@@ -1,0 +1,713 @@
+"""The vLLM rollout service: a small HTTP server, run in vLLM's own environment, that makes tandem rollouts.
+
+    TANDEM_VLLM_TOKEN=<secret> .venv-vllm/bin/python -m tandem.rollout.vllm.service \\
+        --senior models/base --junior models/base --port 8471 --allow-root .
+
+vLLM cannot live in the pipeline's environment (prefect needs fastapi >= 0.139, vLLM < 0.137; vLLM 0.31-0.33
+need transformers < 5.20), so it runs here, in its own virtual environment (`make vllm-env`), and the
+pipeline talks to it through `tandem.rollout.vllm.client`. This module imports only the standard library,
+torch, safetensors, vLLM and the pure rollout code of `tandem.rollout`.
+
+Engines. Two `AsyncLLM` engines, each in its own engine-core process: the senior (processed log-probs: after
+temperature, what trl recomputes) and the frozen junior, both with `TandemScheduler`
+(`tandem/rollout/vllm/sched.py`: the O(1) stop at authorship switches and the counters) and `TandemWorker`
+(`worker.py`: weights reloaded in place). A rollout runs one asyncio task per row over one streaming-input
+session per model (`turns.run_rows`, design D1 in docs/rollout.md). Weights are pushed only while no session
+is open (requests are served one at a time); after every load the engine's prefix cache is reset and the
+reset must succeed (it is refused while any block is in use).
+
+Security: it serves the pipeline that started it, nobody else on the machine.
+- Every request but `GET /health` must carry `Authorization: Bearer <token>`, the per-run secret the
+  starting stage generated (environment `TANDEM_VLLM_TOKEN`, or `--token-file`); `/health` without it says
+  only that the service is up.
+- `Host` must name the bound address (or `--allow-host`); requests with an `Origin` header (a browser) are
+  refused; bodies are JSON (`Content-Type: application/json`, at most `--max-json-mb`) except `/upload`
+  (`application/octet-stream`, streamed to disk, at most `--max-upload-gb`).
+- Weights come only from directories under `--allow-root`, from files the client placed in the service's own
+  inbox (`inbox` in the authenticated `/health`; each file is deleted once loaded) or by upload (one file per
+  role, replaced by the next upload).
+- Errors answer with one short line; details and tracebacks go to the service log (stderr).
+- A watchdog stops the service when the process that started it dies (`--parent-pid`), and every exit
+  removes its inbox (`/dev/shm/tandem-vllm-*`, which holds pushed weights and the engines' counters) and its
+  run directory (`--run-dir`, the client's `/tmp/tandem-vllm-*` with the log) unless it exits on an error.
+
+Endpoints (JSON in and out; served one at a time, except /health):
+- GET  /health: {"ok"} (+ {"pid", "vllm", "senior", "junior", "tables", "reloads", "inbox", "kv_blocks",
+  "block_size", "uptime_s"} with the token)
+- POST /tables {"key", "vocab_size", "word_start", "step_end", "starts_newline", "ends_newline", "empty"}
+- POST /weights {"role", "tag", "dir" | "file" | (an uploaded tag)}
+- POST /upload?role=R&tag=T (octet-stream body): weights for role R, loaded by a later /weights or /generate
+- POST /generate {"tables", "senior", "junior", "prompts", "rows", "schedule", "sampling", "seed", "eos",
+  "p_senior", "max_gap_tokens", "max_rounds"}: a `RolloutBatch` as JSON plus {"stats": counters}
+- POST /score {"role", "weights", "sequences", "starts"}: teacher-forced log-probs (temperature 1)
+- POST /shutdown
+Unknown tables or weights answer 409 so that the client re-sends them (a restarted service starts empty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+ROLES = {"senior": 1, "junior": 0}
+ROLE_NAMES = {1: "senior", 0: "junior"}
+MAX_VOCAB = 1 << 22
+LOG = logging.getLogger("tandem.vllm.service")
+
+
+class Conflict(Exception):
+    """The request names state the service does not hold (a restarted service): the client re-sends it."""
+
+
+class Refused(Exception):
+    """A request the service will not serve (HTTP status, one-line reason)."""
+
+    def __init__(self, status: int, msg: str):
+        super().__init__(msg)
+        self.status = status
+
+
+def resolve_dtype(dtype: str, model_dir: str) -> str:
+    """`auto` keeps a float32 checkpoint in float32: vLLM's own `auto` serves float32 models in half precision,
+    whose log-probs then differ from the trainer's float32 recomputation (measured: up to 0.46 nats on the
+    tiny base)."""
+    if dtype != "auto":
+        return dtype
+    cfg_path = Path(model_dir) / "config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    return "float32" if (cfg.get("dtype") or cfg.get("torch_dtype")) == "float32" else "auto"
+
+
+def _inbox_root() -> Path:
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return Path(tempfile.mkdtemp(prefix="tandem-vllm-", dir=base))
+
+
+class Session:
+    """One row's streaming-input session on one engine (`turns.Session`)."""
+
+    def __init__(self, svc: "Service", role: int, request_id: str, make_sp, extra: dict | None = None):
+        self.svc, self.role, self.rid, self.make_sp = svc, role, request_id, make_sp
+        self.extra = extra or {}
+        self.q: asyncio.Queue = asyncio.Queue()
+        self.gen = None
+
+    async def _inputs(self):
+        while True:
+            item = await self.q.get()
+            if item is None:
+                return
+            yield item
+
+    async def send(self, tokens, args):
+        from vllm.engine.protocol import StreamingInput
+        from vllm.inputs import TokensPrompt
+
+        from tandem.rollout.vllm.turns import STOP_ROUNDS, STOP_SWITCH, Chunk
+
+        sp = self.make_sp(self.role, {**args, **self.extra} if self.extra else args)
+        t_sub = time.perf_counter()
+        await self.q.put(StreamingInput(prompt=TokensPrompt(prompt_token_ids=list(tokens)), sampling_params=sp))
+        if self.gen is None:
+            self.gen = self.svc.engines[self.role].generate(prompt=self._inputs(), sampling_params=sp,
+                                                            request_id=self.rid)
+            self.svc.open_sessions += 1
+        toks: list[int] = []
+        lps: list[float] | None = [] if self.role == 1 else None
+        t_first = t_last = 0.0
+        while True:
+            out = await self.gen.__anext__()
+            o = out.outputs[0]
+            if o.token_ids:
+                t_last = time.perf_counter()
+                if not toks:
+                    t_first = t_last
+                toks += list(o.token_ids)
+                if lps is not None:
+                    got = o.logprobs or []
+                    for d, t in zip(got, o.token_ids):
+                        lps.append(d[t].logprob if d is not None and t in d else float("nan"))
+            if o.finish_reason is not None:
+                if o.stop_reason == STOP_SWITCH:
+                    stop = "switch"
+                elif o.stop_reason == STOP_ROUNDS:
+                    stop = "rounds"
+                elif o.finish_reason == "length":
+                    stop = "length"
+                elif o.finish_reason == "stop":
+                    stop = "eos"
+                else:
+                    stop = str(o.finish_reason)
+                return Chunk(toks, lps, stop, t_sub, t_first, t_last)
+
+    async def close(self):
+        if self.gen is None:
+            return
+        await self.q.put(None)
+        try:
+            async def drain():
+                async for _ in self.gen:
+                    pass
+            await asyncio.wait_for(drain(), 60)
+        finally:
+            self.gen = None
+            self.svc.open_sessions -= 1
+
+
+class Service:
+    """Two AsyncLLM engines on an event loop of their own, their weight tags, the token tables, the rollouts."""
+
+    def __init__(self, senior: str, junior: str, *, dtype: str = "auto", max_model_len: int = 0,
+                 gpu_memory_utilization: float = 0.35, enforce_eager: bool = True, seed: int = 0,
+                 roots: list[str] | None = None, kv_blocks: int = 0, max_num_seqs: int = 256,
+                 block_size: int = 0, inbox: Path | None = None, replay: bool = False):
+        self.inbox = inbox or _inbox_root()
+        os.chmod(self.inbox, 0o700)
+        self.roots = [Path(r).resolve() for r in (roots or [])] + [Path(senior).resolve(), Path(junior).resolve()]
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="tandem-vllm-loop", daemon=True)
+        self.thread.start()
+        self.open_sessions = 0
+        self.tables: dict[str, Any] = {}
+        self.lookup: dict[str, Any] = {}
+        self.uploads: dict[str, Path] = {}
+        self.lock = threading.Lock()
+        self.t0 = time.time()
+        self.reloads = 0
+        self.calls = 0
+        self.stats_files = {r: self.inbox / f"counters-{ROLE_NAMES[r]}.f64" for r in (0, 1)}
+        from tandem.rollout.vllm.sched import FIELDS
+
+        for f in self.stats_files.values():
+            f.write_bytes(b"\0" * (8 * len(FIELDS)))
+        self.replay = replay
+        self.engines = self._run(self._start(senior, junior, dtype, max_model_len, gpu_memory_utilization,
+                                             enforce_eager, seed, kv_blocks, max_num_seqs, block_size))
+        self.loaded = {1: f"dir:{Path(senior).resolve()}", 0: f"dir:{Path(junior).resolve()}"}
+        cc = self.engines[1].vllm_config.cache_config
+        self.block_size = int(cc.block_size)
+        self.kv_blocks = min(int(e.vllm_config.cache_config.num_gpu_blocks or 0) for e in self.engines.values())
+        self.max_model_len = min(int(e.vllm_config.model_config.max_model_len) for e in self.engines.values())
+        self.vocab_size = int(self.engines[1].vllm_config.model_config.get_vocab_size())
+
+    def _run(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start(self, senior, junior, dtype, max_model_len, gpu_mem, enforce_eager, seed, kv_blocks,
+                     max_num_seqs, block_size) -> dict:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        def args(model: str, role: int) -> AsyncEngineArgs:
+            kw: dict[str, Any] = dict(model=model, dtype=resolve_dtype(dtype, model), enforce_eager=enforce_eager,
+                                      enable_prefix_caching=True, seed=seed, gpu_memory_utilization=gpu_mem,
+                                      scheduler_cls="tandem.rollout.vllm.sched.TandemScheduler",
+                                      worker_extension_cls="tandem.rollout.vllm.worker.TandemWorker",
+                                      additional_config={"tandem_stats": str(self.stats_files[role])},
+                                      max_num_seqs=max_num_seqs, disable_log_stats=True,
+                                      # one device per engine: the worker runs inside the engine-core process
+                                      # (no extra process to start), and collective_rpc reaches it there
+                                      distributed_executor_backend="uni")
+            if role == 1:
+                # processed_logprobs: the sampled token's log-prob after temperature, log_softmax(logits / T),
+                # which is what trl recomputes (training uses top-p 1 and no top-k).
+                kw["logprobs_mode"] = "processed_logprobs"
+            if max_model_len:
+                kw["max_model_len"] = max_model_len
+            if kv_blocks:
+                kw["num_gpu_blocks_override"] = kv_blocks
+            if self.replay:  # the benchmark's replayed real text (replay.py)
+                kw["logits_processors"] = ["tandem.rollout.vllm.replay:ReplayLogitsProcessor"]
+            if block_size:
+                kw["block_size"] = block_size
+            elif current_platform.is_cpu():
+                # The CPU build defaults to 128-token KV blocks (its attention wants multiples of 32); the first
+                # chunk of a session shares the group's prompt blocks through the prefix cache
+                kw["block_size"] = 32
+            return AsyncEngineArgs(**kw)
+
+        loop = asyncio.get_running_loop()
+        # both engine cores start at once (each in its own processes): about half the start time; the engines'
+        # queues and sockets bind to this loop when first used
+        s, j = await asyncio.gather(loop.run_in_executor(None, AsyncLLM.from_engine_args, args(senior, 1)),
+                                    loop.run_in_executor(None, AsyncLLM.from_engine_args, args(junior, 0)))
+        return {1: s, 0: j}
+
+    def shutdown(self) -> None:
+        for e in getattr(self, "engines", {}).values():
+            try:
+                e.shutdown()
+            except Exception:  # noqa: BLE001 - shutting down anyway
+                LOG.exception("engine shutdown")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+    # -- state -------------------------------------------------------------------------------------
+    def health(self, full: bool) -> dict:
+        if not full:
+            return {"ok": True}
+        import vllm
+
+        return {"ok": True, "pid": os.getpid(), "vllm": vllm.__version__, "senior": self.loaded[1],
+                "junior": self.loaded[0], "tables": sorted(self.tables), "reloads": self.reloads,
+                "inbox": str(self.inbox), "kv_blocks": self.kv_blocks, "block_size": self.block_size,
+                "max_model_len": self.max_model_len, "uptime_s": round(time.time() - self.t0, 1)}
+
+    def set_tables(self, req: dict) -> dict:
+        import torch
+
+        from tandem.rollout.schedule import LookupTables
+        from tandem.rollout.vocab import TokenTables
+
+        V = req.get("vocab_size")
+        if not isinstance(V, int) or not 0 < V <= MAX_VOCAB:
+            raise Refused(400, f"vocab_size must be an integer in [1, {MAX_VOCAB}]")
+        if V != self.vocab_size:
+            raise Refused(400, f"vocab_size {V} differs from the engines' vocabulary ({self.vocab_size})")
+        key = str(req.get("key", ""))
+        if not key.isalnum() or len(key) > 64:
+            raise Refused(400, "key must be a short alphanumeric string")
+
+        def col(name: str) -> torch.Tensor:
+            ids = req.get(name)
+            if not isinstance(ids, list) or any(not isinstance(i, int) or not 0 <= i < V for i in ids):
+                raise Refused(400, f"{name} must be a list of token ids in [0, {V})")
+            t = torch.zeros(V, dtype=torch.bool)
+            t[torch.as_tensor(ids, dtype=torch.int64)] = True
+            return t
+
+        tables = TokenTables(col("word_start"), col("step_end"), col("starts_newline"), col("ends_newline"),
+                             col("empty"))
+        lookup = LookupTables.of(tables)
+        path = self.inbox / f"tables-{key}.bin"
+        path.write_bytes(lookup.word + lookup.end + lookup.snl + lookup.enl + lookup.empty)
+        self.tables[key] = str(path)
+        self.lookup[key] = lookup
+        return {"ok": True, "key": key}
+
+    def _inside(self, path: Path, roots: list[Path]) -> bool:
+        p = path.resolve()
+        return any(p == r or p.is_relative_to(r) for r in roots)
+
+    def upload(self, role: int, tag: str, rfile, length: int) -> dict:
+        path = self.inbox / f"upload-{ROLE_NAMES[role]}.safetensors"
+        tmp = path.with_suffix(".part")
+        left = length
+        with open(tmp, "wb") as f:
+            while left > 0:
+                buf = rfile.read(min(left, 1 << 22))
+                if not buf:
+                    raise Refused(400, "upload body shorter than its Content-Length")
+                f.write(buf)
+                left -= len(buf)
+        os.replace(tmp, path)  # one upload per role: the previous one is replaced, never accumulated
+        self.uploads = {t: p for t, p in self.uploads.items() if p != path}
+        self.uploads[tag] = path
+        return {"ok": True, "tag": tag, "bytes": length}
+
+    def ensure(self, role: int, spec: dict | None) -> bool:
+        """Load the weights `spec` names into engine `role` unless already loaded; reset its prefix cache."""
+        if not spec or spec.get("tag") == self.loaded[role]:
+            return False
+        tag = str(spec.get("tag", ""))
+        delete = False
+        if spec.get("dir"):
+            path = Path(str(spec["dir"]))
+            if not self._inside(path, self.roots):
+                raise Refused(403, "weights directory outside the run's directories")
+        elif spec.get("file"):
+            path = Path(str(spec["file"]))
+            if not self._inside(path, [self.inbox]) or path.suffix != ".safetensors":
+                raise Refused(403, "weights file outside the service's inbox")
+            delete = True
+        elif tag in self.uploads:
+            path = self.uploads[tag]
+        else:
+            raise Conflict(f"unknown weights {tag!r}: upload them first")
+        if not path.exists():
+            raise Conflict(f"weights {tag!r} are not on the service's machine: send them again")
+        if self.open_sessions:
+            raise RuntimeError(f"weights pushed while {self.open_sessions} sessions are open")
+        self._run(self._load(role, str(path)))
+        if delete:
+            path.unlink(missing_ok=True)
+        self.loaded[role] = tag
+        self.reloads += 1
+        return True
+
+    async def _load(self, role: int, path: str) -> None:
+        eng = self.engines[role]
+        await eng.collective_rpc("tandem_load_weights", args=(path,))
+        ok = await eng.reset_prefix_cache()
+        if not ok:  # blocks still in use: cached KV from the old weights could be reused
+            raise RuntimeError(f"the {ROLE_NAMES[role]} engine refused to reset its prefix cache after a load")
+
+    # -- work --------------------------------------------------------------------------------------
+    def _table_key(self, key: str) -> str:
+        if key not in self.tables:
+            raise Conflict(f"unknown token tables {key!r}: send them first (POST /tables)")
+        return key
+
+    def counters(self) -> dict[int, dict]:
+        import numpy as np
+
+        from tandem.rollout.vllm.sched import FIELDS
+
+        out = {}
+        for r, f in self.stats_files.items():
+            a = np.fromfile(f, dtype=np.float64, count=len(FIELDS))
+            out[r] = dict(zip(FIELDS, (float(x) for x in a)))
+        return out
+
+    def generate(self, req: dict) -> dict:
+        key = self._table_key(str(req["tables"]))
+        self.ensure(1, req.get("senior"))
+        self.ensure(0, req.get("junior"))
+        return self._run(self._generate(req, key))
+
+    async def _generate(self, req: dict, key: str) -> dict:
+        from vllm import SamplingParams as VSP
+        from vllm.sampling_params import RequestOutputKind
+
+        from tandem.rollout.schedule import check_schedule
+        from tandem.rollout.vllm.turns import rollout_counters, run_rows, session_seed
+
+        s = req["sampling"]
+        kind, p = str(req["schedule"]), float(req["p_senior"])
+        gap, rounds = int(req["max_gap_tokens"]), int(req["max_rounds"])
+        check_schedule(kind, p, gap, rounds)
+        budget, seed = int(s["max_new_tokens"]), int(req["seed"])
+        prompts = [[int(t) for t in q] for q in req["prompts"]]
+        rows = [int(r) for r in req["rows"]]
+        eos = sorted({int(e) for e in req["eos"]})
+        if len(prompts) != len(rows) or not all(prompts):
+            raise Refused(400, "prompts and rows must have one non-empty entry each")
+        longest = max((len(q) for q in prompts), default=0) + budget
+        if longest > self.max_model_len:
+            raise Refused(400, f"prompt + max_new_tokens ({longest}) exceeds the engines' max_model_len "
+                               f"({self.max_model_len}): raise rollout.vllm_max_model_len")
+        temp, top_p, top_k = float(s["temperature"]), float(s["top_p"]), int(s["top_k"])
+        self.calls += 1
+        call = f"c{self.calls}-{uuid.uuid4().hex[:6]}"
+
+        def make_sp(role: int, args: dict):
+            kw: dict[str, Any] = dict(n=1, temperature=temp, top_p=top_p, top_k=top_k if top_k > 0 else -1,
+                                      max_tokens=max(1, args["budget"] - args["t0"]),
+                                      seed=session_seed(seed, args["row"], role), stop_token_ids=eos,
+                                      ignore_eos=False, detokenize=False, skip_special_tokens=False,
+                                      output_kind=RequestOutputKind.DELTA, extra_args={"tandem": args})
+            if role == 1:
+                kw["logprobs"] = 0  # the sampled token's log-prob only
+            return VSP(**kw)
+
+        replay_path = None
+        if req.get("replay") is not None:
+            if not self.replay:
+                raise Refused(400, "replayed text needs a service started with --replay")
+            import numpy as np
+
+            text = req["replay"]
+            if len(text) != len(prompts):
+                raise Refused(400, "replay needs one token list per row")
+            arr = np.full((len(prompts), budget), eos[0] if eos else 0, dtype=np.int32)
+            for b, t in enumerate(text):
+                n = min(len(t), budget)
+                arr[b, :n] = np.asarray(t[:n], dtype=np.int32)
+            replay_path = self.inbox / f"replay-{call}.i32"
+            np.concatenate([np.asarray([len(prompts), budget], dtype=np.int32), arr.ravel()]).tofile(replay_path)
+
+        def open_session(role: int, b: int):
+            extra = {"replay": str(replay_path), "replay_row": b} if replay_path else None
+            return Session(self, role, f"{call}-{rows[b]}-{role}", make_sp, extra)
+
+        before = self.counters()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        batch, records, extra = await run_rows(prompts, rows, kind, self.lookup[key], seed, p, gap, rounds, budget,
+                                               eos, self.tables[key], open_session, self.kv_blocks,
+                                               self.block_size)
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        if replay_path is not None:
+            replay_path.unlink(missing_ok=True)
+        after = self.counters()
+        eng = {ROLE_NAMES[r]: {k: after[r][k] - before[r][k] for k in after[r]} for r in after}
+        for r in ("senior", "junior"):
+            eng[r]["max_scheduled_rows"] = after[ROLES[r]]["max_scheduled_rows"]
+        step_s = {r: (eng[ROLE_NAMES[r]]["busy_seconds"] / eng[ROLE_NAMES[r]]["steps"]
+                      if eng[ROLE_NAMES[r]]["steps"] else 0.0) for r in (0, 1)}
+        tokens = sum(len(c) for c in batch.completion_ids)
+        stats = {"seconds": wall, "frontend_cpu_seconds": cpu, "kept": tokens, "decoded": tokens,
+                 "rows": len(prompts), "engines": eng, **extra, **rollout_counters(records, step_s)}
+        stats["decoded"] = int(sum(e["generated_tokens"] for e in eng.values()))
+        return {"completion_ids": batch.completion_ids, "owner": batch.owner,
+                "senior_logprobs": batch.senior_logprobs, "handoffs": batch.handoffs,
+                "finish_reason": batch.finish_reason, "stats": stats}
+
+    def score(self, req: dict) -> dict:
+        role = ROLES.get(req.get("role", "senior"))
+        if role is None:
+            raise Refused(400, "role must be senior or junior")
+        self.ensure(role, req.get("weights"))
+        return self._run(self._score(role, req["sequences"], req["starts"]))
+
+    async def _score(self, role: int, seqs, starts) -> dict:
+        from vllm import SamplingParams as VSP
+        from vllm.inputs import TokensPrompt
+
+        async def one(i: int, q: list[int]):
+            sp = VSP(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+            last = None
+            async for out in self.engines[role].generate(TokensPrompt(prompt_token_ids=q), sp,
+                                                         request_id=f"score-{uuid.uuid4().hex[:8]}-{i}"):
+                last = out
+            return last
+
+        outs = await asyncio.gather(*(one(i, [int(t) for t in q]) for i, q in enumerate(seqs)))
+        res = []
+        for q, st, out in zip(seqs, starts, outs):
+            plp = out.prompt_logprobs
+            res.append([plp[t][int(q[t])].logprob for t in range(int(st), len(q))])
+        return {"logprobs": res}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# HTTP
+# ---------------------------------------------------------------------------------------------------------
+
+def make_handler(service: Service | None, server_ref: list, token: str, hosts: set[str], max_json: int,
+                 max_upload: int):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *args):  # one line per request on stderr is noise at a step a second
+            pass
+
+        def _send(self, code: int, obj: dict) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorised(self) -> bool:
+            got = self.headers.get("Authorization", "")
+            return bool(token) and hmac.compare_digest(got.encode(), f"Bearer {token}".encode())
+
+        def _check(self, write: bool) -> None:
+            if (self.headers.get("Host") or "").lower() not in hosts:
+                raise Refused(421, "unexpected Host header")
+            if self.headers.get("Origin") is not None:
+                raise Refused(403, "requests from web pages are refused")
+            if write and not self._authorised():
+                raise Refused(401, "missing or wrong token")
+
+        def _length(self, limit: int) -> int:
+            raw = self.headers.get("Content-Length")
+            if raw is None or not raw.isdigit():
+                raise Refused(411, "a numeric Content-Length is required")
+            n = int(raw)
+            if n > limit:
+                raise Refused(413, f"body too large ({n} bytes; limit {limit})")
+            return n
+
+        def _fail(self, e: Exception) -> None:
+            if isinstance(e, Refused):
+                code, msg = e.status, str(e)
+            elif isinstance(e, Conflict):
+                code, msg = 409, str(e)
+            else:
+                code, msg = 500, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                LOG.error("request %s failed:\n%s", self.path, traceback.format_exc())
+            self.close_connection = True
+            try:
+                self._send(code, {"error": msg})
+            except OSError:
+                pass
+
+        def do_GET(self):
+            try:
+                self._check(write=False)
+                if urlparse(self.path).path != "/health":
+                    raise Refused(404, "no such route")
+                if service is None:
+                    raise Refused(503, "starting")
+                return self._send(200, service.health(full=self._authorised()))
+            except Exception as e:  # noqa: BLE001 - one short line to the client, details to the log
+                return self._fail(e)
+
+        def do_POST(self):
+            url = urlparse(self.path)
+            try:
+                self._check(write=True)
+                if service is None:
+                    raise Refused(503, "starting")
+                if url.path == "/upload":
+                    if self.headers.get("Content-Type") != "application/octet-stream":
+                        raise Refused(415, "uploads are application/octet-stream")
+                    n = self._length(max_upload)
+                    q = parse_qs(url.query)
+                    role, tag = ROLES.get(q.get("role", [""])[0]), q.get("tag", [""])[0]
+                    if role is None or not tag:
+                        raise Refused(400, "upload needs ?role=senior|junior&tag=")
+                    with service.lock:
+                        return self._send(200, service.upload(role, tag, self.rfile, n))
+                if (self.headers.get("Content-Type") or "").split(";")[0].strip() != "application/json":
+                    raise Refused(415, "bodies are application/json")
+                n = self._length(max_json)
+                body = self.rfile.read(n) if n else b""
+                if url.path == "/shutdown":
+                    self._send(200, {"ok": True})
+                    threading.Thread(target=server_ref[0].shutdown, daemon=True).start()
+                    return
+                try:
+                    req = json.loads(body or b"{}")
+                except ValueError:
+                    raise Refused(400, "the body is not JSON") from None
+                if not isinstance(req, dict):
+                    raise Refused(400, "the body must be a JSON object")
+                routes = {"/tables": service.set_tables, "/generate": service.generate, "/score": service.score,
+                          "/weights": lambda r: {"ok": True, "reloaded": service.ensure(_role(r), r)}}
+                if url.path not in routes:
+                    raise Refused(404, "no such route")
+                with service.lock:
+                    out = routes[url.path](req)
+                return self._send(200, out)
+            except Exception as e:  # noqa: BLE001 - one short line to the client, details to the log
+                return self._fail(e)
+
+    return Handler
+
+
+def _role(r: dict) -> int:
+    role = ROLES.get(r.get("role", ""))
+    if role is None:
+        raise Refused(400, "role must be senior or junior")
+    return role
+
+
+def _watch_parent(pid: int, stop) -> None:
+    """Stop the service when the process that started it is gone (killed with -9 included): `stop` sends this
+    process SIGTERM, whose handler interrupts even an engine start in progress."""
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(pid, 0)
+            alive = os.getppid() == pid or pid == 1
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+        if not alive:
+            LOG.warning("the process that started the service (pid %d) is gone: stopping", pid)
+            stop()
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--senior", required=True, help="model directory the senior engine starts from")
+    ap.add_argument("--junior", required=True, help="model directory of the frozen junior")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    ap.add_argument("--port", type=int, default=8471)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--max-model-len", type=int, default=0)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.35, help="per engine (two share a GPU)")
+    ap.add_argument("--no-enforce-eager", action="store_true", help="let vLLM compile / capture graphs (GPU)")
+    ap.add_argument("--kv-blocks", type=int, default=0, help="KV-cache blocks per engine (0 = vLLM's sizing)")
+    ap.add_argument("--block-size", type=int, default=0, help="KV block size (0 = 32 on the CPU build, else vLLM's)")
+    ap.add_argument("--max-num-seqs", type=int, default=256, help="rows each engine batches at most")
+    ap.add_argument("--replay", action="store_true", help="benchmark: engines that can be made to emit given text")
+    ap.add_argument("--allow-root", action="append", default=[], help="weights directories may lie under this")
+    ap.add_argument("--allow-host", action="append", default=[], help="extra accepted Host header values")
+    ap.add_argument("--token-file", default=None, help="file holding the secret (else $TANDEM_VLLM_TOKEN)")
+    ap.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
+    ap.add_argument("--run-dir", default=None, help="the starter's temporary directory, removed on a clean exit")
+    ap.add_argument("--max-json-mb", type=float, default=256.0)
+    ap.add_argument("--max-upload-gb", type=float, default=64.0)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    token = (Path(a.token_file).read_text().strip() if a.token_file else os.environ.pop("TANDEM_VLLM_TOKEN", ""))
+    if len(token) < 16:
+        print("tandem vllm service: a secret of at least 16 characters is required ($TANDEM_VLLM_TOKEN or "
+              "--token-file)", file=sys.stderr)
+        return 2
+    ref: list = []
+    server = ThreadingHTTPServer((a.host, a.port), make_handler(None, ref, token, set(), 0, 0))
+    port = server.server_address[1]
+    hosts = {f"{a.host}:{port}".lower(), a.host.lower()} | {h.lower() for h in a.allow_host}
+    if a.host in ("127.0.0.1", "localhost", "::1"):
+        hosts |= {f"127.0.0.1:{port}", f"localhost:{port}"}
+    ref.append(server)
+    stopping = threading.Event()
+    clean = {"ok": True}
+
+    def stop(*_):
+        if not stopping.is_set():
+            stopping.set()
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+    def on_signal(*_):
+        stop()
+        if service is None:  # still starting the engines: abort the start (the finally below cleans up)
+            raise SystemExit(1)
+
+    service = None
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if a.parent_pid:
+        threading.Thread(target=_watch_parent, args=(a.parent_pid, lambda: os.kill(os.getpid(), signal.SIGTERM)),
+                         daemon=True).start()
+    inbox = _inbox_root()
+    server_thread = threading.Thread(target=server.serve_forever, daemon=True)
+    try:
+        server.RequestHandlerClass = make_handler(None, ref, token, hosts, 0, 0)
+        server_thread.start()  # /health answers "starting" (503) while the engines load
+        service = Service(a.senior, a.junior, dtype=a.dtype, max_model_len=a.max_model_len,
+                          gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=not a.no_enforce_eager,
+                          roots=a.allow_root, kv_blocks=a.kv_blocks, max_num_seqs=a.max_num_seqs,
+                          block_size=a.block_size, inbox=inbox, replay=a.replay)
+        server.RequestHandlerClass = make_handler(service, ref, token, hosts, int(a.max_json_mb * 2**20),
+                                                  int(a.max_upload_gb * 2**30))
+        print(json.dumps({"listening": f"http://{a.host}:{port}", "pid": os.getpid()}), flush=True)
+        while server_thread.is_alive() and not stopping.is_set():
+            server_thread.join(0.5)
+    except BaseException:
+        if not stopping.is_set():  # a failure, not a stop asked for: keep the log for diagnosis
+            clean["ok"] = False
+            LOG.error("the rollout service failed:\n%s", traceback.format_exc())
+        raise
+    finally:
+        stop()
+        server_thread.join(10)
+        server.server_close()
+        if service is not None:
+            service.shutdown()
+        shutil.rmtree(inbox, ignore_errors=True)  # pushed weights and counters never outlive the service
+        if a.run_dir and clean["ok"]:
+            shutil.rmtree(a.run_dir, ignore_errors=True)
+        if service is None and stopping.is_set() and os.getpgid(0) == os.getpid():
+            # stopped while the engines were starting: their processes (this process group, which the client
+            # made ours) would otherwise finish starting and linger; the files are already removed
+            os.killpg(os.getpid(), signal.SIGKILL)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

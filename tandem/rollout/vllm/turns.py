@@ -1,0 +1,317 @@
+"""Tandem decoding over streaming sessions, in plain Python: the row state machine and the engine-core stop rule.
+
+No vLLM import: this runs (and is tested) in the pipeline's environment, in the rollout service and inside
+vLLM's engine-core processes alike.
+
+How a rollout runs (design D1). Every row is one asyncio task (`run_row`) that replays the schedule
+(`schedule.RowSchedule`) and holds one resumable *session* per model (`Session`: a vLLM streaming-input
+request). The author's session decodes until the engine core stops it exactly after the token at which the
+schedule hands authorship to the other model (`stop_reason`: `TandemScheduler` applies `chunk_stop` to every
+sampled token, an O(1) lookup), at EOS or at the budget. The row then sends the partner exactly the tokens
+its session has not seen (everything after the last token it computed: its own last sampled token, whose KV
+was never computed, plus the author's run), and the partner resumes from its kept KV cache: no round barrier,
+no history resubmission, no vocabulary-sized stop list, both engines continuously batched.
+
+Every chunk carries the schedule state at its start (`chunk_args`: position, gap counter, newline bit, turns),
+so the gap counter, the step schedule's state and the budget cross chunk boundaries exactly; the frontend
+replays each chunk's tokens with `walk_turn` (the referee) and refuses a chunk that decoded past a switch or
+stopped where the schedule does not (an engine/client disagreement on EOS, the budget or the tables).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+from tandem.rollout.core import FINISH_EOS, FINISH_LENGTH, FINISH_ROUNDS, RolloutBatch, count_handoffs
+from tandem.rollout.sampling import mix32_int
+from tandem.rollout.schedule import LookupTables, RowSchedule
+
+STREAM_VLLM_SEED = 3
+STOP_SWITCH, STOP_ROUNDS = "tandem_switch", "tandem_rounds"  # stop reasons set by the engine core
+
+
+class RolloutError(RuntimeError):
+    """The engine and the schedule disagree (a chunk decoded past a switch, or stopped where none is)."""
+
+
+def session_seed(seed: int, row_id: int, role: int) -> int:
+    """vLLM sampling seed of one row's session with one model (31-bit). One seed per (row, model): a session
+    keeps its generator across chunks, and the two models never share a noise stream."""
+    h = 0x243F6A88
+    for v in (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, STREAM_VLLM_SEED, row_id & 0xFFFFFFFF,
+              (row_id >> 32) & 0xFFFFFFFF, role & 0xFFFFFFFF):
+        h = mix32_int(h ^ v)
+    return h & 0x7FFFFFFF
+
+
+def walk_turn(state: RowSchedule, tokens: Sequence[int], t0: int, budget: int, eos: set[int]
+              ) -> tuple[int, str | None]:
+    """How many of a turn's `tokens` (starting at completion position t0) to keep, and the finish reason if the
+    row ends within them. Advances `state` over the kept tokens.
+
+    Keeps tokens up to and including the first one that ends the row (EOS, budget, rounds cap) or hands
+    authorship to the other model.
+    """
+    author = state.author
+    for i, tok in enumerate(tokens):
+        t = t0 + i
+        rounds_done = state.advance(int(tok), t)
+        if int(tok) in eos:
+            return i + 1, FINISH_EOS
+        if t + 1 >= budget:
+            return i + 1, FINISH_LENGTH
+        if rounds_done:
+            return i + 1, FINISH_ROUNDS
+        if state.author != author:
+            return i + 1, None
+    return len(tokens), None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The engine-core side: one chunk's stop rule
+# ---------------------------------------------------------------------------------------------------------
+
+def chunk_args(state: RowSchedule, role: int, t0: int, budget: int, tables: str) -> dict:
+    """What the engine core needs to stop a chunk of `role` starting at completion position t0: the schedule's
+    settings and state there, the budget and the token tables' file. JSON/msgpack-friendly."""
+    return {"kind": state.kind, "role": int(role), "row": int(state.row_id), "seed": int(state.seed),
+            "p": float(state.p_senior), "gap_cap": int(state.max_gap), "rounds_cap": int(state.max_rounds),
+            "budget": int(budget), "t0": int(t0), "gap": int(state.gap), "newline": bool(state.newline),
+            "turns": int(state.turns), "tables": tables}
+
+
+class ChunkRule:
+    """The stop rule of one chunk, resumed from its `chunk_args`: `step(token, i)` for the chunk's i-th sampled
+    token returns None (go on), `STOP_SWITCH`, `STOP_ROUNDS` or "length". EOS is vLLM's own stop."""
+
+    __slots__ = ("state", "role", "t0", "budget")
+
+    def __init__(self, args: dict, tables: LookupTables):
+        self.state = RowSchedule.resume(args["kind"], tables, args["seed"], args["row"], args["p"],
+                                        args["gap_cap"], args["rounds_cap"], args["role"], args["gap"],
+                                        args["newline"], args["turns"])
+        self.role, self.t0, self.budget = int(args["role"]), int(args["t0"]), int(args["budget"])
+
+    def step(self, token: int, i: int) -> str | None:
+        t = self.t0 + i
+        rounds_done = self.state.advance(token, t)
+        if t + 1 >= self.budget:
+            return "length"
+        if rounds_done:
+            return STOP_ROUNDS
+        if self.state.author != self.role:
+            return STOP_SWITCH
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The frontend side: one row's state machine over two sessions
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Chunk:
+    """What a session returns for one chunk: the sampled tokens (and the senior's log-probs), why it stopped
+    (`stop`: "switch" | "eos" | "length" | "rounds"), and when its first and last tokens arrived."""
+
+    tokens: list[int]
+    logprobs: list[float] | None
+    stop: str
+    t_submit: float
+    t_first: float
+    t_last: float
+
+
+class Session(Protocol):
+    """One row's resumable request on one model's engine."""
+
+    async def send(self, tokens: list[int], args: dict) -> Chunk: ...
+
+    async def close(self) -> None: ...
+
+
+OpenSession = Callable[[int, int], Session]  # (role, row index) -> a new session
+
+
+@dataclass
+class RowRecord:
+    """Per-row accounting for the counters: chunks as (role, tokens, t_submit, t_first, t_last)."""
+
+    chunks: list[tuple[int, int, float, float, float]] = field(default_factory=list)
+    sessions: int = 0
+    t_start: float = 0.0
+    t_end: float = 0.0
+
+
+@dataclass
+class RowResult:
+    completion: list[int]
+    owner: list[int]
+    logprobs: list[float]
+    finish: str
+    record: RowRecord
+
+
+async def run_row(prompt: Sequence[int], row_id: int, kind: str, tables: LookupTables, seed: int, p_senior: float,
+                  max_gap_tokens: int, max_rounds: int, budget: int, eos: set[int], tables_ref: str,
+                  open_session: Callable[[int], Session]) -> RowResult:
+    """Roll out one row: replay the schedule, feed each model exactly the tokens its session has not seen."""
+    state = RowSchedule(kind, tables, seed, row_id, p_senior, max_gap_tokens, max_rounds)
+    hist = [int(t) for t in prompt]
+    comp: list[int] = []
+    owner: list[int] = []
+    logp: list[float] = []
+    seen = {0: 0, 1: 0}  # history tokens each model's session holds (computed or queued)
+    sessions: dict[int, Session] = {}
+    rec = RowRecord(t_start=time.perf_counter())
+    finish: str | None = None
+    try:
+        while finish is None:
+            m = state.author
+            t0 = len(comp)
+            if m not in sessions:
+                sessions[m] = open_session(m)
+                rec.sessions += 1
+            chunk = hist[seen[m]:]
+            res = await sessions[m].send(chunk, chunk_args(state, m, t0, budget, tables_ref))
+            toks = [int(x) for x in res.tokens]
+            n, why = walk_turn(state, toks, t0, budget, eos)
+            if not toks or n != len(toks):
+                raise RolloutError(f"row {row_id}: the {'senior' if m else 'junior'} engine decoded {len(toks)} "
+                                   f"tokens from position {t0}, the schedule keeps {n}")
+            expected = why or "switch"
+            if res.stop != expected:
+                raise RolloutError(f"row {row_id}: the engine stopped a chunk at position {t0 + n - 1} for "
+                                   f"{res.stop!r}, the schedule says {expected!r} (EOS ids, budget or token "
+                                   f"tables differ between the engine and the client)")
+            if m == 1:
+                lps = res.logprobs
+                if lps is None or len(lps) != n:
+                    raise RolloutError(f"row {row_id}: the senior's chunk came back without a log-prob per token")
+                bad = [x for x in lps if not math.isfinite(x)]
+                if bad:
+                    raise RolloutError(f"row {row_id}: the senior engine returned a non-finite log-prob ({bad[0]})")
+                logp += [float(x) for x in lps]
+            else:
+                logp += [0.0] * n
+            hist += toks
+            comp += toks
+            owner += [m] * n
+            seen[m] = len(hist) - 1  # its last sampled token was never computed: the next chunk starts there
+            rec.chunks.append((m, n, res.t_submit, res.t_first, res.t_last))
+            finish = why
+    finally:
+        for s in sessions.values():
+            await s.close()
+    rec.t_end = time.perf_counter()
+    return RowResult(comp, owner, logp, finish or FINISH_LENGTH, rec)
+
+
+class Admission:
+    """Rows admitted while their worst-case KV (prompt + budget, in blocks, per engine) fits: a parked session
+    keeps its blocks, so an engine whose cache is full of parked rows waiting for their partner would stall;
+    admitting no more rows than both caches hold at their full length keeps every rollout able to finish."""
+
+    def __init__(self, capacity_blocks: int | None, block_size: int):
+        self.free = capacity_blocks
+        self.block_size = max(1, block_size)
+        self.cond = asyncio.Condition()
+        self.live = 0
+        self.max_live = 0
+
+    def blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block_size) + 1
+
+    async def acquire(self, need: int) -> None:
+        async with self.cond:
+            if self.free is not None:
+                await self.cond.wait_for(lambda: self.free >= need or self.live == 0)
+                self.free -= need
+            self.live += 1
+            self.max_live = max(self.max_live, self.live)
+
+    async def release(self, need: int) -> None:
+        async with self.cond:
+            if self.free is not None:
+                self.free += need
+            self.live -= 1
+            self.cond.notify_all()
+
+
+async def run_rows(prompts: Sequence[Sequence[int]], rows: Sequence[int], kind: str, tables: LookupTables,
+                   seed: int, p_senior: float, max_gap_tokens: int, max_rounds: int, budget: int,
+                   eos: Sequence[int], tables_ref: str, open_session: OpenSession,
+                   capacity_blocks: int | None = None, block_size: int = 16
+                   ) -> tuple[RolloutBatch, list[RowRecord], dict]:
+    """Every row as its own task (admitted while the KV caches hold it); the batch, per-row records, and
+    {"max_live_rows"}."""
+    eos_set = {int(e) for e in eos}
+    adm = Admission(capacity_blocks, block_size)
+
+    async def one(b: int) -> RowResult:
+        need = adm.blocks(len(prompts[b]) + budget)
+        await adm.acquire(need)
+        try:
+            return await run_row(prompts[b], int(rows[b]), kind, tables, seed, p_senior, max_gap_tokens,
+                                 max_rounds, budget, eos_set, tables_ref, lambda role: open_session(role, b))
+        finally:
+            await adm.release(need)
+
+    tasks = [asyncio.ensure_future(one(b)) for b in range(len(prompts))]
+    try:
+        results = await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:  # one row failed: stop the others, each closing its sessions
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    batch = RolloutBatch([r.completion for r in results], [r.owner for r in results],
+                         [r.logprobs for r in results], [count_handoffs(r.owner) for r in results],
+                         [r.finish for r in results])
+    return batch, [r.record for r in results], {"max_live_rows": adm.max_live}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Counters from the per-row records and the engines' own counters
+# ---------------------------------------------------------------------------------------------------------
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    k = min(len(xs) - 1, max(0, int(math.ceil(q * len(xs))) - 1))
+    return float(xs[k])
+
+
+def rollout_counters(records: Sequence[RowRecord], step_seconds: dict[int, float]) -> dict:
+    """Row-level counters, in steps of the engine a row waits for (`step_seconds[role]`: that engine's mean
+    step time over the rollout):
+    - `chunks`, `session_starts`: requests sent to the engines (a session's first chunk opens it);
+    - `handoff_latency_steps_p50/p90`: per authorship switch, the partner's steps between the author's last
+      token and the partner's first one, not counting the step that computes it ((t_first - t_prev) / step
+      time - 1, floored at 0): 0 when the partner takes the row in its very next step;
+    - `idle_row_step_fraction`: the share of live row-steps in which a row was in no engine's batch: 1 - (one
+      step per token of each row, in its author's step time) / (the row's lifetime).
+    """
+    lat: list[float] = []
+    ideal, life = 0.0, 0.0
+    chunks = sessions = 0
+    for rec in records:
+        sessions += rec.sessions
+        prev_role, prev_t = None, rec.t_start
+        for role, n, _t_sub, t_first, t_last in rec.chunks:
+            chunks += 1
+            st = step_seconds.get(role) or 0.0
+            ideal += n * st
+            if prev_role is not None and prev_role != role and st > 0:
+                lat.append(max(0.0, (t_first - prev_t) / st - 1.0))
+            prev_role, prev_t = role, t_last
+        if rec.chunks:
+            life += max(rec.chunks[-1][4] - rec.t_start, 0.0)
+    return {"chunks": chunks, "session_starts": sessions, "handoffs_timed": len(lat),
+            "handoff_latency_steps_p50": _pct(lat, 0.5), "handoff_latency_steps_p90": _pct(lat, 0.9),
+            "idle_row_step_fraction": max(0.0, 1.0 - ideal / life) if life > 0 else 0.0}
+

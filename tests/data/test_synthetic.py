@@ -1,0 +1,53 @@
+"""Synthetic problems: solution styles drawn by their shares, read back from the text, and the default draw."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from tandem.data.synthetic import STYLES, draw_style, generate, make_problem, solution_style
+
+
+def test_each_style_renders_and_reads_back():
+    for style in STYLES:
+        p = make_problem(random.Random(3), 4, max_operand=20, max_value=99, style=style)
+        steps = p.solution.split("\n\n")
+        assert len(steps) == 5 and steps[-1] == f"\\boxed{{{p.answer}}}"
+        assert p.style == style and solution_style(p.solution) == style
+    compact = make_problem(random.Random(3), 4, max_operand=20, max_value=99, style="compact")
+    verbose = make_problem(random.Random(3), 4, max_operand=20, max_value=99, style="verbose")
+    assert " " not in compact.solution and compact.answer == verbose.answer  # same problem, another dialect
+    assert len(compact.solution) < len(verbose.solution) / 2
+
+
+def test_default_shares_keep_the_single_draw_of_the_two_style_mix():
+    # shares {verbose: 0.7, terse: 0.3} cut one uniform draw exactly where `u < 0.7` always did
+    for seed in range(200):
+        u = random.Random(seed).random()
+        assert draw_style(random.Random(seed)) == ("verbose" if u < 0.7 else "terse")
+
+
+def test_shares_set_the_style_mix_and_rows_keep_their_fields():
+    shares = {"verbose": 0.6, "terse": 0.3, "compact": 0.1}
+    probs = generate(3000, 2, 8, seed=1, max_operand=20, max_value=99, styles=shares)
+    counts = Counter(p.style for p in probs)
+    for style, share in shares.items():
+        assert abs(counts[style] / len(probs) - share) < 0.03
+    assert all(solution_style(p.solution) == p.style for p in probs)
+    assert set(probs[0].to_dict()) == {"id", "problem", "answer", "solution", "n_steps", "source"}
+
+
+def test_a_style_without_share_never_appears_and_bad_shares_are_refused():
+    probs = generate(500, 2, 4, seed=2, styles={"terse": 1.0})
+    assert {p.style for p in probs} == {"terse"}
+    with pytest.raises(ValueError, match="positive share"):
+        draw_style(random.Random(0), {"verbose": 0.0})
+    with pytest.raises(ValueError, match="unknown solution style"):
+        make_problem(random.Random(0), 2, style="poetic")
+
+
+def test_other_text_is_not_a_style():
+    assert solution_style("The answer is 4.") == "other"
+    assert solution_style("") == "other"

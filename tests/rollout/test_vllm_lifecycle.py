@@ -1,0 +1,69 @@
+"""The rollout service never outlives the stage that started it: after `kill -9` of the stage no service or
+engine process is left, and neither is its shared-memory inbox (pushed weights, counters) nor its temporary
+run directory (the log). Slow (one service start); needs `.venv-vllm` like tests/rollout/test_vllm_service.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_fixtures import need_vllm, tiny_dirs
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+STAGE = r"""
+import json, os, sys, time
+from tandem.rollout.vllm.client import VLLMService
+svc = VLLMService.start(sys.argv[1], sys.argv[1], dtype="float32", max_model_len=256, kv_blocks=16, start_timeout=1800)
+print(json.dumps({"pid": svc.proc.pid, "inbox": str(svc.inbox), "run_dir": str(svc.run_dir)}), flush=True)
+time.sleep(600)
+"""
+
+
+def _group(pgid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(d.name))
+    return out
+
+
+def test_no_process_or_residue_after_kill_9_of_the_stage(tmp_path):
+    need_vllm()
+    from tandem.rollout import toy
+
+    tok = toy.byte_bpe_tokenizer()
+    d = tiny_dirs(tmp_path, tok)["senior"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    stage = subprocess.Popen([sys.executable, "-c", STAGE, str(d)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        info = json.loads(stage.stdout.readline())
+        pid = info["pid"]
+        assert Path(info["inbox"]).is_dir() and Path(info["run_dir"]).is_dir() and _group(pid)
+        os.kill(stage.pid, signal.SIGKILL)
+        stage.wait()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (_group(pid) or Path(info["inbox"]).exists()):
+            time.sleep(0.5)
+        assert not _group(pid), f"service processes left after the stage was killed: {_group(pid)}"
+        assert not Path(info["inbox"]).exists() and not Path(info["run_dir"]).exists()
+    finally:
+        if stage.poll() is None:
+            stage.kill()
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, UnboundLocalError):
+            pass

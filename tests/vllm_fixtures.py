@@ -1,0 +1,48 @@
+"""Helpers of the vLLM service tests: the environment check and two steered tiny models saved to directories."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tandem.rollout import toy
+from tandem.rollout.vllm.client import DEFAULT_PYTHON, REPO_ROOT
+
+VLLM_PY = REPO_ROOT / DEFAULT_PYTHON
+
+
+def need_vllm() -> None:
+    if not VLLM_PY.exists():
+        msg = f"vLLM's environment is missing ({VLLM_PY}): run `make vllm-env`"
+        if os.environ.get("TANDEM_REQUIRE_VLLM"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def steer(model, tok, newline: float = 0.6, eos: float = 0.1, shared: float = 50.0, shrink: float = 0.2):
+    """Make a random tiny model write newlines and EOS often enough for step handoffs and EOS to happen: a large
+    embedding component shared by every token dominates the last hidden state, so with tied embeddings a
+    token's extra value on it acts as a logit bias (the rest of the embedding is shrunk toward uniform)."""
+    nl, e = tok.convert_tokens_to_ids("Ċ"), tok.eos_token_id
+    with torch.no_grad():
+        E = model.model.embed_tokens.weight
+        E[:, 1:] *= shrink
+        E[:, 0] = shared
+        E[nl, 0] = shared + newline
+        E[e, 0] = shared + eos
+    return model
+
+
+def tiny_dirs(root, tok) -> dict:
+    dirs = {}
+    for name, seed in (("senior", 1), ("junior", 2)):
+        m = steer(toy.tiny_qwen3(len(tok), seed=seed, layers=2, hidden=128, heads=4, kv_heads=2,
+                                 eos_token_id=tok.eos_token_id), tok)
+        m.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        dirs[name] = root / name
+    return dirs
+
+
