@@ -535,7 +535,7 @@ class ModelConfig(_Section):
                                 ge=0, le=1, note="0 = no target")
     pretrain_target_every: int = _f(100, "tiny, target schedule: steps between accuracy probes", ge=1, le=MAX_STEPS)
     pretrain_target_problems: int = _f(100, "tiny, target schedule: validation problems per probe (greedy)", ge=1, le=100_000)
-    pretrain_cooldown: int = _f(400, "tiny, target schedule: steps of linear learning-rate decay to 0 after the target is reached (started pretrain_cooldown steps before pretrain_steps at the latest)",
+    pretrain_cooldown: int = _f(400, "tiny, target schedule: steps of linear learning-rate decay to 0 after the target is reached (started pretrain_cooldown steps before pretrain_steps at the latest; at most the whole run)",
                                 ge=0, le=MAX_STEPS)
     sft_steps: int = _f(0, "hub/path/gguf sources: supervised warm-up steps on synthetic reference solutions before RL (0 = off); teaches a small instruct model the \\boxed{} answer format the reward reads",
                         ge=0, le=MAX_STEPS, note="0 = no warm-up")
@@ -548,8 +548,6 @@ class ModelConfig(_Section):
         self._rule(p, self.head_dim > 0 or self.hidden_size % self.num_heads == 0, "hidden_size",
                    "must be divisible by model.num_heads (or set model.head_dim)")
         self._rule(p, self.num_heads % self.num_kv_heads == 0, "num_kv_heads", "must divide model.num_heads")
-        self._rule(p, self.pretrain_cooldown < self.pretrain_steps, "pretrain_cooldown",
-                   "must be below model.pretrain_steps")
         self._rule(p, self.sft_steps * self.sft_batch_size <= MAX_PROBLEMS, "sft_steps",
                    f"the warm-up corpus (sft_steps x sft_batch_size problems) must stay <= {MAX_PROBLEMS}")
         if self.source == "path":
