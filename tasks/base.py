@@ -31,7 +31,7 @@ from tandem.config import Params
 from tandem.threads import torch_threads as cpu_threads
 from tasks import headline
 from tasks.common import (Layout, atomic_path, load_params, peak_rss, read_jsonl, reset_peak_rss, torch_threads,
-                          write_json)
+                          write_json, write_metrics)
 
 PRETRAIN_PREFIX = "pretrain"  # distinct from prepare's prefixes (eval-<name>, val, train)
 
@@ -115,10 +115,20 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
                 for name, rows in curve_sets.items()}
         return {"greedy": accs, "macro": round(sum(accs.values()) / len(accs), 4)}
 
+    target_fn = None
+    if mc.pretrain_target > 0:  # the target schedule probes validation problems, never the benchmarks
+        val = read_jsonl(prepared / "val.jsonl")[:mc.pretrain_target_problems]
+
+        def target_fn(m) -> float:
+            return accuracy(m, tokenizer, [r["prompt"] for r in val], [r["answer"] for r in val],
+                            max_new_tokens=mc.eval_max_new_tokens, batch_size=mc.eval_batch_size,
+                            seed=params.seed)["accuracy"]
+
     print(f"base: corpus {len(corpus)} problems, vocabulary {len(tokenizer)}, {M.n_params(model):,} parameters",
           file=sys.stderr, flush=True)
     summary = M.pretrain(model, tokenizer, pairs, mc, progress=True, seed=params.seed,
-                         curve_fn=curve_fn if mc.curve_points > 0 else None, curve_points=mc.curve_points)
+                         curve_fn=curve_fn if mc.curve_points > 0 else None, curve_points=mc.curve_points,
+                         target_fn=target_fn)
     M.save_model(model, tokenizer, dest)
     (dest / M.SOURCE_FILE).write_text(json.dumps(
         {"source": "tiny", "seed": params.seed, "n_pretrain": len(corpus), "prefix": PRETRAIN_PREFIX}, indent=2)
@@ -151,6 +161,7 @@ def _warm_up(params: Params, prepared: Path, model_dir: Path) -> dict:
                       prefix="warmup", styles=dc.solution_styles)
     cfg = dataclasses.replace(mc, pretrain_steps=mc.sft_steps, pretrain_lr=mc.sft_lr,
                               pretrain_batch_size=mc.sft_batch_size, pretrain_max_seconds=0.0, pretrain_warmup=0.1,
+                              pretrain_target=0.0, pretrain_cooldown=0,
                               max_position=max(mc.max_position, 2048))
     summary = M.pretrain(model, tok, [(user_message(p.problem), p.solution) for p in corpus], cfg, progress=True,
                          seed=params.seed)
@@ -286,7 +297,7 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     metrics["timing"] = {**metrics["seconds"], "eval_tokens_per_second": metrics["generation"]["tokens_per_second"],
                          "torch_threads": threads}
     metrics["resources"] = peak_rss()
-    write_json(outputs["metrics"], metrics)
+    write_metrics(outputs["metrics"], metrics)  # timings, memory and throughput go beside it
     write_json(outputs["headline"], headline.base(metrics))
     print(f"base: {metrics['model']['n_params']:,} parameters, peak RSS {metrics['resources']['peak_rss_mb']} MB, "
           f"greedy {acc['greedy']} sampled {acc['sampled']} in {metrics['seconds']['total']}s",

@@ -1,4 +1,5 @@
-"""Shared plumbing for stages: params loading, the standard path layout, JSON/JSONL I/O, atomic writes.
+"""Shared plumbing for stages: params loading, a params file's output root, the standard path layout, JSON/JSONL
+I/O, atomic writes, and metrics written without the run's timings (those go to a `*.timing.*` sidecar).
 
 Every stage module exposes `run(params, inputs, outputs) -> dict` plus `default_io(params)` returning the
 `inputs` and `outputs` dicts of paths that `dvc.yaml` declares for it. The CLI, DVC, Prefect and the tests
@@ -197,6 +198,39 @@ def load_params(path: str | os.PathLike = DEFAULT_PARAMS, environ: Mapping[str, 
     return params_from_dict(raw, strict=True, environ=os.environ if environ is None else environ)
 
 
+def own_root_name(params_path: str | os.PathLike) -> str:
+    """`params.study.yaml` -> `study`, `mine.yaml` -> `mine`: the name of a params file's own output root."""
+    stem = Path(params_path).name
+    for suffix in (".yaml", ".yml"):
+        stem = stem.removesuffix(suffix)
+    return stem.removeprefix("params.") or stem
+
+
+def run_root(params_path: str | os.PathLike, params: Params, project: Path | None) -> tuple[Params, str | None]:
+    """The output root a `tandem run` of `params_path` writes into, and why it moved (None when it did not).
+
+    The DVC project's root holds the default run's outputs, which dvc.lock records for the project's
+    params.yaml. Another params file whose `out_root` is that root (`.`, what the shipped files say) would write
+    over them and leave dvc.lock describing other files, so it runs in `runs/<name>/` instead (`<name>` from
+    the file's name: params.study.yaml -> runs/study/). An `out_root` naming any other directory is kept."""
+    import dataclasses
+
+    if project is None:
+        return params, None
+    project = Path(project).resolve()
+    if Path(params_path).resolve() == project / DEFAULT_PARAMS or Path(params.out_root).resolve() != project:
+        return params, None
+    moved = project / "runs" / own_root_name(params_path)
+    try:
+        new = str(moved.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        new = str(moved)
+    why = (f"{Path(params_path).name}: out_root {params.out_root!r} holds the default run's outputs (dvc.lock records "
+           f"them for {DEFAULT_PARAMS}), so this run writes under {new}/ (state another out_root in the file to "
+           f"choose, or run it as the project's run: cp {Path(params_path).name} {DEFAULT_PARAMS} && tandem run)")
+    return dataclasses.replace(params, out_root=new), why
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where every artifact lives, relative to `params.out_root` (mirrors dvc.yaml)."""
@@ -256,6 +290,90 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text())
+
+
+# --------------------------------------------------------------------------------------------------
+# Timings beside the metrics: a stage's outputs depend on its inputs only
+# --------------------------------------------------------------------------------------------------
+
+# Keys whose values measure the run (wall time, throughput, memory, clock time), not its result. A rerun with
+# the same inputs on the same machine writes bit-identical outputs only when none of them is in an output
+# that DVC hashes; `write_metrics` moves them to a sidecar file that neither git nor DVC tracks.
+_TIMING_KEY = re.compile(r"(^|[_/])seconds?($|_)|per_second|^time[/_]|_time$|_runtime$|^timing$|^resources$"
+                         r"|rss_mb|^saved_at$")
+TIMING_SUFFIX = ".timing"  # metrics/base.json -> metrics/base.timing.json (.gitignore, .dvcignore)
+
+
+def is_timing_key(key: str) -> bool:
+    return bool(_TIMING_KEY.search(str(key)))
+
+
+def split_timing(obj: Any) -> tuple[Any, Any]:
+    """(obj without its timing keys, the timing keys alone in the same nesting; None when there are none).
+
+    Lists keep their length in the timing part (an entry with no timing is `{}`), so the two merge back."""
+    if isinstance(obj, dict):
+        kept, timing = {}, {}
+        for k, v in obj.items():
+            if is_timing_key(k):
+                timing[k] = v
+                continue
+            kept[k], t = split_timing(v)
+            if t is not None:
+                timing[k] = t
+        return kept, (timing or None)
+    if isinstance(obj, list):
+        parts = [split_timing(v) for v in obj]
+        if all(t is None for _, t in parts):
+            return [k for k, _ in parts], None
+        return [k for k, _ in parts], [t if t is not None else {} for _, t in parts]
+    return obj, None
+
+
+def merge_timing(obj: Any, timing: Any) -> Any:
+    """The inverse of `split_timing`."""
+    if isinstance(obj, dict) and isinstance(timing, dict):
+        out = dict(obj)
+        for k, v in timing.items():
+            out[k] = merge_timing(out[k], v) if k in out else v
+        return out
+    if isinstance(obj, list) and isinstance(timing, list) and len(obj) == len(timing):
+        return [merge_timing(a, b) for a, b in zip(obj, timing)]
+    return obj
+
+
+def timing_path(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    return p.with_name(p.stem + TIMING_SUFFIX + p.suffix)
+
+
+def write_metrics(path: str | os.PathLike, doc: Any, timing_to: str | os.PathLike | None = None) -> Any:
+    """Write a stage's metrics without their timings (those go to `timing_to`, default `timing_path(path)`);
+    returns the part written to `path`. The stage's DVC-tracked output then depends on the inputs alone.
+
+    A stage writing into its output transaction's staging directory passes the final sidecar path as
+    `timing_to`: the sidecar is no output (neither git nor DVC tracks it), so it is written in place."""
+    kept, timing = split_timing(doc)
+    write_json(path, kept)
+    side = Path(timing_to) if timing_to is not None else timing_path(path)
+    if timing is not None:
+        write_json(side, timing)
+    elif side.exists():
+        side.unlink()
+    return kept
+
+
+def read_metrics(path: str | os.PathLike, timing_to: str | os.PathLike | None = None) -> Any:
+    """A metrics file with the timings of the run that wrote it merged back in (when its sidecar, `timing_to`
+    or `timing_path(path)`, exists)."""
+    doc = read_json(path)
+    side = Path(timing_to) if timing_to is not None else timing_path(path)
+    if side.exists():
+        try:
+            return merge_timing(doc, read_json(side))
+        except ValueError:  # a half-written sidecar from a killed run: the metrics themselves are what count
+            return doc
+    return doc
 
 
 @contextmanager

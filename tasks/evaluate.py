@@ -28,7 +28,8 @@ from tandem.threads import torch_threads
 from tandem.metrics.passk import macro_mean
 from tandem.rollout.factory import rollout_engine
 from tasks import headline, tracking
-from tasks.common import Layout, read_json, read_jsonl, stage_outputs, write_json, write_jsonl
+from tasks.common import (Layout, read_json, read_jsonl, stage_outputs, timing_path, write_json, write_jsonl,
+                          write_metrics)
 from tandem.errors import BadInputError
 
 JUNIOR = "junior"  # pseudo-arm name of the junior floor (the base model alone)
@@ -345,7 +346,7 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
         for arm in arms:
             write_csv(staged["plots"] / f"{arm}.csv", *_arm_table(arms[arm], junior, ev.modes, ev.ks, list(benches)))
         write_csv(staged["plots"] / "final.csv", *_final_table(arms, ev.modes, ev.ks, list(benches)))
-        write_json(staged["metrics"], doc)
+        write_metrics(staged["metrics"], doc, timing_to=timing_path(outputs["metrics"]))  # compute times beside it
         write_json(staged["headline"], headline.evaluation(doc))
     tracking.log_evaluation(params)  # the evaluation's W&B run (a no-op unless train.report_to is wandb)
     flat = {f"{arm}/{k}": v for arm, s in summary.items() for k, v in s.items() if k != "final_step"}

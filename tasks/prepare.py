@@ -34,7 +34,7 @@ from tandem.data.prompts import user_message
 from tandem.data.reader import DataFileError, FileProblem, read_problem_file
 from tandem.data.synthetic import generate
 from tasks import headline
-from tasks.common import Layout, atomic_path, stage_outputs, write_json, write_jsonl
+from tasks.common import Layout, atomic_path, stage_outputs, timing_path, write_json, write_jsonl, write_metrics
 from tasks.validation import DataValidationError, ValidationReport, validate_splits
 
 __all__ = ["default_io", "run", "resolve_data_path", "DataValidationError", "DataFileError"]
@@ -229,7 +229,7 @@ def run(params: Params, inputs: dict[str, Path], outputs: dict[str, Path]) -> di
             "dropped": dropped,
             "seconds": round(time.perf_counter() - t0, 3),
         }
-        write_json(paths["metrics"], metrics)
+        write_metrics(paths["metrics"], metrics, timing_to=timing_path(outputs["metrics"]))
         write_json(paths["headline"], headline.data(metrics))
     return metrics
 

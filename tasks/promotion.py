@@ -9,19 +9,26 @@ commit's dvc.lock pins the checkpoint's content, so `git checkout tandem-model@v
 models/checkpoints` restores it on any machine, and `gto show tandem-model` lists the history. Nothing is
 kept on a worker's disk: a fresh clone (with its tags) sees every promotion. A run outside a git work tree
 with a commit cannot promote (the registry would have nowhere to live); `decision_for` still reports.
+
+A tag is only true when the commit it lands on pins what it promotes: `record` refuses (BadInputError naming
+the fix) unless the output root's dvc.lock is committed, unmodified against HEAD, and names the promoted
+checkpoint's directory among its outputs (`pin_problem`). The flow commits dvc.lock first when it publishes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 from tandem.config import Params
+import yaml
+
+from tandem.errors import BadInputError
 from tandem.report.promotion import Candidate, Decision, best_checkpoint, decide
 from tasks.common import Layout
-from tandem.errors import BadInputError
 
 ARTIFACT = "tandem-model"
 TAG_PREFIX = f"{ARTIFACT}@v"
@@ -107,17 +114,53 @@ def _tag(repo: Path, name: str, message: str) -> None:
         raise RuntimeError(f"git tag {name} failed: {res.stderr.strip()}")
 
 
+def _inside(path: str, out: str) -> bool:
+    path, out = os.path.normpath(path), os.path.normpath(out)
+    return path == out or path.startswith(out.rstrip("/") + "/")
+
+
+def pin_problem(params: Params, candidate: Candidate) -> str | None:
+    """Why HEAD does not pin `candidate` (None when it does): the output root's dvc.lock must be committed,
+    unmodified, and list the checkpoint's directory (e.g. models/checkpoints/tandem) among its outputs, so
+    that `git checkout <tag> && dvc pull` restores exactly the promoted weights."""
+    repo = git_root(params)
+    if repo is None:
+        return f"{Layout.of(params).root} is no git work tree with a commit"
+    lock = Layout.of(params).root.resolve() / "dvc.lock"
+    rel = os.path.relpath(lock, repo.resolve())
+    fix = ("commit dvc.lock (and metrics/) first, as the flow's `publish` does, or run without promote")
+    if not lock.exists():
+        return f"there is no {rel}: the promoted checkpoint would be pinned nowhere; run the pipeline through DVC"
+    if _git(repo, "ls-files", "--error-unmatch", "--", rel).returncode != 0:
+        return f"{rel} is not committed, so HEAD does not pin the promoted checkpoint: {fix}"
+    if _git(repo, "diff", "--quiet", "HEAD", "--", rel).returncode != 0:
+        return (f"{rel} has uncommitted changes, so HEAD pins other outputs than the ones evaluated: {fix}")
+    try:
+        stages = (yaml.safe_load(_git(repo, "show", f"HEAD:{rel}").stdout) or {}).get("stages") or {}
+    except yaml.YAMLError as e:
+        return f"{rel} at HEAD is not readable YAML ({e})"
+    outs = [o.get("path", "") for st in stages.values() for o in (st.get("outs") or []) if isinstance(o, dict)]
+    if not any(_inside(candidate.path, o) for o in outs):
+        return (f"{rel} at HEAD lists no output holding {candidate.path} (outputs: {', '.join(outs) or 'none'}): "
+                f"{fix}")
+    return None
+
+
 def record(params: Params, decision: Decision, *, run_id: str = "", provenance: dict | None = None) -> dict:
     """Tag HEAD as the new promoted version (and assign it the `prod` stage); returns the record.
 
-    Requires a passing decision and a git work tree with a commit. Pushing the tags (with the commit of the
-    run's dvc.lock) is the caller's job: `flows.dvc_sync.DvcSync.publish`."""
+    Requires a passing decision, a git work tree with a commit, and a HEAD whose dvc.lock pins the candidate
+    (`pin_problem`). Pushing the tags (with the commit of the run's dvc.lock) is the caller's job:
+    `flows.dvc_sync.DvcSync.git_push`."""
     if not decision.promote or decision.candidate is None:
         raise BadInputError(f"refusing to record a promotion the gate rejected: {decision.reason}")
     repo = git_root(params)
     if repo is None:
         raise BadInputError(f"promotion needs a git work tree with a commit at {Layout.of(params).root}: "
                             "the registry is its tags")
+    if (problem := pin_problem(params, decision.candidate)) is not None:
+        raise BadInputError(f"refusing to promote {decision.candidate.arm}/step-{decision.candidate.step}: "
+                            f"{problem}")
     rec = {"promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_id": run_id,
            "reason": decision.reason, "candidate": decision.candidate.to_dict(),
            "previous": decision.previous.to_dict() if decision.previous else None,

@@ -36,7 +36,7 @@ from tandem.report.figures import arm_label
 from tandem.report.render import figure_filename, render_html, render_markdown
 from tandem.redact import redact
 from tasks import promotion, tracking
-from tasks.common import Layout, atomic_path, read_json, read_jsonl
+from tasks.common import Layout, atomic_path, read_json, read_jsonl, read_metrics
 from tasks.measures import run_measures, stack_seeds
 
 PACKAGES = ("torch", "transformers", "trl", "accelerate", "math-verify", "prefect", "dvc", "great-expectations",
@@ -62,7 +62,7 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
 # --------------------------------------------------------------------------------------------------
 
 def _read_optional(path: Path) -> dict:
-    return read_json(path) if Path(path).exists() else {}
+    return read_metrics(path) if Path(path).exists() else {}  # with the run's timings (wall times)
 
 
 def _floats(values: list[str]) -> list[float]:

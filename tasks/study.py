@@ -37,7 +37,7 @@ import yaml
 from tandem.errors import BadInputError, UserError
 from tandem.metrics.claims import EQUIVALENCE_MARGIN, claims_for, evaluate_claims, seeds_of
 from tasks.claims import COLUMNS
-from tasks.common import atomic_path, load_params, read_json, read_jsonl, write_json
+from tasks.common import atomic_path, load_params, read_json, read_jsonl, read_metrics, write_json
 from tasks.measures import final_steps, run_measures, stack_seeds
 
 CODE_ROOT = Path(__file__).resolve().parents[1]
@@ -416,7 +416,7 @@ def _train_summaries(s: StudySettings) -> dict:
         for arm in arms:
             f = s.root(seed) / "metrics" / f"train_{arm}.json"
             if f.exists():
-                d = read_json(f)
+                d = read_metrics(f)  # with the run's step time
                 out[f"{arm}/seed-{seed}"] = {k: d.get(k) for k in ("steps", "reward_first", "reward_last",
                                                                     "val_accuracy_initial", "val_accuracy_last",
                                                                     "kl_to_base_last", "step_seconds") if k in d}

@@ -45,7 +45,8 @@ from pathlib import Path
 from tandem.config import Params, apply_tool_env, tool_env
 from tandem.errors import WorkerFailedError
 from tasks import headline, tracking
-from tasks.common import Layout, atomic_path, load_params, read_jsonl, stage_outputs, write_json
+from tasks.common import (Layout, atomic_path, is_timing_key, load_params, read_jsonl, split_timing, stage_outputs,
+                          timing_path, write_json, write_metrics)
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
@@ -61,15 +62,25 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     return inputs, outputs
 
 
-def write_step_table(path: Path, rows: list[dict]) -> None:
+def write_step_table(path: Path, rows: list[dict], timing_to: Path | None = None) -> None:
+    """The per-step table (`dvc plots`) without its timing columns, which go to `<arm>.timing.csv` beside it
+    (or `timing_to`): the table DVC hashes then depends on the run's inputs alone."""
     from tandem.train import TABLE_COLUMNS
 
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(TABLE_COLUMNS))
-            w.writeheader()
-            for r in rows:
-                w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    timing = ["step"] + [c for c in TABLE_COLUMNS if is_timing_key(c)]
+    side = Path(timing_to) if timing_to is not None else timing_path(path)
+    for dest, cols in ((path, [c for c in TABLE_COLUMNS if not is_timing_key(c)]), (side, timing)):
+        with atomic_path(dest) as tmp:
+            with open(tmp, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+                w.writeheader()
+                for r in rows:
+                    w.writerow({k: ("" if r.get(k) is None else r[k]) for k in cols})
+
+
+# Checkpoint files that carry the run's clock (trl's per-step times, the save time): the published copy gets
+# them without those values, so a rerun with the same inputs publishes bit-identical checkpoints.
+CLOCKED_STATE = ("trainer_state.json", "tandem_state.json")
 
 
 def materialise(work_dir: Path, out_dir: Path) -> list[str]:
@@ -78,8 +89,11 @@ def materialise(work_dir: Path, out_dir: Path) -> list[str]:
 
     Copies, not hard links: a published file that is later damaged or edited must not change the resume copy.
     A damaged checkpoint in `work_dir` raises `CheckpointError` naming the file (nothing is published).
+
+    The state files in `CLOCKED_STATE` lose their timing values in the published copy, whose recorded
+    checksums follow (scratch/, where a run resumes, keeps them as saved).
     """
-    from tandem.checkpoints import complete_checkpoints, copy_verified, damaged_checkpoints
+    from tandem.checkpoints import complete_checkpoints, copy_verified, damaged_checkpoints, drop_clock
     from tandem.errors import CheckpointError
 
     damaged = damaged_checkpoints(work_dir)
@@ -91,6 +105,7 @@ def materialise(work_dir: Path, out_dir: Path) -> list[str]:
     Path(out_dir).mkdir(parents=True)
     for _, ckpt in complete_checkpoints(work_dir):
         copy_verified(ckpt, Path(out_dir) / ckpt.name)
+        drop_clock(Path(out_dir) / ckpt.name, CLOCKED_STATE, split_timing)
         names.append(ckpt.name)
     return names
 
@@ -102,11 +117,13 @@ def publish_targets(outputs: dict, arm: str) -> dict[str, Path]:
             "headline": Path(outputs[f"headline_{arm}"]), "plot": Path(outputs[f"plot_{arm}"])}
 
 
-def _write_outputs(dest: dict, work_dir: Path, summary: dict, rows: list[dict]) -> None:
+def _write_outputs(dest: dict, final: dict, work_dir: Path, summary: dict, rows: list[dict]) -> None:
+    """The arm's outputs into `dest` (the transaction's staged paths); the untracked timing sidecars go straight
+    beside the `final` paths."""
     materialise(work_dir, Path(dest["checkpoints"]))
-    write_json(dest["metrics"], summary)
+    write_metrics(dest["metrics"], summary, timing_to=timing_path(final["metrics"]))  # step and phase times
     write_json(dest["headline"], headline.train(summary))
-    write_step_table(Path(dest["plot"]), rows)
+    write_step_table(Path(dest["plot"]), rows, timing_to=timing_path(final["plot"]))
 
 
 def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
@@ -198,7 +215,7 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
     the previous ones only once every worker has exited cleanly."""
     import torch
 
-    from tasks.common import read_json
+    from tasks.common import read_metrics
 
     if params.train.sharding != "none" and not torch.cuda.is_available():
         # accelerate 1.15 turns FSDP on only for accelerator devices (a CPU run would silently train with DDP),
@@ -230,7 +247,7 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
         if not staged["metrics"].exists():
             raise RuntimeError(f"train: the workers of arm {arm!r} exited cleanly but wrote no summary "
                                f"({staged['metrics']})")
-        summary = read_json(staged["metrics"])
+        summary = read_metrics(staged["metrics"], timing_to=timing_path(outputs[f"metrics_{arm}"]))
     return summary
 
 
@@ -315,10 +332,10 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
     if int(os.environ.get("RANK", "0")) == 0:  # one writer; every rank holds the same history
         work, rows = Path(outputs["scratch"]) / arm, step_rows(res.log_history)
         if publish_to is not None:  # a launched worker: the launching stage commits what it writes there
-            _write_outputs(publish_to, work, res.summary, rows)
+            _write_outputs(publish_to, publish_targets(outputs, arm), work, res.summary, rows)
         else:
             with stage_outputs(params, f"train-{arm}", publish_targets(outputs, arm)) as staged:
-                _write_outputs(staged, work, res.summary, rows)
+                _write_outputs(staged, publish_targets(outputs, arm), work, res.summary, rows)
     return res.summary
 
 
@@ -338,8 +355,8 @@ KEEP = ("steps", "reward_first", "reward_last", "senior_fraction", "handoffs_per
 
 def collect(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """The headline numbers of every arm, from the per-arm summaries (nothing is written: each arm's own
-    `metrics/train_<arm>.json` is its DVC stage's output)."""
-    from tasks.common import read_json
+    `metrics/train_<arm>.json` is its DVC stage's metric)."""
+    from tasks.common import read_metrics
 
     do = {**default_io(params)[1], **(outputs or {})}
     out = {}
@@ -347,7 +364,7 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
         path = Path(do[f"metrics_{arm}"])
         if not path.exists():
             raise FileNotFoundError(f"train: {path} is missing (arm {arm!r} has not been trained)")
-        summary = read_json(path)
+        summary = read_metrics(path)  # with the run's step and phase times
         out[arm] = {k: summary.get(k) for k in KEEP}
     return out
 

@@ -10,7 +10,9 @@ through the same result. GX is imported inside `validate_splits` because its imp
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import threading
 import time
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tandem.config import DataConfig, apply_tool_env
-from tandem.errors import UserError
+from tandem.errors import DiskFullError, UserError
 from tandem.rewards import parses_many
 
 REQUIRED = ("id", "problem", "answer")
@@ -150,6 +152,42 @@ def _import_gx_quietly() -> None:
 DOCS_SITE = "tandem"  # the Data Docs site's name in the GX context
 
 
+class _Captured(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+class _docs_errors:
+    """GX logs a failed Data Docs write (a page-long traceback) and goes on: keep it off the terminal, turn a
+    full disk into `DiskFullError` naming the Data Docs folder, and say any other failure in one line."""
+
+    LOGGER = "great_expectations.render.renderer.site_builder"
+
+    def __init__(self, docs_dir: Path | None):
+        self.docs_dir, self.handler = docs_dir, _Captured()
+
+    def __enter__(self) -> None:
+        log = logging.getLogger(self.LOGGER)
+        self.propagate, log.propagate = log.propagate, False
+        log.addHandler(self.handler)
+
+    def __exit__(self, *exc: Any) -> None:
+        log = logging.getLogger(self.LOGGER)
+        log.removeHandler(self.handler)
+        log.propagate = self.propagate
+        if exc[0] is not None or not self.handler.messages:
+            return
+        text = "\n".join(self.handler.messages)
+        if "No space left on device" in text or f"Errno {errno.ENOSPC}" in text:
+            raise DiskFullError(self.docs_dir if self.docs_dir is not None else "Data Docs")
+        last = [ln for ln in text.splitlines() if ln.strip()][-1][:300]
+        logging.getLogger(__name__).warning("Data Docs were not fully rendered in %s: %s", self.docs_dir, last)
+
+
 def _gx_context(docs_dir: Path | None = None) -> Any:
     """A fresh ephemeral GX context with analytics and progress bars off; with `docs_dir`, one local Data Docs
     site rendered there (GX's own HTML: an index, the suite, one page per validation run)."""
@@ -262,7 +300,8 @@ def validate_splits(splits: Mapping[str, Sequence[Mapping[str, Any]]], cfg: Data
     checkpoint = ctx.checkpoints.add(gx.Checkpoint(
         name="prepare", validation_definitions=[validation], actions=actions,
         result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["_row"]}))
-    run = checkpoint.run(batch_parameters={"dataframe": df})
+    with _docs_errors(docs_dir):
+        run = checkpoint.run(batch_parameters={"dataframe": df})
     (result,) = run.run_results.values()
     if docs_dir is not None:
         (Path(docs_dir) / "validation_result.json").write_text(json.dumps(result.to_json_dict(), indent=1,

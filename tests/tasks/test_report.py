@@ -128,11 +128,9 @@ def test_rerun_is_byte_identical_apart_from_the_timestamp(rendered):
 
 
 def test_promotion_section_compares_with_the_registry(tmp_path):
-    import subprocess
+    from tests.promotion_fixtures import commit_pinned_lock
 
-    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(git + ["init", "-q"], check=True)
-    subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", "c"], check=True)
+    commit_pinned_lock(tmp_path)  # a promotion tags a commit whose dvc.lock pins the checkpoint
     write_fake_run(tmp_path)
     params = _params(tmp_path, regression_tolerance=0.0)
     first = R.run(params)

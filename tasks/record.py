@@ -1,0 +1,178 @@
+"""The run's metadata (`results/run.json`) and how a run compares with the committed record.
+
+`write_run_metadata` keeps, per task, the wall time and peak memory of the last run that really ran it, with
+the machine it ran on (`tandem.machine`): a rerun that finds every stage up to date changes nothing, and a
+run of some stages updates only theirs.
+
+The committed record is what HEAD's `dvc.lock` pins (every output's hash) and HEAD's `metrics/`. After a DVC
+project run `compare_with_record` sets the workspace's dvc.lock beside it, stage by stage, and
+`record_summary` says in a few lines whether the run reproduced the record bit for bit, which outputs differ,
+how far the headline numbers moved, and what to do (keep the run, or go back to the record).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tasks.common import read_json, write_json
+
+RUN_FILE = Path("results") / "run.json"
+# Stages whose outputs record the run's context, not only its inputs: the report's metadata names the time it
+# was generated, the git commit and the hash of dvc.lock, so it differs on every run by design.
+CONTEXT_STAGES = {"report": "the report records when, at which commit and from which dvc.lock it was made"}
+
+
+# --------------------------------------------------------------------------------------------------
+# results/run.json
+# --------------------------------------------------------------------------------------------------
+
+def write_run_metadata(root: Path, timing: dict[str, float], peaks: dict[str, float], process: dict,
+                       ran: list[str], extra: dict | None = None) -> dict:
+    """Merge this run's per-task wall times and peak memory into `<root>/results/run.json` and return it.
+
+    `ran` names the tasks that did work in this run; tasks that were skipped (DVC found them current) keep the
+    values of the run that last ran them. When nothing ran, the file is left as it is."""
+    from tandem.machine import describe
+
+    path = Path(root) / RUN_FILE
+    try:
+        prev = read_json(path) if path.exists() else {}
+    except ValueError:  # a damaged file is replaced, not merged
+        prev = {}
+    if not ran and prev:
+        return prev
+    ran_set = set(ran)
+    old_t = {k: v for k, v in (prev.get("timing") or {}).items() if k not in ran_set}
+    old_p = {k: v for k, v in ((prev.get("resources") or {}).get("peak_rss_mb_by_task") or {}).items()
+             if k not in ran_set}
+    new_t = {**old_t, **{k: v for k, v in timing.items() if k in ran_set}}
+    new_p = {**old_p, **{k: v for k, v in peaks.items() if k in ran_set}}
+    last_ran = {**(prev.get("last_ran") or {}), **{k: time.strftime("%Y-%m-%dT%H:%M:%S%z") for k in ran}}
+    doc = {"timing": new_t,
+           "resources": {"peak_rss_mb_by_task": new_p, **process,
+                         "run_peak_rss_mb": max([*new_p.values(), process.get("process_max_rss_mb") or 0,
+                                                 process.get("children_max_rss_mb") or 0])},
+           "last_ran": last_ran, "machine": describe(), **(extra or {})}
+    write_json(path, doc)
+    return doc
+
+
+# --------------------------------------------------------------------------------------------------
+# The committed record
+# --------------------------------------------------------------------------------------------------
+
+# Headline numbers shown when they move: (label, metrics file, key path; `*` = every arm)
+HEADLINE = (("base greedy macro", "metrics/base.json", ("accuracy", "greedy", "macro")),
+            ("base sampled macro", "metrics/base.json", ("accuracy", "sampled", "macro")),
+            ("solo pass@1 {arm}", "metrics/eval.json", ("summary", "*", "solo/pass@1")))
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=60)
+
+
+def _outs(lock: dict) -> dict[str, dict[str, str]]:
+    """stage -> output path -> its hash, from a parsed dvc.lock."""
+    out: dict[str, dict[str, str]] = {}
+    for name, st in ((lock or {}).get("stages") or {}).items():
+        out[name] = {o["path"]: str(o.get("md5") or o.get("hash") or "") for o in st.get("outs") or []
+                     if isinstance(o, dict) and "path" in o}
+    return out
+
+
+def _get(doc: Any, keys: tuple[str, ...]) -> Any:
+    for k in keys:
+        if not isinstance(doc, dict) or k not in doc:
+            return None
+        doc = doc[k]
+    return doc
+
+
+@dataclass
+class Comparison:
+    """A run's dvc.lock against the committed one: stages whose outputs all match, stages with differing
+    outputs (and which), and the headline numbers of both."""
+
+    commit: str
+    same: list[str] = field(default_factory=list)
+    differs: dict[str, list[str]] = field(default_factory=dict)
+    headline: list[tuple[str, Any, Any]] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        """Every output matches, apart from those of CONTEXT_STAGES."""
+        return not any(stage not in CONTEXT_STAGES for stage in self.differs)
+
+
+def compare_with_record(root: Path) -> Comparison | None:
+    """Compare `<root>/dvc.lock` and `<root>/metrics` with HEAD's; None when there is no committed record (not a
+    git checkout, or HEAD has no dvc.lock)."""
+    root = Path(root).resolve()
+    top = _git(root, "rev-parse", "--show-toplevel")
+    if top.returncode != 0 or not (root / "dvc.lock").exists():
+        return None
+    prefix = str(root.relative_to(Path(top.stdout.strip()).resolve()))
+    prefix = "" if prefix == "." else prefix + "/"
+    committed = _git(root, "show", f"HEAD:{prefix}dvc.lock")
+    if committed.returncode != 0:
+        return None
+    head = _git(root, "rev-parse", "--short", "HEAD").stdout.strip()
+    old, new = _outs(yaml.safe_load(committed.stdout)), _outs(yaml.safe_load((root / "dvc.lock").read_text()))
+    cmp = Comparison(commit=head)
+    for stage in sorted(set(old) | set(new), key=lambda s: list(new).index(s) if s in new else len(new)):
+        a, b = old.get(stage, {}), new.get(stage, {})
+        changed = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
+        if changed:
+            cmp.differs[stage] = changed
+        else:
+            cmp.same.append(stage)
+    for label, rel, keys in HEADLINE:
+        shown = _git(root, "show", f"HEAD:{prefix}{rel}")
+        before = json.loads(shown.stdout) if shown.returncode == 0 else {}
+        after = read_json(root / rel) if (root / rel).exists() else {}
+        if "*" in keys:
+            i = keys.index("*")
+            arms = sorted(set(_get(before, keys[:i]) or {}) | set(_get(after, keys[:i]) or {}))
+            for arm in arms:
+                k = keys[:i] + (arm,) + keys[i + 1:]
+                cmp.headline.append((label.format(arm=arm), _get(before, k), _get(after, k)))
+        else:
+            cmp.headline.append((label, _get(before, keys), _get(after, keys)))
+    return cmp
+
+
+def _num(v: Any) -> str:
+    return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
+
+
+def record_summary(cmp: Comparison, machine_line: str = "") -> str:
+    """A few lines for the terminal: reproduced, or what differs and what to do about it."""
+    context = [f"{s} ({CONTEXT_STAGES[s]})" for s in cmp.differs if s in CONTEXT_STAGES]
+    if cmp.identical:
+        return (f"This run reproduced the committed record (dvc.lock at {cmp.commit}) bit for bit: every output "
+                f"hash matches ({len(cmp.same)} stages)" + (f", apart from {'; '.join(context)}." if context else "."))
+    lines = [f"This run differs from the committed record (dvc.lock at {cmp.commit}):"]
+    if cmp.same:
+        lines.append(f"  same outputs:    {', '.join(cmp.same)}")
+    if sum(len(p) for p in cmp.differs.values()) <= 8:
+        lines.append("  other outputs:   " + "; ".join(f"{s} ({', '.join(p)})" for s, p in cmp.differs.items()))
+    else:  # a whole new run: the stages say enough (`git diff HEAD -- dvc.lock` lists every output)
+        lines.append("  other outputs:   " + ", ".join(f"{s} ({len(p)})" for s, p in cmp.differs.items()))
+    moved = [f"{label} {_num(a)} -> {_num(b)}" for label, a, b in cmp.headline if a != b]
+    if moved:
+        lines.append("  headline numbers (record -> this run): " + "; ".join(moved))
+    lines += [
+        "  Outputs differ when inputs or code differ, or on another machine: its CPU and math kernels"
+        + (f" ({machine_line})" if machine_line else "") + " round differently, and training amplifies that",
+        "  (README \"Results\" names the record's machine and the spread over seeds, i.e. how far a rerun may land).",
+        "  dvc.lock and metrics/ now describe this run: commit them to keep it, or go back to the record with",
+        "  `git checkout -- dvc.lock metrics && dvc checkout` (`dvc pull` fetches its artifacts if they are missing).",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,172 @@
+"""The committed record: its artifacts are in the committed DVC remote (so a clone gets them with `dvc pull`), a
+run is compared with it, the run's metadata keeps the last real run's numbers, and another params file's
+output root never is the default run's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _remote_dir() -> Path:
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / ".dvc" / "config")
+    default = cfg["core"]["remote"]
+    return (REPO / ".dvc" / cfg[f"'remote \"{default}\"'"]["url"]).resolve()
+
+
+def _object(remote: Path, md5: str) -> Path:
+    return remote / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def test_the_default_remote_is_committed_inside_the_repository():
+    remote = _remote_dir()
+    assert remote.parent == REPO.resolve() and remote.name == "dvc-remote"
+    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "dvc-remote/files/md5/00/x"])
+    assert ignored.returncode == 1, "dvc-remote/ must be committed, not ignored"
+
+
+def test_committed_remote_holds_every_output_dvc_lock_pins():
+    """`dvc pull` on a fresh clone restores the record: every cached output of dvc.lock (and, for a directory,
+    every file it lists) is in dvc-remote/. After re-recording: `dvc push`, then commit dvc-remote/ with dvc.lock."""
+    remote = _remote_dir()
+    lock = yaml.safe_load((REPO / "dvc.lock").read_text())
+    in_git = set(subprocess.run(["git", "-C", str(REPO), "ls-files"], capture_output=True, text=True).stdout.split())
+    missing = []
+    for stage, st in lock["stages"].items():
+        for out in st.get("outs") or []:
+            md5, path = out.get("md5"), out["path"]
+            if not md5 or any(f == path or f.startswith(path + "/") for f in in_git):
+                continue  # metrics and plots are `cache: false`: they travel in git, not through the remote
+            obj = _object(remote, md5)
+            if not obj.exists():
+                missing.append(f"{stage}: {path} ({md5})")
+                continue
+            if md5.endswith(".dir"):
+                missing += [f"{stage}: {out['path']}/{e['relpath']}" for e in json.loads(obj.read_text())
+                            if not _object(remote, e["md5"]).exists()]
+    assert not missing, ("the committed DVC remote lacks outputs of dvc.lock (run `dvc push`, then "
+                         "`git add dvc-remote`):\n  " + "\n  ".join(missing[:20]))
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          capture_output=True, text=True, check=True).stdout
+
+
+LOCK = """\
+schema: '2.0'
+stages:
+  base:
+    cmd: tandem stage base
+    outs:
+    - path: metrics/base.json
+      hash: md5
+      md5: {metrics}
+    - path: models/base
+      hash: md5
+      md5: {model}.dir
+  train@tandem:
+    cmd: tandem stage train --arm tandem
+    outs:
+    - path: models/checkpoints/tandem
+      hash: md5
+      md5: cccc.dir
+"""
+
+
+def test_compare_with_record(tmp_path):
+    from tasks.record import compare_with_record, record_summary
+
+    root = tmp_path / "proj"
+    (root / "metrics").mkdir(parents=True)
+    _git(root, "init", "-q")
+    (root / "dvc.lock").write_text(LOCK.format(metrics="m1", model="aaaa"))
+    (root / "metrics" / "base.json").write_text(json.dumps({"accuracy": {"greedy": {"macro": 0.5},
+                                                                        "sampled": {"macro": 0.37}}}))
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "record")
+    same = compare_with_record(root)
+    assert same.identical and same.same == ["base", "train@tandem"]
+    assert "reproduced the committed record" in record_summary(same) and "bit for bit" in record_summary(same)
+
+    (root / "dvc.lock").write_text(LOCK.format(metrics="m2", model="bbbb"))
+    (root / "metrics" / "base.json").write_text(json.dumps({"accuracy": {"greedy": {"macro": 0.47},
+                                                                        "sampled": {"macro": 0.37}}}))
+    other = compare_with_record(root)
+    assert not other.identical and other.same == ["train@tandem"]
+    assert other.differs == {"base": ["metrics/base.json", "models/base"]}
+    text = record_summary(other, "AMD EPYC (2 CPUs; AVX2 kernels)")
+    assert "base (metrics/base.json, models/base)" in text and "base greedy macro 0.500 -> 0.470" in text
+    assert "sampled" not in text.split("headline numbers")[1].split("\n")[0]  # unchanged numbers stay out
+    assert "AVX2" in text and "git checkout -- dvc.lock metrics && dvc checkout" in text
+    assert compare_with_record(tmp_path / "nowhere") is None
+    # the report records its time and commit: it alone differing still reproduces the record
+    (root / "dvc.lock").write_text(LOCK.format(metrics="m1", model="aaaa") + "  report:\n    cmd: tandem stage report\n"
+                                   "    outs:\n    - path: reports\n      hash: md5\n      md5: r2.dir\n")
+    (root / "metrics" / "base.json").write_text(json.dumps({"accuracy": {"greedy": {"macro": 0.5},
+                                                                        "sampled": {"macro": 0.37}}}))
+    only_report = compare_with_record(root)
+    assert only_report.identical and only_report.differs == {"report": ["reports"]}
+    assert "bit for bit" in record_summary(only_report) and "apart from report" in record_summary(only_report)
+
+
+def test_run_metadata_keeps_the_last_real_run(tmp_path):
+    from tasks.record import write_run_metadata
+
+    proc = {"peak_rss_mb": 10.0, "process_max_rss_mb": 12.0, "children_max_rss_mb": 0.0}
+    first = write_run_metadata(tmp_path, {"base": 300.0, "train@tandem": 40.0}, {"base": 900.0}, proc,
+                               ["base", "train@tandem"])
+    assert first["timing"] == {"base": 300.0, "train@tandem": 40.0} and first["resources"]["run_peak_rss_mb"] == 900.0
+    assert first["machine"]["cpu"]["logical_cpus"] and first["machine"]["kernels"]["isa_level"]
+    text = (tmp_path / "results" / "run.json").read_text()
+    # nothing ran (every stage current): the file stays as the last real run left it
+    assert write_run_metadata(tmp_path, {}, {}, proc, []) == first
+    assert (tmp_path / "results" / "run.json").read_text() == text
+    # one stage ran: its numbers change, the others are kept
+    third = write_run_metadata(tmp_path, {"train@tandem": 41.0}, {"train@tandem": 500.0}, proc, ["train@tandem"])
+    assert third["timing"] == {"base": 300.0, "train@tandem": 41.0}
+    assert third["resources"]["peak_rss_mb_by_task"] == {"base": 900.0, "train@tandem": 500.0}
+
+
+def test_another_params_file_gets_its_own_root(tmp_path, monkeypatch):
+    from tandem.config import params_from_dict
+    from tasks.common import own_root_name, run_root
+
+    monkeypatch.chdir(tmp_path)
+    p = params_from_dict({"out_root": "."})
+    assert own_root_name("params.study.yaml") == "study" and own_root_name("dir/mine.yml") == "mine"
+    moved, why = run_root("params.study.yaml", p, tmp_path)
+    assert moved.out_root == "runs/study" and "default run" in why and "runs/study/" in why
+    assert run_root("params.yaml", p, tmp_path) == (p, None)  # the project's own run
+    own = params_from_dict({"out_root": "studies/x"})
+    assert run_root("params.study.yaml", own, tmp_path) == (own, None)  # an out_root of its own is kept
+    assert run_root("params.study.yaml", p, None) == (p, None)  # no DVC project: nothing to protect
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_a_fresh_clone_gets_the_record_with_dvc_pull(tmp_path):
+    """What the README tells a user: clone, `dvc pull`, and the record's models are there, as dvc.lock pins them."""
+    if subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=300)
+    shutil.rmtree(clone / ".dvc" / "cache", ignore_errors=True)
+    res = subprocess.run([sys.executable, "-m", "dvc", "pull", "-q"], cwd=clone, capture_output=True, text=True,
+                         timeout=900, env={**__import__("os").environ, "DVC_NO_ANALYTICS": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    lock = yaml.safe_load((clone / "dvc.lock").read_text())
+    outs = [o["path"] for st in lock["stages"].values() for o in st.get("outs") or []]
+    assert all((clone / p).exists() for p in outs), [p for p in outs if not (clone / p).exists()]
+    assert (clone / "models" / "base" / "model.safetensors").exists()
