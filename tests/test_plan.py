@@ -168,17 +168,21 @@ def test_refusal_names_what_to_change():
 
 
 def _fake_qwen3_4b_dir(tmp_path: Path) -> Path:
-    """Qwen3-4B's config.json next to an empty weights file: any attempt to load the model fails."""
+    """Qwen3-4B's config.json next to a well-formed weights file holding one 1-element tensor (the directory
+    passes the pre-load file checks), so any attempt to load the model fails."""
+    import torch
+    from safetensors.torch import save_file
+
     base = tmp_path / "base"
     base.mkdir()
     (base / "config.json").write_text(json.dumps(_qwen3_config().to_dict()))
-    (base / "model.safetensors").write_bytes(b"")
+    save_file({"x": torch.zeros(1)}, str(base / "model.safetensors"))
     (base / "tokenizer.json").write_text("{}")
     return base
 
 
 def test_train_stage_refuses_before_loading_anything(tmp_path):
-    """A base dir whose weights file is empty: loading it would fail, so the plan error proves it came first."""
+    """A base dir whose weights hold no model: loading it would fail, so the plan error proves it came first."""
     from tasks.train import run_arm
 
     base = _fake_qwen3_4b_dir(tmp_path)
