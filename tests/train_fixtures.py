@@ -87,3 +87,25 @@ class FakeBatch:
         runs = sum(h + 1 for h, c in zip(self.handoffs, self.completion_ids) if c)
         return {"senior_fraction": s / max(n, 1), "handoffs_per_100": 100 * sum(self.handoffs) / max(n, 1),
                 "mean_run_length": n / max(runs, 1), "mean_length": n / max(len(self.completion_ids), 1)}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc), children first."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = [int(k) for k in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            kids = []
+        out += kids
+        todo += kids
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -89,21 +89,16 @@ def kill_after_moves(watched: list[Path], after: int) -> str:
                                    watched=[str(p) for p in watched], after=after)
 
 
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            kids = [int(k) for k in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
-        except OSError:
-            kids = []
-        out += kids
-        todo += kids
-    return out
+def two_process_params(root: Path) -> Path:
+    """`root/params.yaml` for a 4-step, 2-process run of the tandem arm on `root`'s base and prepared data (the
+    kill tests' run: long enough to be killed in the middle, short enough to rerun)."""
+    import yaml
+    from params_files import complete_params
 
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    params = root / "params.yaml"
+    params.write_text(yaml.safe_dump(complete_params({
+        "seed": 0, "out_root": str(root), "rollout": {"batch_size": 8},
+        "train": {"arms": ["tandem"], "steps": 4, "save_every": 2, "prompts_per_step": 2, "group_size": 2,
+                  "max_new_tokens": 8, "kl_rows": 2, "val_every": 0, "report_to": "none", "num_processes": 2,
+                  "cpu_threads": 1, "learning_rate": 0.01}})))
+    return params

@@ -26,7 +26,8 @@ import yaml
 if str(Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).parent))
 
-from fault_fixtures import REPO, F, descendants, failure_line, tandem  # noqa: E402
+from fault_fixtures import REPO, F, failure_line, tandem, two_process_params  # noqa: E402
+from train_fixtures import descendants  # noqa: E402
 from params_files import complete_params  # noqa: E402
 
 EVAL_KEYS = ("n_samples", "ks", "max_new_tokens", "batch_size", "progress", "score_workers", "checkpoints")
@@ -288,12 +289,7 @@ def test_a_killed_rank_or_launcher_is_one_line(base_src, tmp_path, victim):
     root = tmp_path / "out"
     shutil.copytree(base_src, root / "models" / "base")
     write_prepared(root / "data" / "prepared", n_train=16, n_val=4)
-    params = root / "params.yaml"
-    params.write_text(yaml.safe_dump(complete_params({
-        "seed": 0, "out_root": str(root), "rollout": {"batch_size": 8},
-        "train": {"arms": ["tandem"], "steps": 4, "save_every": 2, "prompts_per_step": 2, "group_size": 2,
-                  "max_new_tokens": 8, "kl_rows": 2, "val_every": 0, "report_to": "none", "num_processes": 2,
-                  "cpu_threads": 1, "learning_rate": 0.01}})))
+    params = two_process_params(root)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "TANDEM_DEBUG": ""}
     stage = subprocess.Popen([sys.executable, "-m", "cli", "stage", "train", "-p", str(params)], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 if str(Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).parent))
 
-from fault_fixtures import REPO, alive, descendants, kill_after_moves, scratch_checkpoint, tandem  # noqa: E402
+from fault_fixtures import REPO, kill_after_moves, scratch_checkpoint, tandem, two_process_params  # noqa: E402
+from train_fixtures import alive, descendants  # noqa: E402
 from params_files import complete_params  # noqa: E402
 
 from tandem.config import params_from_dict  # noqa: E402
@@ -298,12 +298,7 @@ def test_a_killed_two_process_stage_leaves_nothing_behind(tmp_path):
     root = tmp_path / "out"
     build_base(root / "models" / "base", hidden=32)
     write_prepared(root / "data" / "prepared", n_train=16, n_val=4)
-    params = root / "params.yaml"
-    params.write_text(yaml.safe_dump(complete_params({
-        "seed": 0, "out_root": str(root), "rollout": {"batch_size": 8},
-        "train": {"arms": ["tandem"], "steps": 4, "save_every": 2, "prompts_per_step": 2, "group_size": 2,
-                  "max_new_tokens": 8, "kl_rows": 2, "val_every": 0, "report_to": "none", "num_processes": 2,
-                  "cpu_threads": 1, "learning_rate": 0.01}})))
+    params = two_process_params(root)
     metrics = root / "metrics" / "train_tandem.json"
     metrics.parent.mkdir(parents=True)
     metrics.write_text('{"run": "earlier"}\n')

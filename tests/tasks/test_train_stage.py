@@ -28,7 +28,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from params_files import complete_params  # noqa: E402
-from train_fixtures import build_base, build_boxing_base, write_prepared  # noqa: E402
+from train_fixtures import alive, build_base, build_boxing_base, descendants, write_prepared  # noqa: E402
 
 STEPS, SAVE_EVERY = 6, 2
 
@@ -53,26 +53,6 @@ def _project(root: Path, base_src: Path, **train) -> Path:
     shutil.copytree(base_src, root / "models" / "base")
     write_prepared(root / "data" / "prepared", n_train=32, n_val=8, answer="7")  # the boxing base hits it half the time
     return _params(root, **train)
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            kids = [int(k) for k in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
-        except OSError:
-            kids = []
-        out += kids
-        todo += kids
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _start(params: Path) -> subprocess.Popen:
@@ -186,16 +166,16 @@ def test_two_process_stage_resumes_after_sigkill_of_the_launcher(boxing_src, tmp
     while not (arm_dir / f"step-{MP_SAVE}").exists():
         assert victim.poll() is None, victim.communicate()[0][-4000:]
         assert time.time() < deadline, "no checkpoint appeared"
-        tree = _descendants(victim.pid) or tree
+        tree = descendants(victim.pid) or tree
         time.sleep(0.02)
-    tree = _descendants(victim.pid) or tree
+    tree = descendants(victim.pid) or tree
     victim.send_signal(signal.SIGKILL)
     victim.communicate(timeout=30)
     assert len(tree) >= 3  # accelerate's launcher and its two workers
     end = time.time() + 30
-    while any(_alive(p) for p in tree) and time.time() < end:
+    while any(alive(p) for p in tree) and time.time() < end:
         time.sleep(0.1)
-    assert not [p for p in tree if _alive(p)], "workers outlived the killed stage"
+    assert not [p for p in tree if alive(p)], "workers outlived the killed stage"
     assert [s for s, _ in complete_checkpoints(arm_dir)][-1] < MP_STEPS
     assert not (crashed / "metrics" / "train_tandem.json").exists()
 
