@@ -28,9 +28,9 @@ import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 from tandem.errors import CheckpointError
+from tandem.timing import split_timing
 from tandem.transactions import fsync_dir, fsync_path, remove, swap_in
 
 STATE_FILE = "tandem_state.json"
@@ -154,24 +154,24 @@ def write_state(path: str | os.PathLike, state: dict) -> None:
     (Path(path) / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
 
-def drop_clock(path: str | os.PathLike, names: tuple[str, ...], split: Callable[[Any], tuple[Any, Any]]) -> None:
-    """Rewrite the JSON files `names` of checkpoint folder `path` without their timing values (`split(doc)` ->
-    (kept, timing)), and the state file's recorded checksums of the rewritten files with them, so the folder
-    still verifies. For a published copy: its bytes then depend on the run's inputs alone."""
+def drop_clock(path: str | os.PathLike, names: tuple[str, ...]) -> None:
+    """Rewrite the JSON files `names` of checkpoint folder `path` without their timing values
+    (`tandem.timing.split_timing`), and the state file's recorded checksums of the rewritten files with them, so
+    the folder still verifies. For a published copy: its bytes then depend on the run's inputs alone."""
     path = Path(path)
     state = read_state(path)
     recorded = state.get(FILES_KEY)
     for name in names:
         if name == STATE_FILE or not (path / name).is_file():
             continue
-        kept, timing = split(json.loads((path / name).read_text()))
+        kept, timing = split_timing(json.loads((path / name).read_text()))
         if timing is None:
             continue
         (path / name).write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
         if isinstance(recorded, dict) and name in recorded:
             recorded[name] = {"bytes": (path / name).stat().st_size, "sha256": _sha256(path / name)}
     if STATE_FILE in names:
-        state, _ = split(state)
+        state, _ = split_timing(state)
     (path / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
 

@@ -44,9 +44,10 @@ from pathlib import Path
 
 from tandem.config import Params, apply_tool_env, tool_env
 from tandem.errors import WorkerFailedError
+from tandem.timing import is_timing_key
 from tasks import headline, tracking
-from tasks.common import (Layout, atomic_path, is_timing_key, load_params, read_jsonl, split_timing, stage_outputs,
-                          timing_path, write_json, write_metrics)
+from tasks.common import (Layout, atomic_path, load_params, read_jsonl, stage_outputs, timing_path, write_json,
+                          write_metrics)
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
@@ -105,7 +106,7 @@ def materialise(work_dir: Path, out_dir: Path) -> list[str]:
     Path(out_dir).mkdir(parents=True)
     for _, ckpt in complete_checkpoints(work_dir):
         copy_verified(ckpt, Path(out_dir) / ckpt.name)
-        drop_clock(Path(out_dir) / ckpt.name, CLOCKED_STATE, split_timing)
+        drop_clock(Path(out_dir) / ckpt.name, CLOCKED_STATE)
         names.append(ckpt.name)
     return names
 

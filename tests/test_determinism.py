@@ -50,7 +50,7 @@ def _outputs_of(root: Path):
 
 
 def test_timing_split_round_trips():
-    from tasks.common import merge_timing, split_timing
+    from tandem.timing import merge_timing, split_timing
 
     doc = {"accuracy": {"macro": 0.5}, "seconds": 3.2, "pretrain": {"curve": [{"step": 1, "seconds": 0.4},
                                                                              {"step": 2}]},
