@@ -30,6 +30,7 @@ import torch
 from tandem.rollout.engine import SamplingParams
 from tandem.rollout.factory import make_engine
 from tandem.rollout.lockstep import lockstep_generate
+from tandem.rollout.request import RolloutSettings
 from tandem.rollout.toy import rollout
 
 DEFAULT_MODEL_DIR = "models/base"
@@ -130,8 +131,7 @@ def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: i
 
         def lockstep(ps=prompts, forward="fast"):
             with torch.no_grad():
-                return lockstep_generate(model, junior, engine.tables, ps, "word", sp, seed, engine.eos_ids,
-                                         forward=forward)
+                return lockstep_generate(engine.pair, RolloutSettings("word", sp).request(ps, seed), forward=forward)
 
         rollout(engine, prompts[:4], "word", SamplingParams(temperature=temperature, max_new_tokens=8), seed=seed)
         res: dict[str, Any] = {"model": desc, "rows": len(prompts), "max_new_tokens": max_new_tokens,

@@ -77,6 +77,21 @@ class RolloutBatch:
         }
 
     @staticmethod
+    def scatter(n_rows: int, parts: Sequence[tuple[Sequence[int], "RolloutBatch"]]) -> "RolloutBatch":
+        """One batch of `n_rows` rows from parts generated for row groups: `(rows, part)` puts part's j-th row
+        at row `rows[j]` (timings are the caller's to set)."""
+        out = RolloutBatch([None] * n_rows, [None] * n_rows, [None] * n_rows, [0] * n_rows,  # type: ignore[list-item]
+                           [""] * n_rows)
+        for rows, part in parts:
+            for j, i in enumerate(rows):
+                out.completion_ids[i] = part.completion_ids[j]
+                out.owner[i] = part.owner[j]
+                out.senior_logprobs[i] = part.senior_logprobs[j]
+                out.handoffs[i] = part.handoffs[j]
+                out.finish_reason[i] = part.finish_reason[j]
+        return out
+
+    @staticmethod
     def concat(parts: Sequence["RolloutBatch"]) -> "RolloutBatch":
         out = RolloutBatch([], [], [], [], [])
         for p in parts:
@@ -110,6 +125,48 @@ def left_pad(prompt_ids: Sequence[Sequence[int]], total_len: int, pad_id: int = 
         hist_BS[b, p_max - len(p):p_max] = torch.as_tensor(list(p), dtype=torch.int64)
     off_B = torch.as_tensor([p_max - n for n in lens], dtype=torch.int64)
     return hist_BS.to(device), off_B.to(device), p_max
+
+
+@dataclass
+class Rounds:
+    """What a round driver sets up before the first round: the left-padded history on `device`, the row ids,
+    the schedule and one started stepper per model that writes (1 senior, 0 junior)."""
+
+    hist_BS: torch.Tensor
+    off_B: torch.Tensor
+    p_max: int
+    rows_B: torch.Tensor
+    sched: Schedule
+    device: torch.device
+    steppers: dict[int, Any]
+
+    def release(self) -> None:
+        for st in self.steppers.values():
+            st.release()
+
+
+def start_rounds(pair: Any, request: Any, device: torch.device | str | None,
+                 make_stepper: Callable[[Any], Any]) -> Rounds:
+    """The set-up shared by the catch-up kernel and the lockstep reference for one `RolloutRequest` over a
+    `ModelPair`: history buffer, schedule, and `make_stepper(model)` for each model the schedule needs,
+    started on the history (`stepper.start(hist_BS, off_B, p_max)`). `device` None = the senior's."""
+    s = request.settings
+    dev = torch.device(device) if device is not None else next(pair.senior.parameters()).device
+    total = max(len(p) for p in request.prompts) + s.sampling.max_new_tokens
+    hist_BS, off_B, p_max = left_pad(request.prompts, total, device=dev)
+    rows_B = torch.as_tensor(list(request.row_ids), dtype=torch.int64, device=dev)
+    sched = Schedule(s.schedule, pair.tables.to(dev), request.seed, rows_B, s.p_senior, s.max_gap_tokens,
+                     s.max_rounds)
+    steppers: dict[int, Any] = {}
+    if s.needs_senior:
+        steppers[1] = make_stepper(pair.senior)
+    if s.needs_junior:
+        if pair.junior is None:
+            raise ValueError(f"schedule {s.schedule!r} needs a junior model")
+        steppers[0] = make_stepper(pair.junior)
+    for st in steppers.values():
+        st.start(hist_BS, off_B, p_max)
+    return Rounds(hist_BS, off_B, p_max, rows_B, sched, dev, steppers)
 
 
 # propose(t, slot, active_B, author_B, hist_BS) -> (tokens_B, senior_logprobs_B), values at active rows only

@@ -21,9 +21,9 @@ from typing import Any, Sequence
 
 from tandem.rollout.backends import backend_names, make_backend
 from tandem.rollout.core import RolloutBatch, SamplingParams, collect_eos_ids
-from tandem.rollout.request import RolloutRequest, RolloutSettings
+from tandem.rollout.request import HFOptions, ModelPair, RolloutRequest, RolloutSettings
 from tandem.rollout.schedule import uses_junior, uses_senior
-from tandem.rollout.vocab import TokenTables, build_tables, check_vocab_compatible
+from tandem.rollout.vocab import TokenTables
 
 BACKENDS = backend_names()
 
@@ -31,35 +31,32 @@ BACKENDS = backend_names()
 class TandemEngine:
     """Generate tandem (and solo) rollouts. `senior` may be trained in place between calls; nothing is cached.
 
-    `tokenizer` is the shared tokenizer, or a (senior_tokenizer, junior_tokenizer) pair that must be equal.
-    `fast` and `cpu_threads` configure the hf backend (`backends.hf.HFBackend`); `vllm_options` the vllm
-    client (`service`, a `tandem.rollout.vllm.client.VLLMService`, plus `VLLMEngine` options such as `live`
-    and `transport`).
+    `tokenizer` is the shared tokenizer, or a (senior_tokenizer, junior_tokenizer) pair that must be equal
+    (`ModelPair.build` checks the vocabulary and builds the token tables and EOS ids). `hf` (an `HFOptions`:
+    device, catch-up kernel, threads) configures the hf backend (`backends.hf.HFBackend`); `vllm_options` the
+    vllm client (`service`, a `tandem.rollout.vllm.client.VLLMService`, plus `VLLMEngine` options such as
+    `live` and `transport`).
     """
 
-    def __init__(self, senior: Any, junior: Any | None, tokenizer: Any, backend: str = "hf", device: Any = None,
-                 *, junior_tokenizer: Any | None = None, eos_token_ids: Sequence[int] | None = None,
-                 fast: bool | None = None, vllm_options: dict | None = None, cpu_threads: int | None = None):
+    def __init__(self, senior: Any, junior: Any | None, tokenizer: Any, backend: str = "hf", *,
+                 eos_token_ids: Sequence[int] | None = None, hf: HFOptions | None = None,
+                 vllm_options: dict | None = None):
         if backend not in backend_names():
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(backend_names())}")
-        if isinstance(tokenizer, (tuple, list)):
-            tokenizer, junior_tokenizer = tokenizer
-        self.senior, self.junior, self.tokenizer, self.backend = senior, junior, tokenizer, backend
-        self.vocab_size = check_vocab_compatible(senior, junior, tokenizer, junior_tokenizer)
-        self.tables: TokenTables = build_tables(tokenizer, self.vocab_size)
-        self.eos_ids = list(eos_token_ids) if eos_token_ids is not None else collect_eos_ids(tokenizer, senior,
-                                                                                              junior)
-        common = dict(senior=senior, junior=junior, tables=self.tables, eos_ids=self.eos_ids,
-                      vocab_size=self.vocab_size, tokenizer=tokenizer)
+        self.pair = pair = ModelPair.build(senior, junior, tokenizer, eos_token_ids)
+        self.senior, self.junior, self.tokenizer, self.backend = senior, junior, pair.tokenizer, backend
+        self.vocab_size = pair.vocab_size
+        self.tables: TokenTables = pair.tables
+        self.eos_ids = list(pair.eos_ids)
         if backend == "hf":
-            self._backend = make_backend("hf", **common, device=device, fast=fast, cpu_threads=cpu_threads)
+            self._backend = make_backend("hf", pair=pair, options=hf or HFOptions())
         else:
             opts = dict(vllm_options or {})
             if opts.get("service") is None:
                 raise ValueError("backend 'vllm' generates through the rollout service: pass vllm_options="
                                  "{'service': VLLMService, 'live': ...} (see tandem.rollout.vllm.client; "
                                  "`engine_from_config` builds both from the rollout section)")
-            self._backend = make_backend(backend, **common, **opts)
+            self._backend = make_backend(backend, pair=pair, **opts)
 
     @property
     def fast(self) -> bool:

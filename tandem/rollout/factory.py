@@ -13,6 +13,7 @@ import os
 from typing import Any, Sequence
 
 from tandem.rollout.engine import TandemEngine
+from tandem.rollout.request import HFOptions
 
 
 def make_engine(senior: Any, junior: Any | None, tokenizer: Any, backend: str = "hf", *, device: Any = None,
@@ -20,12 +21,13 @@ def make_engine(senior: Any, junior: Any | None, tokenizer: Any, backend: str = 
     """A `TandemEngine` over `senior` (and `junior`, None for solo-only use) with `backend`.
 
     `device` defaults to the senior's; `cpu_threads` (0 = leave torch's setting) applies while generating;
-    `vllm_options` (`service`, `live`, `transport`) configure the vllm backend's client.
+    `fast` picks the hf backend's kernel (`HFOptions`); `vllm_options` (`service`, `live`, `transport`)
+    configure the vllm backend's client.
     """
     if device is None and hasattr(senior, "parameters"):
         device = next(senior.parameters()).device
-    return TandemEngine(senior, junior, tokenizer, backend=backend, device=device, cpu_threads=cpu_threads or None,
-                        vllm_options=vllm_options, fast=fast)
+    return TandemEngine(senior, junior, tokenizer, backend=backend, vllm_options=vllm_options,
+                        hf=HFOptions(device=device, fast=fast, cpu_threads=cpu_threads or None))
 
 
 def rollout_engine(senior: Any, junior: Any | None, tokenizer: Any, rollout: Any, *, live: bool = False,

@@ -14,13 +14,12 @@ Two forwards are available:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from tandem.rollout.core import RolloutBatch, SamplingParams, left_pad, run_rounds, sample_rows
-from tandem.rollout.schedule import Schedule, uses_junior, uses_senior
-from tandem.rollout.vocab import TokenTables
+from tandem.rollout.core import RolloutBatch, run_rounds, sample_rows, start_rounds
+from tandem.rollout.request import ModelPair, RolloutRequest
 
 
 class HFStepper:
@@ -70,31 +69,15 @@ class FastStepper:
         self.dec.release()
 
 
-def lockstep_generate(senior: Any, junior: Any | None, tables: TokenTables, prompt_ids: Sequence[Sequence[int]],
-                      schedule: str, sampling: SamplingParams, seed: int, eos_ids: Sequence[int],
-                      p_senior: float = 0.5, max_gap_tokens: int = 32, max_rounds: int = 150,
-                      row_ids: Sequence[int] | None = None, forward: str = "hf",
+def lockstep_generate(pair: ModelPair, request: RolloutRequest, forward: str = "hf",
                       device: torch.device | str | None = None) -> RolloutBatch:
-    """Generate a batch the naive way (see the module docstring). Models must already be in eval mode."""
+    """Generate a batch the naive way (see the module docstring): `request` over `pair`, `device` None = the
+    senior's. Models must already be in eval mode."""
     if forward not in ("hf", "fast"):
         raise ValueError(f"forward must be 'hf' or 'fast', got {forward!r}")
-    B = len(prompt_ids)
-    row_ids = list(range(B)) if row_ids is None else list(row_ids)
-    dev = torch.device(device) if device is not None else next(senior.parameters()).device
-    hist_BS, off_B, p_max = left_pad(prompt_ids, max(len(p) for p in prompt_ids) + sampling.max_new_tokens,
-                                     device=dev)
-    rows_B = torch.as_tensor(row_ids, dtype=torch.int64, device=dev)
-    sched = Schedule(schedule, tables.to(dev), seed, rows_B, p_senior, max_gap_tokens, max_rounds)
-    make = HFStepper if forward == "hf" else FastStepper
-    models = {}
-    if uses_senior(schedule, p_senior):
-        models[1] = make(senior)
-    if uses_junior(schedule, p_senior):
-        if junior is None:
-            raise ValueError(f"schedule {schedule!r} needs a junior model")
-        models[0] = make(junior)
-    for st in models.values():
-        st.start(hist_BS, off_B, p_max)
+    sampling, seed = request.sampling, request.seed
+    r = start_rounds(pair, request, device, HFStepper if forward == "hf" else FastStepper)
+    dev, rows_B, models = r.device, r.rows_B, r.steppers
 
     def propose(t, slot, active_B, author_B, hist):
         logits = {m: st.step(hist, slot).to(dev) for m, st in models.items()}
@@ -106,7 +89,6 @@ def lockstep_generate(senior: Any, junior: Any | None, tables: TokenTables, prom
 
     with torch.no_grad():
         try:
-            return run_rounds(hist_BS, p_max, sched, sampling, eos_ids, propose)
+            return run_rounds(r.hist_BS, r.p_max, r.sched, sampling, request.eos(pair.eos_ids), propose)
         finally:
-            for st in models.values():
-                st.release()
+            r.release()

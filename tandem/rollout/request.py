@@ -10,6 +10,10 @@ batching (`batch_size`, which never changes a result). `RolloutRequest` adds the
 ids of one call. Every backend (`tandem.rollout.backends`) implements `generate(request) -> RolloutBatch`; the
 engine checks only what depends on its models (token ids inside the vocabulary, a junior when the schedule
 needs one).
+
+`ModelPair` is what every backend and the lockstep reference receive about the models: senior, junior and
+what they share (tokenizer, vocabulary size, token tables, EOS ids), checked once by `ModelPair.build`.
+`HFOptions` are the settings of the in-process `hf` backend (device, catch-up kernel, torch threads).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from tandem.rollout.core import SamplingParams
+from tandem.rollout.core import SamplingParams, collect_eos_ids
 from tandem.rollout.schedule import check_schedule, uses_junior, uses_senior
 
 
@@ -133,3 +137,44 @@ class RolloutRequest:
     def subset(self, idx: Sequence[int]) -> "RolloutRequest":
         return RolloutRequest(tuple(self.prompts[i] for i in idx), self.settings, self.seed,
                               tuple(self.row_ids[i] for i in idx), self.progress)
+
+
+@dataclass(frozen=True, eq=False)
+class ModelPair:
+    """The senior, the junior (None: solo only) and what they share: the tokenizer, the models' vocabulary
+    size, the token tables of the schedules and the EOS ids. Models are compared by identity (eq=False)."""
+
+    senior: Any
+    junior: Any | None
+    tokenizer: Any
+    vocab_size: int
+    tables: Any
+    eos_ids: tuple[int, ...]
+
+    @classmethod
+    def build(cls, senior: Any, junior: Any | None, tokenizer: Any,
+              eos_token_ids: Sequence[int] | None = None) -> "ModelPair":
+        """Check that the models share one vocabulary and build the tables and EOS ids.
+
+        `tokenizer` is the shared tokenizer, or a (senior_tokenizer, junior_tokenizer) pair that must be equal;
+        `eos_token_ids` None collects the tokenizer's and both models' EOS ids."""
+        from tandem.rollout.vocab import build_tables, check_vocab_compatible
+
+        junior_tokenizer = None
+        if isinstance(tokenizer, (tuple, list)):
+            tokenizer, junior_tokenizer = tokenizer
+        vocab_size = check_vocab_compatible(senior, junior, tokenizer, junior_tokenizer)
+        eos = eos_token_ids if eos_token_ids is not None else collect_eos_ids(tokenizer, senior, junior)
+        return cls(senior, junior, tokenizer, vocab_size, build_tables(tokenizer, vocab_size),
+                   tuple(int(e) for e in eos))
+
+
+@dataclass(frozen=True)
+class HFOptions:
+    """Settings of the `hf` backend (`backends.hf.HFBackend`): `device` None = the senior's; `fast` None picks
+    the catch-up kernel when the architecture supports it (True requires it, False forces the lockstep
+    fallback); `cpu_threads` torch's intra-op threads while generating (None/0 = leave torch's setting)."""
+
+    device: Any = None
+    fast: bool | None = None
+    cpu_threads: int | None = None

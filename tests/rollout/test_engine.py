@@ -14,6 +14,7 @@ from tandem.rollout.backends import hf as hf_backend
 from tandem.rollout.core import RolloutBatch, count_handoffs
 from tandem.rollout.engine import SamplingParams, TandemEngine
 from tandem.rollout.lockstep import lockstep_generate
+from tandem.rollout.request import HFOptions, RolloutSettings
 from tandem.rollout.schedule import naive_authors
 from tandem.rollout.vocab import token_texts
 
@@ -29,9 +30,10 @@ def steered(tok):
     return s, j
 
 
-def _lockstep(eng, prompts, schedule, sp, seed, **kw):
+def _lockstep(eng, prompts, schedule, sp, seed, forward="hf", **settings):
+    request = RolloutSettings(schedule, sp, **settings).request(prompts, seed)
     with torch.no_grad():
-        return lockstep_generate(eng.senior, eng.junior, eng.tables, prompts, schedule, sp, seed, eng.eos_ids, **kw)
+        return lockstep_generate(eng.pair, request, forward=forward)
 
 
 @pytest.mark.parametrize("schedule", ["word", "step", "token", "solo", "junior"])
@@ -83,7 +85,7 @@ def test_fast_lockstep_kernel_and_fallback_agree(tok, steered):
     prompts = toy.prompts(tok, 5, seed=4)
     sp = SamplingParams(max_new_tokens=30)
     fast = rollout(TandemEngine(s, j, tok), prompts, "word", sp, seed=2)
-    slow = rollout(TandemEngine(s, j, tok, fast=False), prompts, "word", sp, seed=2)
+    slow = rollout(TandemEngine(s, j, tok, hf=HFOptions(fast=False)), prompts, "word", sp, seed=2)
     eng = TandemEngine(s, j, tok)
     kern = _lockstep(eng, prompts, "word", sp, 2, forward="fast")
     assert fast.completion_ids == slow.completion_ids == kern.completion_ids
@@ -222,7 +224,7 @@ def test_cpu_threads_apply_during_generation_only(tok, pair64, prompts, monkeypa
     seen = []
     real = core.sample_rows
     monkeypatch.setattr(core, "sample_rows", lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
-    eng = TandemEngine(s, j, tok, cpu_threads=1)
+    eng = TandemEngine(s, j, tok, hf=HFOptions(cpu_threads=1))
     torch.set_num_threads(2)  # the autouse fixture restores its own setting afterwards
     rollout(eng, prompts[:2], "word", SamplingParams(max_new_tokens=3), seed=0)
     assert seen and set(seen) == {1} and torch.get_num_threads() == 2
@@ -256,7 +258,7 @@ def test_self_check_rejects_a_wrong_kernel(tok, pair64, monkeypatch):
     with pytest.raises(ValueError):  # fast=True refuses to fall back
         from transformers import GPT2Config, GPT2LMHeadModel
         g = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2))
-        TandemEngine(g, None, tok, fast=True)
+        TandemEngine(g, None, tok, hf=HFOptions(fast=True))
 
 
 def test_unsupported_architecture_falls_back_to_lockstep(tok, prompts):

@@ -377,40 +377,25 @@ def self_check(model: Any, atol: float | None = None) -> None:
                     if err > tol * max(1.0, float(ref.abs().max())):
                         raise RuntimeError(
                             f"FastDecoder disagrees with {type(model).__name__}'s forward (max |logit diff| "
-                            f"{err:.3g} at row {b}, slot {slot}); use TandemEngine(..., fast=False)")
+                            f"{err:.3g} at row {b}, slot {slot}); use TandemEngine(..., hf=HFOptions(fast=False))")
     finally:
         dec.release()
         model.train(was_training)
 
 
-def catch_up_generate(senior: Any, junior: Any | None, tables: Any, prompt_ids: list[list[int]], schedule: str,
-                      sampling: Any, seed: int, eos_ids: list[int], p_senior: float = 0.5,
-                      max_gap_tokens: int = 32, max_rounds: int = 150, row_ids: list[int] | None = None,
-                      device: torch.device | str | None = None, progress: bool = False):
-    """One batch of tandem rollouts with catch-up prefill (models already in eval mode, under no_grad).
+def catch_up_generate(pair: Any, request: Any, device: torch.device | str | None = None):
+    """One batch of tandem rollouts with catch-up prefill: `request` (a `RolloutRequest`) over `pair` (a
+    `ModelPair`), models already in eval mode, under no_grad; `device` None = the senior's.
 
     Each round: for each model, the active rows it authors are caught up and sampled in one forward; a model
     authoring no row this round does not run at all.
     """
-    from tandem.rollout.core import left_pad, run_rounds, sample_rows
-    from tandem.rollout.schedule import Schedule, uses_junior, uses_senior
+    from tandem.rollout.core import run_rounds, sample_rows, start_rounds
 
-    B = len(prompt_ids)
-    row_ids = list(range(B)) if row_ids is None else list(row_ids)
-    dev = torch.device(device) if device is not None else next(senior.parameters()).device
-    hist_BS, off_B, p_max = left_pad(prompt_ids, max(len(p) for p in prompt_ids) + sampling.max_new_tokens,
-                                     device=dev)
-    rows_B = torch.as_tensor(row_ids, dtype=torch.int64, device=dev)
-    sched = Schedule(schedule, tables.to(dev), seed, rows_B, p_senior, max_gap_tokens, max_rounds)
-    decoders: dict[int, FastDecoder] = {}
-    if uses_senior(schedule, p_senior):
-        decoders[1] = FastDecoder(senior)
-    if uses_junior(schedule, p_senior):
-        if junior is None:
-            raise ValueError(f"schedule {schedule!r} needs a junior model")
-        decoders[0] = FastDecoder(junior)
-    for d in decoders.values():
-        d.start(hist_BS, off_B, p_max)
+    B, sampling, seed = len(request), request.sampling, request.seed
+    eos = request.eos(pair.eos_ids)
+    r = start_rounds(pair, request, device, FastDecoder)
+    dev, rows_B, decoders = r.device, r.rows_B, r.steppers
 
     def propose(t, slot, active_B, author_B, hist):
         tok_B = torch.zeros(B, dtype=torch.int64, device=dev)
@@ -432,31 +417,34 @@ def catch_up_generate(senior: Any, junior: Any | None, tables: Any, prompt_ids: 
         return tok_B, lp_B
 
     try:
-        return run_rounds(hist_BS, p_max, sched, sampling, eos_ids, propose, progress=progress)
+        return run_rounds(r.hist_BS, r.p_max, r.sched, sampling, eos, propose, progress=request.progress)
     finally:
-        for d in decoders.values():
-            d.release()
+        r.release()
 
 
 class HFBackend:
     """The `hf` backend: transformers modules in this process, the catch-up kernel (or the lockstep fallback).
 
-    `fast`: None picks the catch-up kernel when the architecture supports it and otherwise falls back, with a
-    warning, to the lockstep algorithm through the models' own forward (same distribution, about twice the
-    cost); True requires the kernel; False forces the fallback. `cpu_threads` sets torch's intra-op threads
-    during `generate` (restored after). Models are put in eval mode under `torch.no_grad()` while generating and
-    their modes are restored after.
+    `pair`: a `tandem.rollout.request.ModelPair`; `options`: an `HFOptions`. `fast`: None picks the catch-up
+    kernel when the architecture supports it and otherwise falls back, with a warning, to the lockstep
+    algorithm through the models' own forward (same distribution, about twice the cost); True requires the
+    kernel; False forces the fallback. `cpu_threads` sets torch's intra-op threads during `generate` (restored
+    after). Models are put in eval mode under `torch.no_grad()` while generating and their modes are restored
+    after.
     """
 
     name = "hf"
 
-    def __init__(self, *, senior: Any, junior: Any | None, tables: Any, eos_ids: list[int],
-                 device: Any = None, fast: bool | None = None, cpu_threads: int | None = None, **_: Any):
+    def __init__(self, pair: Any, options: Any = None):
         import warnings
 
-        self.senior, self.junior, self.tables, self.eos_ids = senior, junior, tables, list(eos_ids)
-        self.device = torch.device(device) if device is not None else None
-        self.cpu_threads = cpu_threads or None
+        from tandem.rollout.request import HFOptions
+
+        options = options if options is not None else HFOptions()
+        self.pair = pair
+        senior, junior, fast = pair.senior, pair.junior, options.fast
+        self.device = torch.device(options.device) if options.device is not None else None
+        self.cpu_threads = options.cpu_threads or None
         self.fast = False
         reasons = [r for r in (unsupported_reason(senior), junior is not None and unsupported_reason(junior)) if r]
         if fast is None or fast:
@@ -477,11 +465,9 @@ class HFBackend:
 
         from tandem.rollout.core import RolloutBatch
 
-        B = len(request)
-        if B == 0:
+        if len(request) == 0:
             return RolloutBatch([], [], [], [], [])
-        eos = request.eos(self.eos_ids)
-        models = [m for m in (self.senior, self.junior) if isinstance(m, torch.nn.Module)]
+        models = [m for m in (self.pair.senior, self.pair.junior) if isinstance(m, torch.nn.Module)]
         modes = [m.training for m in models]
         t0 = time.perf_counter()
         parts = []
@@ -493,31 +479,18 @@ class HFBackend:
                 m.eval()
             with torch.no_grad():
                 for g in request.groups():
-                    parts.append((g, self._run(request.subset(g), eos)))
+                    parts.append((g, self._run(request.subset(g))))
         finally:
             torch.set_num_threads(threads)
             for m, mode in zip(models, modes):
                 m.train(mode)
-        out = RolloutBatch([None] * B, [None] * B, [None] * B, [0] * B, [""] * B)  # type: ignore[list-item]
-        for g, part in parts:
-            for j, i in enumerate(g):
-                out.completion_ids[i] = part.completion_ids[j]
-                out.owner[i] = part.owner[j]
-                out.senior_logprobs[i] = part.senior_logprobs[j]
-                out.handoffs[i] = part.handoffs[j]
-                out.finish_reason[i] = part.finish_reason[j]
+        out = RolloutBatch.scatter(len(request), parts)
         out.timings = {"seconds": time.perf_counter() - t0}
         return out
 
-    def _run(self, req: Any, eos: list[int]):
-        s = req.settings
-        prompts, rows = [list(p) for p in req.prompts], list(req.row_ids)
+    def _run(self, req: Any):
         if self.fast:
-            return catch_up_generate(self.senior, self.junior, self.tables, prompts, s.schedule, s.sampling,
-                                     req.seed, eos, s.p_senior, s.max_gap_tokens, s.max_rounds, rows, self.device,
-                                     req.progress)
+            return catch_up_generate(self.pair, req, self.device)
         from tandem.rollout.lockstep import lockstep_generate
 
-        return lockstep_generate(self.senior, self.junior, self.tables, prompts, s.schedule, s.sampling, req.seed,
-                                 eos, s.p_senior, s.max_gap_tokens, s.max_rounds, rows, forward="hf",
-                                 device=self.device)
+        return lockstep_generate(self.pair, req, forward="hf", device=self.device)

@@ -1,7 +1,7 @@
 """The pipeline's side of the vLLM rollout service: start/attach/stop the service, and the `vllm` backend.
 
     service = VLLMService.start("models/base", "models/base", roots=["."])   # or VLLMService.attach(url, token)
-    engine = VLLMEngine(senior=module, junior="models/base", tokenizer=tok, service=service, live=True)
+    engine = TandemEngine(module, "models/base", tok, backend="vllm", vllm_options={"service": service, "live": True})
     batch = engine.generate(settings.request(prompt_ids, seed=3))                 # -> RolloutBatch
     engine.push_weights()                                     # after each optimizer step (VLLMWeightSync)
 
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
-from tandem.rollout.core import RolloutBatch, collect_eos_ids
+from tandem.rollout.core import RolloutBatch
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_PYTHON = ".venv-vllm/bin/python"
@@ -343,29 +343,22 @@ def _dir_spec(path: Path) -> dict:
 class VLLMEngine:
     """The `vllm` backend: tandem rollouts through the rollout service, `generate(request) -> RolloutBatch`.
 
-    `senior`/`junior`: model directories, or modules (a module's `name_or_path` directory is used unless
-    `live=True`, in which case its current weights are pushed now and by every `push_weights()`).
+    `pair` (a `tandem.rollout.request.ModelPair`, its vocabulary checked): the senior and junior as model
+    directories, or modules (a module's `name_or_path` directory is used unless `live=True`, in which case its
+    current weights are pushed now and by every `push_weights()`), their tokenizer, token tables and EOS ids.
     `transport`: `file` (the service's inbox), `http` (bytes posted to the service), `auto` (file for a service
-    on this machine, http otherwise). Built by `TandemEngine(backend="vllm")` (which checks the vocabulary and
-    builds `tables` and `eos_ids`) or directly.
+    on this machine, http otherwise). Built by `TandemEngine(backend="vllm")`.
     """
 
     name = "vllm"
 
-    def __init__(self, senior: Any, junior: Any | None, tokenizer: Any, service: VLLMService, *,
-                 tables: Any = None, eos_ids: Sequence[int] | None = None, vocab_size: int | None = None,
-                 junior_tokenizer: Any | None = None, live: bool = False, transport: str = "auto",
-                 request_timeout: float | None = None, **_: Any):
-        from tandem.rollout.vocab import build_tables, check_vocab_compatible
-
+    def __init__(self, pair: Any, service: VLLMService, *, live: bool = False, transport: str = "auto",
+                 request_timeout: float | None = None):
         if transport not in ("auto", "file", "http"):
             raise ValueError(f"transport must be auto, file or http, got {transport!r}")
-        if isinstance(tokenizer, (tuple, list)):
-            tokenizer, junior_tokenizer = tokenizer
-        self.service, self.senior, self.junior, self.tokenizer = service, senior, junior, tokenizer
-        self.vocab_size = vocab_size or check_vocab_compatible(senior, junior, tokenizer, junior_tokenizer)
-        self.tables = tables if tables is not None else build_tables(tokenizer, self.vocab_size)
-        self.eos_ids = list(eos_ids) if eos_ids is not None else collect_eos_ids(tokenizer, senior, junior)
+        senior, junior = pair.senior, pair.junior
+        self.service, self.senior, self.junior, self.tokenizer = service, senior, junior, pair.tokenizer
+        self.vocab_size, self.tables, self.eos_ids = pair.vocab_size, pair.tables, list(pair.eos_ids)
         self.transport = ("file" if _is_local(service.url) else "http") if transport == "auto" else transport
         self.request_timeout = request_timeout
         self.live = bool(live)
@@ -459,17 +452,9 @@ class VLLMEngine:
         if B == 0:
             return RolloutBatch([], [], [], [], [])
         t0 = time.perf_counter()
-        out = RolloutBatch([None] * B, [None] * B, [None] * B, [0] * B, [""] * B)  # type: ignore[list-item]
-        service_s = 0.0
-        for g in request.groups():
-            part = self._generate(request.subset(g))
-            service_s += part.timings["service_seconds"]
-            for j, i in enumerate(g):
-                out.completion_ids[i] = part.completion_ids[j]
-                out.owner[i] = part.owner[j]
-                out.senior_logprobs[i] = part.senior_logprobs[j]
-                out.handoffs[i] = part.handoffs[j]
-                out.finish_reason[i] = part.finish_reason[j]
+        parts = [(g, self._generate(request.subset(g))) for g in request.groups()]
+        out = RolloutBatch.scatter(B, parts)
+        service_s = sum(part.timings["service_seconds"] for _, part in parts)
         out.timings = {"seconds": time.perf_counter() - t0, "service_seconds": service_s}
         return out
 
