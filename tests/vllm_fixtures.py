@@ -38,7 +38,7 @@ def steer(model, tok, newline: float = 0.6, eos: float = 0.1, shared: float = 50
 def tiny_dirs(root, tok) -> dict:
     dirs = {}
     for name, seed in (("senior", 1), ("junior", 2)):
-        m = steer(toy.tiny_qwen3(len(tok), seed=seed, layers=2, hidden=128, heads=4, kv_heads=2,
+        m = steer(toy.tiny_qwen3(len(tok), seed, toy.TinyShape(layers=2, hidden=128, heads=4, kv_heads=2),
                                  eos_token_id=tok.eos_token_id), tok)
         m.save_pretrained(root / name)
         tok.save_pretrained(root / name)

@@ -8,6 +8,7 @@ like the project's default tiny base. Nothing is downloaded.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -52,15 +53,28 @@ def byte_bpe_tokenizer(texts: Sequence[str] | None = None, vocab_size: int = 400
     return fast
 
 
-def tiny_qwen3(vocab_size: int, seed: int = 0, hidden: int = 128, layers: int = 4, heads: int = 4,
-               kv_heads: int = 2, intermediate: int = 384, max_position: int = 512, eos_token_id: int | None = None,
+@dataclass(frozen=True)
+class TinyShape:
+    """The architecture of a `tiny_qwen3` (head_dim = hidden // heads)."""
+
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 384
+    max_position: int = 512
+
+
+def tiny_qwen3(vocab_size: int, seed: int = 0, shape: TinyShape = TinyShape(), eos_token_id: int | None = None,
                dtype: torch.dtype = torch.float32) -> Any:
-    """A randomly initialised `Qwen3ForCausalLM` (eval mode), deterministic in `seed`; the global RNG is untouched."""
+    """A randomly initialised `Qwen3ForCausalLM` of `shape` (eval mode), deterministic in `seed`; the global
+    RNG is untouched."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                      head_dim=hidden // heads, max_position_embeddings=max_position, tie_word_embeddings=True,
+    cfg = Qwen3Config(vocab_size=vocab_size, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                      num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                      num_key_value_heads=shape.kv_heads, head_dim=shape.hidden // shape.heads,
+                      max_position_embeddings=shape.max_position, tie_word_embeddings=True,
                       eos_token_id=eos_token_id, pad_token_id=None, bos_token_id=None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -84,8 +98,9 @@ def prompts(tokenizer: Any, n: int, seed: int = 0) -> list[list[int]]:
 
 def tiny_pair(tokenizer: Any, dtype: torch.dtype = torch.float64, layers: int = 2, seeds: tuple[int, int] = (1, 2)):
     """(senior, junior): one small architecture, different random weights (they disagree), the tokenizer's EOS."""
-    return tuple(tiny_qwen3(len(tokenizer), seed=s, layers=layers, hidden=64, heads=4, kv_heads=2, intermediate=128,
-                            eos_token_id=tokenizer.eos_token_id, dtype=dtype) for s in seeds)
+    shape = TinyShape(hidden=64, layers=layers, heads=4, kv_heads=2, intermediate=128)
+    return tuple(tiny_qwen3(len(tokenizer), s, shape, eos_token_id=tokenizer.eos_token_id, dtype=dtype)
+                 for s in seeds)
 
 
 def add_logit_bias(model: Any, bias: dict[int, float]) -> Any:

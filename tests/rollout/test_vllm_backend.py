@@ -235,7 +235,7 @@ def test_vllm_backend_needs_a_service():
     from tandem.rollout.engine import TandemEngine
 
     tok = toy.byte_bpe_tokenizer()
-    m = toy.tiny_qwen3(len(tok), layers=1, hidden=32, intermediate=64)
+    m = toy.tiny_qwen3(len(tok), 0, toy.TinyShape(layers=1, hidden=32, intermediate=64))
     with pytest.raises(ValueError, match="rollout service"):
         TandemEngine(m, None, tok, backend="vllm")
 

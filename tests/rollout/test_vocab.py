@@ -9,6 +9,8 @@ from tandem.rollout.engine import TandemEngine
 from tandem.rollout.vocab import (VocabularyMismatchError, _byte_decoder, build_tables, check_vocab_compatible,
                                   detect_style, piece_text, tables_from_texts, token_texts, word_start_ids)
 
+SMALL = toy.TinyShape(hidden=32, layers=1, intermediate=64)
+
 
 def test_byte_decoder_is_gpt2_alphabet_inverse():
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -81,13 +83,13 @@ def test_tables_padded_to_model_vocab(tok):
 
 
 def test_vocab_mismatch_is_a_clear_error(tok):
-    s = toy.tiny_qwen3(len(tok), seed=1, layers=1, hidden=32, intermediate=64)
-    j = toy.tiny_qwen3(len(tok) + 5, seed=2, layers=1, hidden=32, intermediate=64)
+    s = toy.tiny_qwen3(len(tok), 1, SMALL)
+    j = toy.tiny_qwen3(len(tok) + 5, 2, SMALL)
     with pytest.raises(VocabularyMismatchError, match="differ in size"):
         check_vocab_compatible(s, j, tok)
     with pytest.raises(VocabularyMismatchError, match="differ in size"):
         TandemEngine(s, j, tok)
-    small = toy.tiny_qwen3(len(tok) - 3, seed=1, layers=1, hidden=32, intermediate=64)
+    small = toy.tiny_qwen3(len(tok) - 3, 1, SMALL)
     with pytest.raises(VocabularyMismatchError, match="only"):
         TandemEngine(small, None, tok)
 
@@ -95,8 +97,8 @@ def test_vocab_mismatch_is_a_clear_error(tok):
 def test_tokenizer_mismatch_same_size_is_an_error(tok):
     other = toy.byte_bpe_tokenizer(texts=["zebra quartz " * 20, "jumps over lazy dogs\n\n" * 10],
                                    vocab_size=len(tok))
-    s = toy.tiny_qwen3(max(len(tok), len(other)), seed=1, layers=1, hidden=32, intermediate=64)
-    j = toy.tiny_qwen3(max(len(tok), len(other)), seed=2, layers=1, hidden=32, intermediate=64)
+    s = toy.tiny_qwen3(max(len(tok), len(other)), 1, SMALL)
+    j = toy.tiny_qwen3(max(len(tok), len(other)), 2, SMALL)
     with pytest.raises(VocabularyMismatchError):
         check_vocab_compatible(s, j, tok, other)
     with pytest.raises(VocabularyMismatchError):

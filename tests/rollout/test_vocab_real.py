@@ -94,8 +94,8 @@ def test_handoffs_fall_at_word_starts_on_the_real_vocabulary(real_tok, tables):
     from tandem.rollout import toy
     from tandem.rollout.engine import SamplingParams, TandemEngine
 
-    s, j = (toy.tiny_qwen3(len(real_tok), seed=k, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
-            for k in (3, 4))
+    shape = toy.TinyShape(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
+    s, j = (toy.tiny_qwen3(len(real_tok), k, shape) for k in (3, 4))
     bias = {i: 3.0 for i in word_start_ids(real_tok)[:2000]}  # random models: make word starts common
     for m in (s, j):
         toy.add_logit_bias(m, bias)
