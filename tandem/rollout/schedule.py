@@ -17,7 +17,7 @@ author of completion position t+1 depends only on the tokens emitted up to t and
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -184,14 +184,15 @@ class RowSchedule:
 
     @classmethod
     def resume(cls, kind: str, tables: "TokenTables | LookupTables", seed: int, row_id: int, p_senior: float,
-               max_gap_tokens: int, max_rounds: int, author: int, gap: int, newline: bool,
-               turns: int) -> "RowSchedule":
-        """The state machine at a known state (no validation: the state comes from a validated one)."""
+               max_gap_tokens: int, max_rounds: int, state: Mapping[str, Any]) -> "RowSchedule":
+        """The state machine at a known `state` (the keys of `state()`: author, gap, newline, turns; others are
+        ignored). No validation: the state comes from a validated one."""
         st = cls.__new__(cls)
         st.kind, st.seed, st.row_id = kind, seed, row_id
         st.p_senior, st.max_gap, st.max_rounds = p_senior, max_gap_tokens, max_rounds
         st._t = LookupTables.of(tables)
-        st.author, st.gap, st.newline, st.turns = int(author), int(gap), bool(newline), int(turns)
+        st.author, st.gap = int(state["author"]), int(state["gap"])
+        st.newline, st.turns = bool(state["newline"]), int(state["turns"])
         return st
 
     def state(self) -> dict:

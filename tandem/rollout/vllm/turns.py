@@ -92,8 +92,7 @@ class ChunkRule:
 
     def __init__(self, args: dict, tables: LookupTables):
         self.state = RowSchedule.resume(args["kind"], tables, args["seed"], args["row"], args["p"],
-                                        args["gap_cap"], args["rounds_cap"], args["role"], args["gap"],
-                                        args["newline"], args["turns"])
+                                        args["gap_cap"], args["rounds_cap"], {**args, "author": args["role"]})
         self.role, self.t0, self.budget = int(args["role"]), int(args["t0"]), int(args["budget"])
 
     def step(self, token: int, i: int) -> str | None:
