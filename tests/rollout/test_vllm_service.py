@@ -26,7 +26,7 @@ from tandem.rollout.core import SamplingParams
 from tandem.rollout.engine import TandemEngine
 from tandem.rollout.schedule import naive_authors
 from tandem.rollout.toy import rollout
-from tandem.rollout.vllm.client import VLLMService
+from tandem.rollout.vllm.client import LaunchOptions, VLLMService
 from tandem.rollout.vocab import token_texts
 from vllm_fixtures import need_vllm, tiny_dirs
 
@@ -41,8 +41,8 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     tok = toy.byte_bpe_tokenizer()
     dirs = tiny_dirs(root, tok)
-    svc = VLLMService.start(dirs["senior"], dirs["junior"], dtype="float32", max_model_len=512,
-                            log_path=root / "service.log", roots=[root], kv_blocks=KV_BLOCKS, start_timeout=1500)
+    svc = VLLMService.start(dirs["senior"], dirs["junior"], roots=[root], options=LaunchOptions(
+        dtype="float32", max_model_len=512, log_path=root / "service.log", kv_blocks=KV_BLOCKS, start_timeout=1500))
     yield {"svc": svc, "tok": tok, "dirs": dirs, "root": root}
     svc.stop()
 

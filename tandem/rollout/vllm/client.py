@@ -1,6 +1,6 @@
 """The pipeline's side of the vLLM rollout service: start/attach/stop the service, and the `vllm` backend.
 
-    service = VLLMService.start("models/base", "models/base", roots=["."])   # or VLLMService.attach(url, token)
+    service = VLLMService.start("models/base", "models/base", roots=["."])  # options=LaunchOptions(...)   # or VLLMService.attach(url, token)
     engine = TandemEngine(module, "models/base", tok, backend="vllm", vllm_options={"service": service, "live": True})
     batch = engine.generate(settings.request(prompt_ids, seed=3))                 # -> RolloutBatch
     engine.push_weights()                                     # after each optimizer step (VLLMWeightSync)
@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
@@ -77,6 +78,37 @@ def _is_local(url: str) -> bool:
     return (urlparse(url).hostname or "") in ("127.0.0.1", "localhost", "::1")
 
 
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How `VLLMService.start` starts the rollout service: vLLM's Python (None = `.venv-vllm`), the address
+    (port 0 = a free one), the engines' dtype, context length (0 = the model's), GPU memory share, eager mode,
+    KV cache GiB on the CPU build and KV blocks (0 = vLLM's count), the most sequences an engine schedules at
+    once, how long to wait for /health, the log file (None = in the service's run directory) and `replay`
+    (the benchmark's replayed text)."""
+
+    python: str | os.PathLike | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    dtype: str = "auto"
+    max_model_len: int = 0
+    gpu_memory: float = 0.35
+    enforce_eager: bool = True
+    cpu_kv_cache_gb: int = 1
+    kv_blocks: int = 0
+    max_num_seqs: int = 256
+    start_timeout: float = 600.0
+    log_path: str | os.PathLike | None = None
+    replay: bool = False
+
+    @classmethod
+    def from_config(cls, rollout: Any) -> "LaunchOptions":
+        """The options the `rollout` params section states (`vllm_python`, `vllm_host`, ...)."""
+        return cls(python=rollout.vllm_python, host=rollout.vllm_host, port=rollout.vllm_port,
+                   dtype=rollout.vllm_dtype, max_model_len=rollout.vllm_max_model_len,
+                   gpu_memory=rollout.vllm_gpu_memory, enforce_eager=rollout.vllm_enforce_eager,
+                   cpu_kv_cache_gb=rollout.vllm_cpu_kv_cache_gb, start_timeout=rollout.vllm_start_timeout)
+
+
 class VLLMService:
     """A running rollout service: its URL and token and, when this process started it, its process."""
 
@@ -93,37 +125,36 @@ class VLLMService:
     # -- lifecycle -----------------------------------------------------------------------------------
     @classmethod
     def start(cls, senior_dir: str | os.PathLike, junior_dir: str | os.PathLike | None = None, *,
-              python: str | os.PathLike | None = None, host: str = "127.0.0.1", port: int = 0,
-              dtype: str = "auto", max_model_len: int = 0, gpu_memory: float = 0.35, enforce_eager: bool = True,
-              cpu_kv_cache_gb: int = 1, start_timeout: float = 600.0, log_path: str | os.PathLike | None = None,
-              roots: Sequence[str | os.PathLike] = (), kv_blocks: int = 0, max_num_seqs: int = 256,
-              replay: bool = False) -> "VLLMService":
-        """Start the service from vLLM's environment and wait until its engines answer /health."""
-        py = Path(python or DEFAULT_PYTHON)
+              roots: Sequence[str | os.PathLike] = (), options: "LaunchOptions | None" = None) -> "VLLMService":
+        """Start the service from vLLM's environment and wait until its engines answer /health; it may load
+        weights only under `roots`; `options` (a `LaunchOptions`) say how it is started."""
+        o = options if options is not None else LaunchOptions()
+        py = Path(o.python or DEFAULT_PYTHON)
         py = py if py.is_absolute() else REPO_ROOT / py
         if not py.exists():
             raise FileNotFoundError(f"vllm backend: no Python at {py}; create vLLM's environment with "
                                     f"`make vllm-env` (or set rollout.vllm_python)")
-        port = port or free_port(host)
+        host, port = o.host, o.port or free_port(o.host)
         run_dir = Path(tempfile.mkdtemp(prefix="tandem-vllm-"))
-        log = Path(log_path) if log_path else run_dir / "service.log"
+        log = Path(o.log_path) if o.log_path else run_dir / "service.log"
         cmd = [str(py), "-m", "tandem.rollout.vllm.service", "--senior", str(Path(senior_dir).resolve()),
                "--junior", str(Path(junior_dir or senior_dir).resolve()), "--host", host, "--port", str(port),
-               "--dtype", dtype, "--max-model-len", str(max_model_len), "--gpu-memory-utilization", str(gpu_memory),
-               "--parent-pid", str(os.getpid()), "--run-dir", str(run_dir), "--max-num-seqs", str(max_num_seqs)]
+               "--dtype", o.dtype, "--max-model-len", str(o.max_model_len),
+               "--gpu-memory-utilization", str(o.gpu_memory), "--parent-pid", str(os.getpid()),
+               "--run-dir", str(run_dir), "--max-num-seqs", str(o.max_num_seqs)]
         for r in roots:
             cmd += ["--allow-root", str(Path(r).resolve())]
-        if kv_blocks:
-            cmd += ["--kv-blocks", str(kv_blocks)]
-        if not enforce_eager:
+        if o.kv_blocks:
+            cmd += ["--kv-blocks", str(o.kv_blocks)]
+        if not o.enforce_eager:
             cmd.append("--no-enforce-eager")
-        if replay:
+        if o.replay:
             cmd.append("--replay")
         token = secrets.token_urlsafe(32)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
         env["PYTHONPATH"] = str(REPO_ROOT)
         env[TOKEN_ENV] = token
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gb))  # GiB per engine on the CPU build
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(o.cpu_kv_cache_gb))  # GiB per engine on the CPU build
         env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # the service is threaded: never fork it
         # vLLM's CPU build binds each engine core's OpenMP threads to a core of its choosing: both engines on
         # the same core. Unbound, one thread each, the OS spreads the two engines over the machine's cores.
@@ -133,7 +164,7 @@ class VLLMService:
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("DO_NOT_TRACK", "1")
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # AsyncLLM: each engine core in its own process
-        svc = cls(f"http://{host}:{port}", token, None, cmd, env, log, start_timeout)
+        svc = cls(f"http://{host}:{port}", token, None, cmd, env, log, o.start_timeout)
         svc.run_dir = run_dir
         svc._spawn()
         return svc
@@ -304,12 +335,8 @@ def shared_service(rollout: Any, start_dir: str | os.PathLike, roots: Sequence[s
         if url:
             svc = VLLMService.attach(url, timeout=rollout.vllm_start_timeout)
         else:
-            svc = VLLMService.start(start_dir, start_dir, python=rollout.vllm_python, host=rollout.vllm_host,
-                                    port=rollout.vllm_port, dtype=rollout.vllm_dtype,
-                                    max_model_len=rollout.vllm_max_model_len, gpu_memory=rollout.vllm_gpu_memory,
-                                    enforce_eager=rollout.vllm_enforce_eager,
-                                    cpu_kv_cache_gb=rollout.vllm_cpu_kv_cache_gb,
-                                    start_timeout=rollout.vllm_start_timeout, roots=[start_dir, *roots])
+            svc = VLLMService.start(start_dir, start_dir, roots=[start_dir, *roots],
+                                    options=LaunchOptions.from_config(rollout))
             atexit.register(svc.stop)
         _SHARED[key] = svc
         return svc
