@@ -69,7 +69,7 @@ if not torch.cuda.is_available():
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.rollout.bench import _prompts
-from tandem.rollout.engine import SamplingParams, TandemEngine
+from tandem.rollout.engine import RolloutSettings, SamplingParams, TandemEngine
 from tandem.rollout.lockstep import lockstep_generate
 from tandem.rollout.toy import rollout
 
@@ -114,7 +114,7 @@ eng64 = TandemEngine(s64, j64, tok)
 few = prompts[::8]
 fast = rollout(eng64, few, "word", SamplingParams(max_new_tokens=64), seed=3)
 with torch.no_grad():
-    ref = lockstep_generate(s64, j64, eng64.tables, few, "word", SamplingParams(max_new_tokens=64), 3, eng64.eos_ids)
+    ref = lockstep_generate(eng64.pair, RolloutSettings("word", SamplingParams(max_new_tokens=64)).request(few, 3))
 print(json.dumps({"check": "hf catch-up == lockstep (cuda, float64)",
                   "ok": fast.completion_ids == ref.completion_ids}), flush=True)
 ok = fast.completion_ids == ref.completion_ids

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,18 +99,43 @@ def _hf_generate(model: Any, tok: Any, prompts: list[list[int]], max_new: int, t
     return n
 
 
-def bench_rollout(model_dir: str | None = None, n_prompts: int = 8, n_samples: int = 8,
-                  max_new_tokens: int = 128, temperature: float = 1.0, seed: int = 0, repeats: int = 3,
-                  num_threads: int | None = 1, include_generate: bool = True,
-                  include_lockstep_hf: bool = True, latency_bound: bool = True) -> dict:
+@dataclass(frozen=True)
+class BenchWorkload:
+    """What a rollout benchmark generates and how often: P prompts x S samples, the token budget (None = the
+    benchmark's default: 128 here), the sampling temperature and seed, and the timed repeats (best kept)."""
+
+    n_prompts: int = 8
+    n_samples: int = 8
+    max_new_tokens: int | None = None
+    temperature: float = 1.0
+    seed: int = 0
+    repeats: int = 3
+
+
+@dataclass(frozen=True)
+class HFBenchParts:
+    """The optional measurements of `bench_rollout`: plain `model.generate`, lockstep through transformers'
+    own forward, and the one-row (latency-bound) runs."""
+
+    generate: bool = True
+    lockstep_hf: bool = True
+    latency_bound: bool = True
+
+
+def bench_rollout(model_dir: str | None = None, work: BenchWorkload = BenchWorkload(),
+                  parts: HFBenchParts = HFBenchParts(), num_threads: int | None = 1) -> dict:
     """Tokens/s of solo, tandem (word), lockstep and `model.generate`, their ratios, and schedule diagnostics.
 
     `model_dir` None uses models/base when it exists, else a random tiny Qwen3 (said in `model`).
     `num_threads` sets torch's intra-op threads for the measurement (restored after; None keeps torch's
     setting). One is the default: tiny models gain nothing from more, and on a shared machine two threads per
-    op were measured up to 40x slower. Each timing is the best of `repeats` runs after one warm-up, the
+    op were measured up to 40x slower. Each timing is the best of `work.repeats` runs after one warm-up, the
     measured functions taking turns within each repeat.
     """
+    n_prompts, n_samples, temperature, seed, repeats = (work.n_prompts, work.n_samples, work.temperature,
+                                                        work.seed, work.repeats)
+    max_new_tokens = work.max_new_tokens or 128
+    include_generate, include_lockstep_hf, latency_bound = parts.generate, parts.lockstep_hf, parts.latency_bound
     t_start = time.perf_counter()
     old_threads = torch.get_num_threads()
     if num_threads:

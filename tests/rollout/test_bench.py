@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.rollout.bench import bench_rollout
+from tandem.rollout.bench import BenchWorkload, bench_rollout
 
 
 @pytest.mark.slow
 def test_bench_rollout_small(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no models/base here: the fallback model is used
-    r = bench_rollout(None, n_prompts=2, n_samples=2, max_new_tokens=12, repeats=1)
+    r = bench_rollout(None, BenchWorkload(n_prompts=2, n_samples=2, max_new_tokens=12, repeats=1))
     assert r["model"].startswith("fallback")
     for k in ("solo_tok_s", "tandem_tok_s", "lockstep_tok_s", "lockstep_hf_tok_s", "generate_tok_s",
               "solo_tok_s_b1", "tandem_tok_s_b1", "lockstep_tok_s_b1"):

@@ -31,13 +31,16 @@ import copy
 import os
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from tandem.rollout.bench import BenchWorkload
 from tandem.rollout.core import SamplingParams
 from tandem.rollout.request import RolloutSettings
+from tandem.rollout.vllm.client import LaunchOptions
 
 TOLERANCE = 0.1
 
@@ -85,8 +88,8 @@ def _qwen3_model_dir(max_len: int) -> tuple[Path, str]:
     from tandem.rollout.qwen3_vocab import QWEN3_VOCAB_ROWS, qwen3_tokenizer
 
     tok = qwen3_tokenizer()
-    model = toy.tiny_qwen3(QWEN3_VOCAB_ROWS, seed=0, layers=2, hidden=128, heads=4, kv_heads=2,
-                           max_position=max_len, eos_token_id=tok.eos_token_id)
+    shape = toy.TinyShape(layers=2, hidden=128, heads=4, kv_heads=2, max_position=max_len)
+    model = toy.tiny_qwen3(QWEN3_VOCAB_ROWS, 0, shape, eos_token_id=tok.eos_token_id)
     tmp = Path(tempfile.mkdtemp(prefix="tandem-bench-qwen3-"))
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
@@ -148,12 +151,27 @@ def _counters(st: dict, prefix: str = "") -> dict:
     return out
 
 
-def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_prompts: int = 8,
-                       n_samples: int = 8, max_new_tokens: int | None = None, temperature: float = 1.0,
-                       seed: int = 0, repeats: int = 2, dtype: str = "auto", python: str | None = None,
-                       vocab: str = "model", gpu: str = "h200", gpu_rows: int = 128, short_tokens: int = 500,
-                       gpu_memory: float = 0.35, compare_stream: bool = True) -> dict:
-    """Run the measurements above; returns one flat dict (see the module docstring)."""
+@dataclass(frozen=True)
+class VLLMBenchOptions:
+    """What the vllm benchmark measures besides the workload: `vocab` (model: the model's tokenizer; qwen3:
+    Qwen3's real vocabulary, replayed real text), the GPU and row count the prediction prices (`gpu`,
+    `gpu_rows`), the short history of the qwen3 counters (`short_tokens`) and the streaming-session A/B
+    (`compare_stream`)."""
+
+    vocab: str = "model"
+    gpu: str = "h200"
+    gpu_rows: int = 128
+    short_tokens: int = 500
+    compare_stream: bool = True
+
+
+def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
+                       work: BenchWorkload = BenchWorkload(repeats=2),
+                       options: VLLMBenchOptions = VLLMBenchOptions(),
+                       launch: LaunchOptions = LaunchOptions()) -> dict:
+    """Run the measurements above; returns one flat dict (see the module docstring). `work.max_new_tokens`
+    None = 128 (qwen3: 3000); `launch` starts the service (unless `url` attaches to a running one; the
+    benchmark sets the weight roots, the replay flag, the context length of a replay and a 30-minute start)."""
     from tandem.models import load_tokenizer
     from tandem.plan import KNOWN_SHAPES, ModelShape
     from tandem.rollout.bench import _prompts
@@ -161,6 +179,11 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
     from tandem.rollout.vllm.client import VLLMService
     from tandem.rollout.vllm.cost import predict
 
+    n_prompts, n_samples, max_new_tokens, temperature, seed, repeats = (
+        work.n_prompts, work.n_samples, work.max_new_tokens, work.temperature, work.seed, work.repeats)
+    vocab, gpu, gpu_rows, short_tokens, compare_stream = (options.vocab, options.gpu, options.gpu_rows,
+                                                          options.short_tokens, options.compare_stream)
+    gpu_memory = launch.gpu_memory
     if vocab not in ("model", "qwen3"):
         raise ValueError(f"vocab must be model or qwen3, got {vocab!r}")
     replay = vocab == "qwen3"
@@ -177,9 +200,9 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
     if url:
         svc, owned = VLLMService.attach(url), False
     else:
-        svc = VLLMService.start(path, path, python=python, dtype=dtype, roots=[path], replay=replay,
-                                max_model_len=(budget + max(map(len, prompts)) + 64) if replay else 0,
-                                gpu_memory=gpu_memory, start_timeout=1800)
+        svc = VLLMService.start(path, path, roots=[path], options=replace(
+            launch, replay=replay, max_model_len=(budget + max(map(len, prompts)) + 64) if replay else 0,
+            start_timeout=1800))
         owned = True
     res: dict[str, Any] = {"backend": "vllm", "model": desc, "vocab": vocab, "vocab_size": len(tok),
                            "rows": len(prompts), "max_new_tokens": budget,
@@ -254,7 +277,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
                 res["short_max_new_tokens"] = short_tokens
             res.update({"logprob_max_abs_diff": None, "weights_synced": None})
         else:
-            _checks(res, eng, be, senior, prompts, b_t, sp, temperature, seed)
+            _checks(res, eng, be, senior, prompts, b_t, sp, seed)
     finally:
         if owned:
             svc.stop()
@@ -267,9 +290,12 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None, n_p
 
 
 def _checks(res: dict, eng: Any, be: Any, senior: Any, prompts: list, b_t: Any, sp: SamplingParams,
-            temperature: float, seed: int) -> None:
-    """Log-probs against transformers and the weight sync after a real optimizer step."""
+            seed: int) -> None:
+    """Log-probs against transformers and the weight sync after a real optimizer step (sampled at
+    `sp.temperature`)."""
     from tandem.rollout.toy import rollout
+
+    temperature = sp.temperature
 
     rows = list(range(0, len(prompts), max(1, len(prompts) // 16)))[:16]
     seqs = [prompts[i] + b_t.completion_ids[i] for i in rows]
