@@ -23,10 +23,11 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import typer
 
+from cli.options import PARAMS_OPT, WAIT_OPT, BenchRolloutOptions, RunOptions, StudyOptions, takes
 from tandem.config import ParamsError
 from tandem.errors import as_user_error, is_expected
 
@@ -38,8 +39,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print ratios measured in one process.")
 app.add_typer(bench_app, name="bench")
 
-PARAMS_OPT = typer.Option("params.yaml", "--params", "-p", help="params file (YAML) to read")
-WAIT_OPT = typer.Option(False, "--wait", help="if another run holds this output root, wait for it instead of stopping")
 
 
 def debug_enabled() -> bool:
@@ -189,52 +188,25 @@ def _direct_stages(p, wanted: list[str] | None) -> list[tuple[str, str | None]]:
                   "(params.study.yaml -> runs/study/), so it never writes over the default run's outputs. After a "
                   "run of the project's own params.yaml, the outputs are compared with the committed record "
                   "(HEAD's dvc.lock), and a short summary says whether they match.")
-def run(params: str = PARAMS_OPT,
-        stages: str = typer.Option("all", "--stages", "-s", metavar="SELECTION",
-                                   help="what to run: all | training (prepare, base, train@<arm>) | evaluation "
-                                        "(evaluate, analyze, report) | a comma list of stages or groups, e.g. "
-                                        "base,train@tandem or evaluate,report (the outputs of stages left out "
-                                        "must exist)"),
-        force: bool = typer.Option(False, "--force", "-f",
-                                   help="run the selected stages even when dvc.lock says they are up to date"),
-        promote: bool = typer.Option(False, "--promote",
-                                     help="promote the best checkpoint if it does not regress (git tags on a commit "
-                                          "whose dvc.lock pins it: with --publish, or after committing dvc.lock)"),
-        pull: bool = typer.Option(False, "--pull", help="`dvc pull` first: the outputs dvc.lock names, from the "
-                                                        "DVC remote (the record's artifacts)"),
-        push: bool = typer.Option(False, "--push", help="`dvc push` the outputs to the DVC remote afterwards"),
-        remote: Optional[str] = typer.Option(None, "--remote", help="DVC remote for --push (default: the "
-                                                                    "project's, .dvc/config)"),
-        publish: bool = typer.Option(False, "--publish", help="commit dvc.lock, params.yaml and metrics/ and push "
-                                                              "them and the promotion tags to git `origin`"),
-        eval_runner: str = typer.Option("threads", "--eval-runner", metavar="RUNNER",
-                                        help="where evaluation units run: threads | dask (a local Dask cluster) | "
-                                             "a Dask scheduler address (tcp://host:8786)"),
-        dvc: str = typer.Option("auto", "--dvc", metavar="MODE",
-                                help="auto: commit each stage to dvc.lock and skip current ones when this is the "
-                                     "project's run (params.yaml, out_root .) | on: insist | off: never touch DVC | "
-                                     "adopt: copy --params over params.yaml first (a worker's own clone)"),
-        live: Optional[bool] = typer.Option(None, "--live/--no-live",
-                                            help="terminal progress view (default: on in a terminal)"),
-        direct: bool = typer.Option(False, help="call the stages in order without Prefect (no DVC commits, "
-                                                "skips, promotion or push)"),
-        wait: bool = WAIT_OPT) -> None:
+@takes(RunOptions)
+def run(o: RunOptions) -> None:
     _offline_defaults()
-    p = _load(params)
-    wanted = _stage_list(stages)
+    p = _load(o.params)
+    wanted = _stage_list(o.stages)
     todo = _direct_stages(p, wanted)  # also checks the names before any work
-    if dvc not in ("auto", "on", "off", "adopt"):
-        raise typer.BadParameter(f"{dvc!r}: choose auto, on, off or adopt", param_hint="--dvc")
+    if o.dvc not in ("auto", "on", "off", "adopt"):
+        raise typer.BadParameter(f"{o.dvc!r}: choose auto, on, off or adopt", param_hint="--dvc")
     from flows.dvc_sync import find_project
     from tasks.common import run_root
 
-    if dvc in ("auto", "off"):
-        p, moved = run_root(params, p, find_project(Path.cwd().resolve()))
+    if o.dvc in ("auto", "off"):
+        p, moved = run_root(o.params, p, find_project(Path.cwd().resolve()))
         if moved:
             typer.secho(moved, fg=typer.colors.YELLOW, err=True)
     t0 = time.perf_counter()
     report = None
     result: dict = {}
+    direct = o.direct
     if not direct:
         try:
             from flows.pipeline import tandem_pipeline
@@ -242,9 +214,9 @@ def run(params: str = PARAMS_OPT,
             typer.secho(f"Prefect flow unavailable ({e}); running stages directly", fg=typer.colors.YELLOW)
             direct = True
     if direct:
-        flow_only = [flag for flag, on in (("--promote", promote), ("--pull", pull), ("--push", push),
-                                           ("--publish", publish), ("--force", force),
-                                           ("--eval-runner", eval_runner != "threads"), ("--dvc", dvc != "auto"))
+        flow_only = [flag for flag, on in (("--promote", o.promote), ("--pull", o.pull), ("--push", o.push),
+                                           ("--publish", o.publish), ("--force", o.force),
+                                           ("--eval-runner", o.eval_runner != "threads"), ("--dvc", o.dvc != "auto"))
                      if on]
         if flow_only:
             raise typer.BadParameter(f"{', '.join(flow_only)} {'needs' if len(flow_only) == 1 else 'need'} the Prefect flow "
@@ -252,7 +224,7 @@ def run(params: str = PARAMS_OPT,
                                      param_hint="--direct")
     from tandem.workspace import workspace_lock
 
-    with expected_failures("pipeline", p.out_root), workspace_lock(p.out_root, wait=wait, command="tandem run"):
+    with expected_failures("pipeline", p.out_root), workspace_lock(p.out_root, wait=o.wait, command="tandem run"):
         if direct:
             for name, arm in todo:
                 if importlib.util.find_spec(f"tasks.{name}") is None:
@@ -262,9 +234,9 @@ def run(params: str = PARAMS_OPT,
                 run_stage(name, p, arm)
         else:
             _guard_log_handlers()
-            result = tandem_pipeline(params_path=params, dvc=dvc, force=force, promote=promote, push=push,
-                                     publish=publish, pull=pull, remote=remote, live=live, eval_runner=eval_runner,
-                                     stages=wanted)
+            result = tandem_pipeline(params_path=o.params, dvc=o.dvc, force=o.force, promote=o.promote, push=o.push,
+                                     publish=o.publish, pull=o.pull, remote=o.remote, live=o.live,
+                                     eval_runner=o.eval_runner, stages=wanted)
             result = result if isinstance(result, dict) else {}
             report = result.get("report")
             res = result.get("resources")
@@ -277,7 +249,7 @@ def run(params: str = PARAMS_OPT,
         path = Path(report) if (label == "report" and report) else root / rel
         if path.exists():
             typer.echo(f"  {label:12s} {path.resolve()}")
-    if result.get("dvc_synced") and not publish:
+    if result.get("dvc_synced") and not o.publish:
         _compare_with_record(root)
 
 
@@ -298,27 +270,25 @@ def _compare_with_record(root: Path) -> None:
                 fg=typer.colors.GREEN if cmp.identical else typer.colors.YELLOW)
 
 
+def _echo_status(rows: list[dict], lead: Callable[[dict], str]) -> None:
+    """`--status` of a study or the pilot: one line per run, `lead(row)`, then its arm, state and step."""
+    for r in rows:
+        step = f"{r['step']}/{r['steps']}" if r["steps"] else ""
+        typer.echo(f"{lead(r)} {r['arm']:<8} {r['state']:<10} {step}")
+
+
+def _seed_column(r: dict) -> str:
+    return f"seed {r['seed']:>3} "
+
+
 @app.command()
-def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds (first-seed, first-seed + 1, ...)"),
-          params: str = typer.Option("params.study.yaml", "--params", "-p", help="complete params file of the study"),
-          first_seed: int = typer.Option(0, "--first-seed", help="the first seed"),
-          out: Optional[str] = typer.Option(None, "--out", help="directory for the per-seed roots, claims.json and the "
-                                            "report (default: studies/first-study for a --params study, studies for "
-                                            "--registered and --recompute)"),
-          jobs: int = typer.Option(2, "--jobs", help="runs side by side (each a one-thread stage process)"),
-          until: str = typer.Option("claims", "--until", help="stop after: train | analyze | claims"),
-          show_status: bool = typer.Option(False, "--status", help="print where each seed x arm stands and exit"),
-          recompute: bool = typer.Option(False, "--recompute", help="rebuild <out>/claims.json and the report from "
-                                         "<out>/results/ and <out>/registration.yaml alone, and exit"),
-          direct: bool = typer.Option(False, help="run the steps in this process without Prefect"),
-          registered: bool = typer.Option(False, "--registered", help="the registered study (studies/registration"
-                                          ".yaml: its study file, seeds, arms, positive control); per seed x arm "
-                                          "results go to studies/results/ as they finish")) -> None:
+@takes(StudyOptions)
+def study(o: StudyOptions) -> None:
     """Run the pipeline for several seeds x the arms and test the paper's claims with 95% intervals
     (`<out>/claims.json`, `<out>/report.md`). Rerun after an interruption: it continues where it stopped."""
     _offline_defaults()
-    out = out or ("studies" if (recompute or registered) else "studies/first-study")
-    if recompute:  # the committed per-problem CSVs and the registration are all it reads: no params, no models
+    out = o.out or ("studies" if (o.recompute or o.registered) else "studies/first-study")
+    if o.recompute:  # the committed per-problem CSVs and the registration are all it reads: no params, no models
         with expected_failures("study"):
             from tasks import claims as cl
 
@@ -326,10 +296,10 @@ def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds
         typer.echo(cl.summary(doc))
         typer.echo(f"  claims   {Path(out) / 'claims.json'}\n  report   {Path(out) / 'report.md'}")
         return
-    if until not in ("train", "analyze", "claims"):
-        typer.secho(f"--until {until!r}: choose train, analyze or claims", fg=typer.colors.RED, err=True)
+    if o.until not in ("train", "analyze", "claims"):
+        typer.secho(f"--until {o.until!r}: choose train, analyze or claims", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2)
-    if registered:
+    if o.registered:
         with expected_failures("study"):
             from tasks import pilot as pl
             from tasks import study as st
@@ -343,18 +313,16 @@ def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds
             seeds_ = sorted(int(x) for x in sc["seeds"])
             if seeds_ != list(range(seeds_[0], seeds_[0] + len(seeds_))):
                 raise st.BadInputError(f"study: registered seeds {seeds_} must be consecutive")
-            s = st.settings(study_file, len(seeds_), seeds_[0], Path(reg["_dir"]), int(sc.get("jobs", jobs)))
-            if show_status:
-                for r in st.status(s):
-                    step = f"{r['step']}/{r['steps']}" if r["steps"] else ""
-                    typer.echo(f"seed {r['seed']:>3}  {r['arm']:<8} {r['state']:<10} {step}")
+            s = st.settings(study_file, len(seeds_), seeds_[0], Path(reg["_dir"]), int(sc.get("jobs", o.jobs)))
+            if o.show_status:
+                _echo_status(st.status(s), _seed_column)
                 return
             pc = sc["positive_control"]
             ctl = st.Control(int(pc["sft_steps"]), int(pc["sft_batch_size"]), float(pc["sft_lr"]))
             t0 = time.perf_counter()
-            st.run_study(s, until, ctl, Path(reg["_dir"]) / "results", log=typer.echo)
+            st.run_study(s, o.until, ctl, Path(reg["_dir"]) / "results", log=typer.echo)
             doc = None
-            if until == "claims":
+            if o.until == "claims":
                 from tasks import claims as cl
 
                 doc = cl.recompute(Path(reg["_dir"]))
@@ -362,34 +330,33 @@ def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds
         if doc is not None:
             typer.echo(cl.summary(doc))
         return
-    _load(params)
+    _load(o.params)
     with expected_failures("study"):
         from tasks import study as st
 
-        s = st.settings(params, seeds, first_seed, out, jobs)
-        if show_status:
-            for r in st.status(s):
-                step = f"{r['step']}/{r['steps']}" if r["steps"] else ""
-                typer.echo(f"seed {r['seed']:>3}  {r['arm']:<8} {r['state']:<10} {step}")
+        s = st.settings(o.params, o.seeds, o.first_seed, out, o.jobs)
+        if o.show_status:
+            _echo_status(st.status(s), _seed_column)
             return
         t0 = time.perf_counter()
-        if direct:
+        if o.direct:
             st.shared_inputs(s)
             for seed in s.seeds:
                 root = st.prepare_root(s, seed)
                 for arm in s.arms:
                     typer.echo(f"study: seed {seed} {arm}: training (log: {root / 'logs' / f'train_{arm}.log'})")
                     st.train(root, arm)
-                if until != "train":
+                if o.until != "train":
                     st.evaluate(root)
                     st.analyze(root)
-            doc = st.aggregate(s) if until == "claims" else None
+            doc = st.aggregate(s) if o.until == "claims" else None
         else:
             from flows.study import tandem_study
 
             _guard_log_handlers()
-            tandem_study(params_path=params, seeds=seeds, first_seed=first_seed, out=out, jobs=jobs, until=until)
-            doc = st.read_json(s.out / "claims.json") if until == "claims" else None
+            tandem_study(params_path=o.params, seeds=o.seeds, first_seed=o.first_seed, out=out, jobs=o.jobs,
+                         until=o.until)
+            doc = st.read_json(s.out / "claims.json") if o.until == "claims" else None
     typer.secho(f"\nstudy finished in {time.perf_counter() - t0:.0f}s", bold=True)
     if doc is not None:
         typer.echo(st.claims_summary(doc))
@@ -408,9 +375,7 @@ def pilot(registration: str = typer.Option("studies/registration.yaml", "--regis
         from tasks import pilot as pl
 
         if show_status:
-            for r in pl.status(registration):
-                step = f"{r['step']}/{r['steps']}" if r["steps"] else ""
-                typer.echo(f"{r['variant']:<4} {r['unit']:<16} {r['arm']:<8} {r['state']:<10} {step}")
+            _echo_status(pl.status(registration), lambda r: f"{r['variant']:<4} {r['unit']:<16}")
             return
         t0 = time.perf_counter()
         doc = pl.run(registration, jobs, log=typer.echo)
@@ -477,45 +442,31 @@ def plan(params: str = PARAMS_OPT,
 
 
 @bench_app.command("rollout")
-def bench_rollout(as_json: bool = typer.Option(False, "--json", help="print one JSON line"),
-                  model: Optional[str] = typer.Option(None, help="model dir (default: models/base if present)"),
-                  backend: str = typer.Option("hf", help="hf (this process) or vllm (the rollout service in "
-                                                         "vLLM's own environment)"),
-                  url: Optional[str] = typer.Option(None, help="vllm: attach to a running service instead of "
-                                                               "starting one ($TANDEM_VLLM_TOKEN: its secret)"),
-                  vocab: str = typer.Option("model", help="vllm: model (the model's tokenizer) or qwen3 (Qwen3's "
-                                                          "real vocabulary, replayed real text at full length)"),
-                  max_new_tokens: Optional[int] = typer.Option(None, help="vllm: tokens per row (default 128; "
-                                                                          "qwen3: 3000)"),
-                  prompts: int = typer.Option(8, help="vllm: distinct prompts"),
-                  samples: Optional[int] = typer.Option(None, help="vllm: rows per prompt (default 8; qwen3: 4)"),
-                  repeats: int = typer.Option(2, help="vllm: timed runs of each (best kept)"),
-                  gpu: str = typer.Option("h200", help="vllm: the GPU the prediction prices (h200 | h100)"),
-                  gpu_rows: int = typer.Option(128, help="vllm: rows the prediction scales the counts to"),
-                  compare_stream: bool = typer.Option(True, help="vllm: also time the tandem rollout through "
-                                                                 "AsyncLLM.generate's sessions (stream_*)")
-                  ) -> None:
+@takes(BenchRolloutOptions)
+def bench_rollout(o: BenchRolloutOptions) -> None:
     """Rollout throughput: solo, tandem (word), lockstep reference and plain generate, with ratios; with
     --backend vllm: the service's throughput, its counters, the predicted GPU ratio, log-probs against
     transformers and the weight-sync check."""
-    model_dir = model if model else ("models/base" if Path("models/base/config.json").exists() else None)
-    if backend == "vllm":
-        from tandem.rollout.vllm.bench import bench_rollout_vllm
+    model_dir = o.model if o.model else ("models/base" if Path("models/base/config.json").exists() else None)
+    if o.backend == "vllm":
+        from tandem.rollout.bench import BenchWorkload
+        from tandem.rollout.vllm.bench import VLLMBenchOptions, bench_rollout_vllm
 
-        res = bench_rollout_vllm(model_dir=model_dir, url=url, vocab=vocab, max_new_tokens=max_new_tokens,
-                                 n_prompts=prompts, n_samples=samples or (4 if vocab == "qwen3" else 8),
-                                 repeats=repeats, gpu=gpu, gpu_rows=gpu_rows, compare_stream=compare_stream)
-        _print_bench(res, as_json)
-        if vocab == "model" and not (res["weights_synced"] and res["logprob_max_abs_diff"] <= 0.1):
+        work = BenchWorkload(n_prompts=o.prompts, n_samples=o.samples or (4 if o.vocab == "qwen3" else 8),
+                             max_new_tokens=o.max_new_tokens, repeats=o.repeats)
+        res = bench_rollout_vllm(model_dir, o.url, work, VLLMBenchOptions(
+            vocab=o.vocab, gpu=o.gpu, gpu_rows=o.gpu_rows, compare_stream=o.compare_stream))
+        _print_bench(res, o.as_json)
+        if o.vocab == "model" and not (res["weights_synced"] and res["logprob_max_abs_diff"] <= 0.1):
             raise typer.Exit(code=1)
         return
-    if backend != "hf":
-        typer.secho(f"unknown backend {backend!r}; choose hf or vllm", fg=typer.colors.RED, err=True)
+    if o.backend != "hf":
+        typer.secho(f"unknown backend {o.backend!r}; choose hf or vllm", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2)
     from tandem.rollout.bench import bench_rollout as _bench
 
     res = _bench(model_dir=model_dir)
-    _print_bench(res, as_json)
+    _print_bench(res, o.as_json)
 
 
 @bench_app.command("train")
