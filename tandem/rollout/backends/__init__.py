@@ -1,6 +1,6 @@
 """Rollout backends: one interface, `generate(request) -> RolloutBatch`, and a registry by name.
 
-    backend = make_backend("hf", senior=..., junior=..., tables=..., eos_ids=...)
+    backend = make_backend("hf", pair=ModelPair.build(senior, junior, tokenizer), options=HFOptions())
     batch = backend.generate(request)            # request: tandem.rollout.request.RolloutRequest
 
 - `hf`: the catch-up kernel over transformers modules in this process (`backends/hf.py`);
@@ -9,8 +9,9 @@
 
 A backend is registered as an import path ("module:attribute"), so that registering one never imports it:
 the pipeline's environment has no vLLM, and `hf` needs no HTTP client. `TandemEngine`
-(`tandem/rollout/engine.py`) checks the vocabulary, builds the token tables and EOS ids, and hands them to the
-backend it names.
+(`tandem/rollout/engine.py`) checks the vocabulary, builds the token tables and EOS ids (one
+`tandem.rollout.request.ModelPair`), and hands them to the backend it names as `pair=`, with the backend's
+own options.
 """
 
 from __future__ import annotations
