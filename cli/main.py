@@ -40,7 +40,6 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print ratios
 app.add_typer(bench_app, name="bench")
 
 
-
 def debug_enabled() -> bool:
     return os.environ.get("TANDEM_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
