@@ -1,8 +1,10 @@
 """No function of the command line (`cli/`) or of the rollout package (`tandem/rollout/`) takes more than eight
-parameters (`self`/`cls` not counted, `*args`/`**kwargs` counted): what travels together is one frozen value
+parameters.
+
+`self`/`cls` are not counted, `*args`/`**kwargs` are. What travels together is one frozen value
 (`RolloutRequest`, `ModelPair`, `HFOptions`, `LaunchOptions`, `BenchWorkload`, `TinyShape`, the cli's option
-tables). The vLLM service's engine start and the per-row turn drivers are left to their own reshaping
-(`SKIP`)."""
+tables). The vLLM service's engine start and the per-row turn drivers are left to their own reshaping (`SKIP`).
+"""
 
 from __future__ import annotations
 
