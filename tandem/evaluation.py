@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -30,6 +30,7 @@ from tandem.logprobs import iter_logp_chunks
 from tandem.metrics.drift import kl_BT, token_logratio_BT
 from tandem.metrics.legibility import overlap_BT, token_nll_BT
 from tandem.metrics.passk import mean_pass_at_k
+from tandem.run_keys import eval_result_fields
 
 FORMAT_VERSION = 2  # bump when a stored record or summary changes shape: old cache entries stop matching
 MODES = ("solo", "step", "word")
@@ -103,14 +104,9 @@ class EvalSettings:
                                max_rounds=self.max_rounds, batch_size=self.batch_size)
 
     def key_fields(self, mode: str) -> dict:
-        """The settings that enter the result key of `mode` (batch size never does)."""
-        out = {k: v for k, v in asdict(self).items()
-               if k in ("n_samples", "temperature", "top_p", "top_k", "max_new_tokens", "seed")}
-        if mode == "step":
-            out["max_rounds"] = self.max_rounds
-        if mode == "word":
-            out.update(p_senior=self.p_senior, max_gap_tokens=self.max_gap_tokens)
-        return out
+        """The settings that enter the result key of `mode` (`tandem.run_keys.EVAL_RESULT_KEYS`; batch size
+        never does)."""
+        return {k: getattr(self, k) for k in eval_result_fields(mode)}
 
 
 def result_key(model_hash: str, mode: str, benchmark: str, bench_rows_hash: str, settings: EvalSettings,

@@ -27,6 +27,7 @@ from tandem.generation import eos_token_ids, stable_seed
 from tandem.threads import torch_threads
 from tandem.metrics.passk import macro_mean
 from tandem.rollout.factory import rollout_engine
+from tandem.run_keys import EVAL_RESULT_KEYS, EVAL_STREAM_KEYS, eval_estimate_fields, setting
 from tasks import headline, tracking
 from tasks.common import (Layout, read_json, read_jsonl, stage_outputs, timing_path, write_json, write_jsonl,
                           write_metrics)
@@ -54,10 +55,9 @@ def _io(params: Params, inputs: dict | None, outputs: dict | None) -> tuple[dict
 # --------------------------------------------------------------------------------------------------
 
 def settings_of(params: Params) -> EvalSettings:
-    ev, ro = params.evaluate, params.rollout
-    return EvalSettings(n_samples=ev.n_samples, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k,
-                        max_new_tokens=ev.max_new_tokens, max_rounds=ev.max_rounds, p_senior=ro.p_senior,
-                        max_gap_tokens=ro.max_gap_tokens, seed=params.seed, batch_size=ev.batch_size)
+    """The evaluation settings: each result key from its params key (`tandem.run_keys.EVAL_RESULT_KEYS`)."""
+    return EvalSettings(**{f: setting(params, key) for f, key in EVAL_RESULT_KEYS.items()},
+                        batch_size=params.evaluate.batch_size)
 
 
 def load_benchmarks(params: Params, inputs: dict) -> dict[str, list[dict]]:
@@ -326,12 +326,11 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
         for m in ev.modes:
             summary[arm].update({f"{m}/pass@{k}": last["modes"][m]["macro"][f"pass@{k}"] for k in ev.ks})
     summary[JUNIOR] = {f"solo/pass@{k}": junior["modes"]["solo"]["macro"][f"pass@{k}"] for k in ev.ks}
+    # the result settings (`tandem.run_keys`), in the order eval.json has always listed them
+    estimate = {k: getattr(settings, k) for k in eval_estimate_fields()}
     doc = {
-        "settings": {"n_samples": ev.n_samples, "ks": list(ev.ks), "modes": list(ev.modes),
-                     "temperature": ev.temperature, "top_p": ev.top_p, "top_k": ev.top_k,
-                     "max_new_tokens": ev.max_new_tokens, "max_rounds": ev.max_rounds,
-                     "p_senior": settings.p_senior, "max_gap_tokens": settings.max_gap_tokens,
-                     "max_problems": ev.max_problems, "seed": params.seed,
+        "settings": {"n_samples": estimate.pop("n_samples"), "ks": list(ev.ks), "modes": list(ev.modes), **estimate,
+                     "max_problems": ev.max_problems, **{k: getattr(settings, k) for k in EVAL_STREAM_KEYS},
                      "benchmarks": {b: {"n_problems": len(r), "rows_hash": rows_hash(r)} for b, r in benches.items()}},
         "junior": junior, "arms": arms, "summary": summary,
     }
