@@ -69,7 +69,7 @@ def dotted(group: dict[str, tuple[str, ...]]) -> list[str]:
 
 
 def train_stage_params() -> list[str]:
-    """The params keys `train@<arm>` declares in dvc.yaml: every setting that shapes an arm's outputs."""
+    """The params keys `train@<arm>` declares in dvc.yaml: every setting the stage reads but the runtime keys."""
     keys = dotted(TRAJECTORY_KEYS) + dotted(ARM_DEFINITION_KEYS) + dotted(RESUMABLE_KEYS)
     return list(TRAIN_STAGE_OTHER_KEYS) + sorted(keys)
 
