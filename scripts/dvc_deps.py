@@ -18,6 +18,10 @@ directory, which stays truthful); otherwise its files are listed one by one.
 
 `--write` replaces, in each stage's `deps:` list, the entries under the code packages and keeps every other
 entry (data, models) and every comment where it was.
+
+The `params:` of the stages in `GENERATED_PARAMS` are generated too, from the one statement of what shapes a
+run (tandem/run_keys.py: `train@<arm>` declares the keys that shape an arm's outputs, never the list of the
+other arms or the rollout service's address); `--write` replaces that list and `--check` reports a difference.
 """
 
 from __future__ import annotations
@@ -31,8 +35,13 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # tandem.run_keys, when run as a script from a checkout
+    sys.path.insert(0, str(ROOT))
+
+from tandem.run_keys import train_stage_params  # noqa: E402
 CODE_ROOTS = ("cli", "flows", "tandem", "tasks")
 ENTRY = "cli.main"  # what `tandem stage <name>` runs; module-level imports only (see the docstring)
+GENERATED_PARAMS = {"train": train_stage_params}  # stage -> its `params:` list (see the docstring)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -158,16 +167,20 @@ def check(root: Path = ROOT) -> list[str]:
             problems.append(f"{name}: imports {d}, which dvc.yaml does not declare")
         for d in sorted(declared - want):
             problems.append(f"{name}: declares {d}, which is not (or not wholly) in its import closure")
+        if name in GENERATED_PARAMS and st.get("params", []) != GENERATED_PARAMS[name]():
+            problems.append(f"{name}: its params differ from tandem/run_keys.py's list")
     return problems
 
 
 _STAGE = re.compile(r"^  ([A-Za-z_][\w-]*):\s*$")
 _DEPS = re.compile(r"^(\s+)deps:\s*$")
+_PARAMS = re.compile(r"^(\s+)params:\s*$")
 _ITEM = re.compile(r"^(\s+)- (\S+)\s*$")
 
 
 def rewrite(text: str, root: Path = ROOT) -> str:
-    """dvc.yaml `text` with each stage's code deps replaced by its closure (other lines untouched)."""
+    """dvc.yaml `text` with each stage's code deps replaced by its closure and the generated params lists
+    written (other lines untouched)."""
     lines = text.splitlines()
     out: list[str] = []
     stage = None
@@ -177,7 +190,8 @@ def rewrite(text: str, root: Path = ROOT) -> str:
         m = _STAGE.match(line)
         if m:
             stage = m.group(1)
-        if _DEPS.match(line) and stage is not None:
+        generated = _DEPS.match(line) or (_PARAMS.match(line) and stage in GENERATED_PARAMS)
+        if generated and stage is not None:
             out.append(line)
             i += 1
             block = []
@@ -185,9 +199,13 @@ def rewrite(text: str, root: Path = ROOT) -> str:
                 block.append(lines[i])
                 i += 1
             indent = next((_ITEM.match(b).group(1) for b in block if _ITEM.match(b)), " " * 6)
-            kept = [b for b in block if not (_ITEM.match(b) and is_code(_ITEM.match(b).group(2)))]
-            at = next((k for k, b in enumerate(kept) if _ITEM.match(b)), len(kept))  # code first, after comments
-            kept[at:at] = [f"{indent}- {d}" for d in stage_code_deps(stage, root)]
+            if _DEPS.match(line):
+                kept = [b for b in block if not (_ITEM.match(b) and is_code(_ITEM.match(b).group(2)))]
+                entries = stage_code_deps(stage, root)
+            else:
+                kept, entries = [b for b in block if not _ITEM.match(b)], GENERATED_PARAMS[stage]()
+            at = next((k for k, b in enumerate(kept) if _ITEM.match(b)), len(kept))  # generated first, after comments
+            kept[at:at] = [f"{indent}- {d}" for d in entries]
             out += kept
             continue
         out.append(line)
@@ -199,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--check", action="store_true", help="exit 1 if dvc.yaml's code deps differ from the closures")
-    g.add_argument("--write", action="store_true", help="rewrite the code deps in dvc.yaml")
+    g.add_argument("--write", action="store_true", help="rewrite the code deps (and generated params) in dvc.yaml")
     a = ap.parse_args(argv)
     path = ROOT / "dvc.yaml"
     if a.write:
@@ -207,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(new)
         problems = check()
         assert not problems, problems
-        print(f"{path}: code deps of every stage rewritten from its import closure")
+        print(f"{path}: code deps of every stage rewritten from its import closure, "
+              f"params of {', '.join(GENERATED_PARAMS)} from tandem/run_keys.py")
         return 0
     if a.check:
         problems = check()

@@ -1,12 +1,13 @@
 """Evaluation helpers: checkpoints, content hashes, result keys, one benchmark run, batched teacher forcing.
 
-Stage plumbing (paths, caching on disk, JSON/CSV tables) lives in `tasks/evaluate.py` and
-`tasks/analyze.py`; this module holds what a notebook would import (an arm's checkpoints are enumerated by
-`tandem.checkpoints.list_checkpoints`): hash a model directory's weights (`content_hash`), key a
-result by everything that determines its distribution (`result_key`), generate and score `n` samples per
-problem of one benchmark in one mode (`run_benchmark`, over the shared `tandem.generation` path), summarise
-them (`summarize_benchmark`), and teacher-force a senior and the base on saved completions
-(`teacher_forced_stats`, over `tandem.logprobs`). Definitions: docs/metrics.md.
+Stage plumbing (paths, JSON/CSV tables) lives in `tasks/evaluate.py` and `tasks/analyze.py`, the result
+cache on disk, the unit planner and the model cache in `tandem/eval_cache.py`; this module holds what a
+notebook would import (an arm's checkpoints are enumerated by `tandem.checkpoints.list_checkpoints`): hash a
+model directory's weights (`content_hash`), key a result by everything that determines its distribution
+(`result_key`, over `tandem.run_keys.EVAL_RESULT_KEYS`), generate and score `n` samples per problem of one
+benchmark in one mode (`run_benchmark`, over the shared `tandem.generation` path), summarise them
+(`summarize_benchmark`), and teacher-force a senior and the base on saved completions (`teacher_forced_stats`,
+over `tandem.logprobs`). Definitions: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -30,6 +31,7 @@ from tandem.logprobs import iter_logp_chunks
 from tandem.metrics.drift import kl_BT, token_logratio_BT
 from tandem.metrics.legibility import overlap_BT, token_nll_BT
 from tandem.metrics.passk import mean_pass_at_k
+from tandem.run_keys import eval_result_fields
 
 FORMAT_VERSION = 2  # bump when a stored record or summary changes shape: old cache entries stop matching
 MODES = ("solo", "step", "word")
@@ -102,15 +104,17 @@ class EvalSettings:
         return RolloutSettings(mode, sampling, p_senior=self.p_senior, max_gap_tokens=self.max_gap_tokens,
                                max_rounds=self.max_rounds, batch_size=self.batch_size)
 
+    def sampling(self):
+        """The engine's `SamplingParams` for evaluation decoding."""
+        from tandem.rollout.engine import SamplingParams
+
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_new_tokens=self.max_new_tokens)
+
     def key_fields(self, mode: str) -> dict:
-        """The settings that enter the result key of `mode` (batch size never does)."""
-        out = {k: v for k, v in asdict(self).items()
-               if k in ("n_samples", "temperature", "top_p", "top_k", "max_new_tokens", "seed")}
-        if mode == "step":
-            out["max_rounds"] = self.max_rounds
-        if mode == "word":
-            out.update(p_senior=self.p_senior, max_gap_tokens=self.max_gap_tokens)
-        return out
+        """The settings that enter the result key of `mode` (`tandem.run_keys.EVAL_RESULT_KEYS`; batch size
+        never does)."""
+        return {k: getattr(self, k) for k in eval_result_fields(mode)}
 
 
 def result_key(model_hash: str, mode: str, benchmark: str, bench_rows_hash: str, settings: EvalSettings,
@@ -131,18 +135,28 @@ def result_key(model_hash: str, mode: str, benchmark: str, bench_rows_hash: str,
 # Generation and scoring of one benchmark in one mode
 # --------------------------------------------------------------------------------------------------
 
-def run_benchmark(engine, tokenizer, rows: Sequence[dict], mode: str, settings: EvalSettings, sampling: Any,
-                  seed: int, score_fn: Callable[[list[str], list[str]], list[float]], eos_ids: Sequence[int] = (),
+@dataclass(frozen=True)
+class Decoder:
+    """What generates an evaluation's samples: the rollout engine, its tokenizer and the stop token ids."""
+
+    engine: Any
+    tokenizer: Any
+    eos_ids: Sequence[int] = ()
+
+
+def run_benchmark(decoder: Decoder, rows: Sequence[dict], mode: str, settings: EvalSettings, seed: int,
+                  score_fn: Callable[[list[str], list[str]], list[float]],
                   progress: Callable[[int], None] | None = None) -> list[dict]:
     """Generate `settings.n_samples` completions per row in `mode` and score them; one record per sample.
 
-    `sampling` is the engine's `SamplingParams` built from `settings`; the path is
-    `tandem.generation.generate_and_score`, the same as the base stage's accuracy and train-time validation.
+    Sampling follows `settings` (`EvalSettings.sampling`); the path is `tandem.generation.generate_and_score`,
+    the same as the base stage's accuracy and train-time validation.
     """
     if mode not in MODES:
         raise ValueError(f"unknown evaluation mode {mode!r}; expected one of {MODES}")
-    return generate_and_score(engine, tokenizer, rows, settings.rollout_settings(mode, sampling), settings.n_samples,
-                              seed, score_fn, eos_ids, progress)
+    return generate_and_score(decoder.engine, decoder.tokenizer, rows,
+                              settings.rollout_settings(mode, settings.sampling()), settings.n_samples, seed,
+                              score_fn, decoder.eos_ids, progress)
 
 
 def summarize_benchmark(records: Sequence[dict], ks: Sequence[int]) -> dict:

@@ -25,8 +25,7 @@ from tandem.evaluation import content_hash, teacher_forced_stats
 from tandem.threads import torch_threads
 from tandem.metrics.analysis import analyze_checkpoints, per_problem_counts, per_problem_means
 from tasks import headline
-from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_json
-from tasks.evaluate import write_csv
+from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_csv, write_json
 from tandem.errors import BadInputError
 
 

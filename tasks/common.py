@@ -8,6 +8,7 @@ all go through those two functions. `load_params` reads a params file through a 
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -287,6 +288,15 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write `obj` as JSON, atomically, with any secret from the environment redacted (metrics, summaries)."""
     with atomic_path(path) as tmp:
         Path(tmp).write_text(json.dumps(redact(obj), indent=2, sort_keys=False, ensure_ascii=False) + "\n")
+
+
+def write_csv(path: str | os.PathLike, cols: list[str], rows: list[dict]) -> None:
+    """A CSV with header `cols`; None becomes an empty cell (undefined, never 0)."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: ("" if r.get(c) is None else r[c]) for c in cols})
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -4,35 +4,36 @@ Work is split into units, one per (arm, checkpoint, mode), each covering every b
 (deduplicated by the checkpoint's content hash, so the shared base runs once) and `run_unit` computes one,
 which is what a Prefect flow maps over. Each (checkpoint hash, mode, benchmark, settings) result is cached
 under its key in `scratch/evaluate/` (not a DVC output, so the stage stays in DVC's run-cache), so a rerun,
-or a rerun after a crash, only computes what is missing. `collect` then assembles `metrics/eval.json`, the
+or a rerun after a crash, only computes what is missing; the cache, the unit planner and the model cache are
+`tandem/eval_cache.py`. `collect` then assembles `metrics/eval.json`, the
 per-arm CSV tables and the generations tree from the cache. `run` = every unit + `collect`. Definitions and schemas: docs/metrics.md.
 """
 
 from __future__ import annotations
 
-import csv
 import shutil
 import sys
-import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from tandem.checkpoints import generations_file, list_checkpoints
 from tandem.config import Params
+from tandem.eval_cache import JUNIOR, MODELS, ResultCache, plan_units
 from tandem.data.prompts import user_message
-from tandem.evaluation import (FORMAT_VERSION, EvalSettings, content_hash, result_key, rows_hash, run_benchmark,
-                               summarize_benchmark)
+from tandem.evaluation import (FORMAT_VERSION, Decoder, EvalSettings, content_hash, result_key, rows_hash,
+                               run_benchmark, summarize_benchmark)
 from tandem.generation import eos_token_ids, stable_seed
 from tandem.threads import torch_threads
 from tandem.metrics.passk import macro_mean
 from tandem.rollout.factory import rollout_engine
+from tandem.run_keys import EVAL_RESULT_KEYS, EVAL_STREAM_KEYS, eval_estimate_fields, setting
 from tasks import headline, tracking
-from tasks.common import (Layout, read_json, read_jsonl, stage_outputs, timing_path, write_json, write_jsonl,
+from tasks.common import (Layout, read_jsonl, stage_outputs, timing_path, write_csv, write_json, write_jsonl,
                           write_metrics)
 from tandem.errors import BadInputError
 
-JUNIOR = "junior"  # pseudo-arm name of the junior floor (the base model alone)
 MACRO_FIELDS = ("senior_share", "mean_tokens")
 
 
@@ -54,10 +55,9 @@ def _io(params: Params, inputs: dict | None, outputs: dict | None) -> tuple[dict
 # --------------------------------------------------------------------------------------------------
 
 def settings_of(params: Params) -> EvalSettings:
-    ev, ro = params.evaluate, params.rollout
-    return EvalSettings(n_samples=ev.n_samples, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k,
-                        max_new_tokens=ev.max_new_tokens, max_rounds=ev.max_rounds, p_senior=ro.p_senior,
-                        max_gap_tokens=ro.max_gap_tokens, seed=params.seed, batch_size=ev.batch_size)
+    """The evaluation settings: each result key from its params key (`tandem.run_keys.EVAL_RESULT_KEYS`)."""
+    return EvalSettings(**{f: setting(params, key) for f, key in EVAL_RESULT_KEYS.items()},
+                        batch_size=params.evaluate.batch_size)
 
 
 def load_benchmarks(params: Params, inputs: dict) -> dict[str, list[dict]]:
@@ -141,44 +141,17 @@ def plan(params: Params, inputs: dict | None = None) -> list[dict]:
     # the memory plan first (both models' KV caches for one engine call): refuse before any work, here because
     # both `run` and the Prefect flow start from the unit list
     check_fits(params, "evaluate", base_dir(params, inputs), "cuda" if torch.cuda.is_available() else "cpu")
-    seen: set[tuple[str, str]] = set()
-    units = []
-    for arm, ckpts in _all_checkpoints(params, inputs).items():
-        for c in ckpts:
-            h = content_hash(c.path)
-            for mode in params.evaluate.modes:
-                if (h, mode) not in seen:
-                    seen.add((h, mode))
-                    units.append({"arm": arm, "step": c.step, "path": str(c.path), "mode": mode})
-    if "solo" not in params.evaluate.modes:
-        base = base_dir(params, inputs)
-        units.append({"arm": JUNIOR, "step": 0, "path": str(base), "mode": "solo"})
-    return units
+    return plan_units(_all_checkpoints(params, inputs), params.evaluate.modes, base_dir(params, inputs))
 
 
-_MODELS: dict[str, Any] = {}
-_MODELS_LOCK = threading.Lock()
+def result_cache(outputs: dict) -> ResultCache:
+    """The stage's result cache (`outputs["cache"]`, in scratch/), written with the stage's durable writers."""
+    return ResultCache(Path(outputs["cache"]), write_json, write_jsonl)
 
 
 def _load(path: Path, params: Params, keep: set[str]):
-    """Load a model by content hash, keeping only the hashes in `keep` resident (base + current senior)."""
-    import torch
-
-    from tandem.models import load_model
-
-    h = content_hash(path)
-    with _MODELS_LOCK:
-        for k in [k for k in _MODELS if k not in keep | {h}]:
-            del _MODELS[k]
-        if h not in _MODELS:
-            m = load_model(path, params.model.dtype, trust_remote_code=params.model.trust_remote_code)
-            m.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-            _MODELS[h] = m
-        return _MODELS[h]
-
-
-def _entry_paths(cache: Path, key: str) -> tuple[Path, Path]:
-    return cache / f"{key}.json", cache / f"{key}.jsonl"
+    """The model at `path` from the process's model cache, keeping only the hashes in `keep` resident."""
+    return MODELS.get(path, params.model.dtype, params.model.trust_remote_code, keep)
 
 
 def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: dict | None = None,
@@ -196,14 +169,14 @@ def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: di
     base = base_dir(params, inputs)
     senior_path = Path(unit["path"])
     base_hash, senior_hash = content_hash(base), content_hash(senior_path)
-    cache = Path(outputs["cache"])
+    cache = result_cache(outputs)
     todo = {}
     summaries = {}
     for b, rows in benches.items():
         key = result_key(senior_hash, mode, b, rows_hash(rows), settings, None if mode == "solo" else base_hash)
-        meta_p, _ = _entry_paths(cache, key)
-        if meta_p.exists():
-            summaries[b] = read_json(meta_p)["summary"]
+        found = cache.summary(key)
+        if found is not None:
+            summaries[b] = found
         else:
             todo[b] = (key, rows)
     total = sum(len(rows) for rows in benches.values()) * settings.n_samples
@@ -223,7 +196,7 @@ def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: di
 
 
 def _compute(params: Params, unit: dict, todo: dict, base: Path, base_hash: str, senior_hash: str,
-             cache: Path, tick: Callable[[int], None]) -> dict:
+             cache: ResultCache, tick: Callable[[int], None]) -> dict:
     """Generate, score and cache the missing benchmarks of one unit."""
     from tqdm.auto import tqdm
 
@@ -238,52 +211,49 @@ def _compute(params: Params, unit: dict, todo: dict, base: Path, base_hash: str,
     senior = _load(senior_path, params, keep={base_hash})
     # evaluate.cpu_threads already governs threads here, so the engine leaves them as they are
     engine = rollout_engine(senior, junior, tokenizer, params.rollout, cpu_threads=0, roots=(params.out_root, base))
-    eos = eos_token_ids(tokenizer, senior)
+    decoder = Decoder(engine, tokenizer, eos_token_ids(tokenizer, senior))
     for b, (key, rows) in todo.items():
         t0 = time.perf_counter()
         with tqdm(total=len(rows) * settings.n_samples, desc=f"{unit['arm']} step-{unit['step']} {mode} {b}",
                   unit="gen", disable=not ev.progress, file=sys.stderr, leave=True) as bar:
             records = run_benchmark(
-                engine, tokenizer, rows, mode, settings, make_sampling(settings),
-                seed=stable_seed(params.seed, mode, b),
+                decoder, rows, mode, settings, seed=stable_seed(params.seed, mode, b),
                 score_fn=lambda t, g: score_many(t, g, timeout=ev.score_timeout, workers=ev.score_workers),
-                eos_ids=eos, progress=lambda n: (bar.update(n), tick(n)))
+                progress=lambda n: (bar.update(n), tick(n)))
         summary = summarize_benchmark(records, ev.ks)
         summary["seconds"] = round(time.perf_counter() - t0, 3)
-        meta_p, gen_p = _entry_paths(cache, key)
-        write_jsonl(gen_p, records)
-        # the summary is written last: its presence marks the entry complete
-        write_json(meta_p, {"format": FORMAT_VERSION, "key": key, "model_hash": senior_hash, "mode": mode,
-                            "benchmark": b, "junior_hash": None if mode == "solo" else base_hash,
-                            "settings": settings.key_fields(mode), "summary": summary})
+        cache.store(key, records, {"format": FORMAT_VERSION, "key": key, "model_hash": senior_hash, "mode": mode,
+                                   "benchmark": b, "junior_hash": None if mode == "solo" else base_hash,
+                                   "settings": settings.key_fields(mode), "summary": summary})
         summaries[b] = summary
     return summaries
-
-
-def make_sampling(settings: EvalSettings):
-    """The engine's sampling parameters for evaluation decoding."""
-    from tandem.rollout.engine import SamplingParams
-
-    return SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                          max_new_tokens=settings.max_new_tokens)
 
 
 # --------------------------------------------------------------------------------------------------
 # Collection: eval.json, CSV tables, generations tree
 # --------------------------------------------------------------------------------------------------
 
-def _mode_block(h: str, mode: str, base_hash: str, benches: dict, settings: EvalSettings, cache: Path,
-                ks: list[int], copies: list[tuple[Path, str]], arm: str, step: int) -> dict:
+@dataclass
+class _Collection:
+    """What every block of `collect` reads: the benchmarks, settings, cache and base, and the generation files
+    gathered so far ((cached records, path in the generations tree))."""
+
+    benches: dict[str, list[dict]]
+    settings: EvalSettings
+    cache: ResultCache
+    base_hash: str
+    ks: list[int]
+    copies: list[tuple[Path, str]]
+
+
+def _mode_block(col: _Collection, h: str, mode: str, arm: str, step: int) -> dict:
     out_b = {}
-    for b, rows in benches.items():
-        key = result_key(h, mode, b, rows_hash(rows), settings, None if mode == "solo" else base_hash)
-        meta_p, gen_p = _entry_paths(cache, key)
-        if not meta_p.exists():
-            raise RuntimeError(f"evaluate: result {key[:12]} ({arm} step {step} {mode} {b}) is missing from {cache}; "
-                               f"run every unit of `plan` before `collect`")
-        out_b[b] = {"key": key, **read_json(meta_p)["summary"]}
-        copies.append((gen_p, str(generations_file("", arm, step, mode, b))))
-    macro = {f"pass@{k}": macro_mean({b: s[f"pass@{k}"] for b, s in out_b.items()}) for k in ks}
+    for b, rows in col.benches.items():
+        key = result_key(h, mode, b, rows_hash(rows), col.settings, None if mode == "solo" else col.base_hash)
+        summary, gen_p = col.cache.require(key, f"{arm} step {step} {mode} {b}")
+        out_b[b] = {"key": key, **summary}
+        col.copies.append((gen_p, str(generations_file("", arm, step, mode, b))))
+    macro = {f"pass@{k}": macro_mean({b: s[f"pass@{k}"] for b, s in out_b.items()}) for k in col.ks}
     macro.update({f: macro_mean({b: s[f] for b, s in out_b.items()}) for f in MACRO_FIELDS})
     return {"macro": macro, "benchmarks": out_b}
 
@@ -297,8 +267,8 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
     benches = load_benchmarks(params, inputs)
     base = base_dir(params, inputs)
     base_hash = content_hash(base)
-    cache = Path(outputs["cache"])
     copies: list[tuple[Path, str]] = []
+    col = _Collection(benches, settings, result_cache(outputs), base_hash, list(ev.ks), copies)
     root = Path(params.out_root)
 
     def rel(p: Path) -> str:
@@ -308,15 +278,13 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
             return str(p)
 
     junior = {"path": rel(base), "hash": base_hash,
-              "modes": {"solo": _mode_block(base_hash, "solo", base_hash, benches, settings, cache, ev.ks,
-                                            copies, JUNIOR, 0)}}
+              "modes": {"solo": _mode_block(col, base_hash, "solo", JUNIOR, 0)}}
     arms: dict[str, Any] = {}
     for arm, ckpts in _all_checkpoints(params, inputs).items():
         rows = []
         for c in ckpts:
             h = content_hash(c.path)
-            modes = {m: _mode_block(h, m, base_hash, benches, settings, cache, ev.ks, copies, arm, c.step)
-                     for m in ev.modes}
+            modes = {m: _mode_block(col, h, m, arm, c.step) for m in ev.modes}
             rows.append({"step": c.step, "path": rel(c.path), "hash": h, "modes": modes})
         arms[arm] = {"checkpoints": rows}
     summary: dict[str, Any] = {}
@@ -326,12 +294,11 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
         for m in ev.modes:
             summary[arm].update({f"{m}/pass@{k}": last["modes"][m]["macro"][f"pass@{k}"] for k in ev.ks})
     summary[JUNIOR] = {f"solo/pass@{k}": junior["modes"]["solo"]["macro"][f"pass@{k}"] for k in ev.ks}
+    # the result settings (`tandem.run_keys`), in the order eval.json has always listed them
+    estimate = {k: getattr(settings, k) for k in eval_estimate_fields()}
     doc = {
-        "settings": {"n_samples": ev.n_samples, "ks": list(ev.ks), "modes": list(ev.modes),
-                     "temperature": ev.temperature, "top_p": ev.top_p, "top_k": ev.top_k,
-                     "max_new_tokens": ev.max_new_tokens, "max_rounds": ev.max_rounds,
-                     "p_senior": settings.p_senior, "max_gap_tokens": settings.max_gap_tokens,
-                     "max_problems": ev.max_problems, "seed": params.seed,
+        "settings": {"n_samples": estimate.pop("n_samples"), "ks": list(ev.ks), "modes": list(ev.modes), **estimate,
+                     "max_problems": ev.max_problems, **{k: getattr(settings, k) for k in EVAL_STREAM_KEYS},
                      "benchmarks": {b: {"n_problems": len(r), "rows_hash": rows_hash(r)} for b, r in benches.items()}},
         "junior": junior, "arms": arms, "summary": summary,
     }
@@ -387,15 +354,6 @@ def _final_table(arms: dict, modes: list[str], ks: list[int], benches: list[str]
              **{f"pass@{k}": c["modes"][m]["benchmarks"][b][f"pass@{k}"] for k in ks}}
             for m in modes for b in benches for name, c in models]
     return cols, rows
-
-
-def write_csv(path: Path, cols: list[str], rows: list[dict]) -> None:
-    """A CSV with header `cols`; None becomes an empty cell (undefined, never 0)."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: ("" if r.get(c) is None else r[c]) for c in cols})
 
 
 def _run_units(params: Params, units: list[dict], inputs: dict, outputs: dict) -> None:

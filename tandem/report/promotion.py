@@ -13,10 +13,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# Evaluation settings that change what a pass@k estimates; two runs are comparable only when all agree.
-# The seed and batch size change the random stream, not the quantity, so they are left out.
-_FINGERPRINT_KEYS = ("n_samples", "temperature", "top_p", "top_k", "max_new_tokens", "max_rounds",
-                     "p_senior", "max_gap_tokens")
+from tandem.run_keys import eval_estimate_fields
+
+# Evaluation settings that change what a pass@k estimates (`tandem.run_keys`); two runs are comparable only when
+# all agree. The seed and batch size change the random stream, not the quantity, so they are left out.
+_FINGERPRINT_KEYS = eval_estimate_fields()
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from tandem.config import ARMS, RolloutConfig, TrainConfig
+from tandem.run_keys import TRAJECTORY_KEYS
 
 TANDEM_SCHEDULES = ("word", "step", "token")
 
@@ -40,13 +41,10 @@ def arm_spec(arm: str, train: TrainConfig, rollout: RolloutConfig) -> ArmSpec:
 
 
 def run_fingerprint(spec: ArmSpec, train: TrainConfig, rollout: RolloutConfig, seed: int, base_hash: str) -> str:
-    """Hash of every setting that changes the trajectory: a checkpoint resumes only a run with the same one."""
-    skip = {"arms", "save_every", "resume", "report_to", "wandb_mode", "wandb_project", "val_every",
-            "val_problems", "score_workers", "score_timeout", "cpu_threads", "nonfinite_loss", "gpu_memory_gib",
-            "max_prompt_tokens"}
-    t = {k: v for k, v in asdict(train).items() if k not in skip}
-    r = {k: getattr(rollout, k) for k in ("p_senior", "max_gap_tokens", "max_rounds")}
+    """Hash of every setting that changes the trajectory (`tandem.run_keys.TRAJECTORY_KEYS`), the arm's
+    definition, the seed and the base weights: a checkpoint resumes only a run with the same one."""
+    sections = {"train": train, "rollout": rollout}
+    t, r = ({k: getattr(sections[name], k) for k in TRAJECTORY_KEYS[name]} for name in ("train", "rollout"))
     blob = json.dumps({"arm": asdict(spec), "train": t, "rollout": r, "seed": seed, "base": base_hash},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
