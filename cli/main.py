@@ -237,7 +237,7 @@ def run(params: str = PARAMS_OPT,
     result: dict = {}
     if not direct:
         try:
-            from flows.pipeline import tandem_pipeline
+            from flows.pipeline import Sharing, tandem_pipeline
         except ImportError as e:  # the flow is optional for a stage-only install
             typer.secho(f"Prefect flow unavailable ({e}); running stages directly", fg=typer.colors.YELLOW)
             direct = True
@@ -262,9 +262,9 @@ def run(params: str = PARAMS_OPT,
                 run_stage(name, p, arm)
         else:
             _guard_log_handlers()
-            result = tandem_pipeline(params_path=params, dvc=dvc, force=force, promote=promote, push=push,
-                                     publish=publish, pull=pull, remote=remote, live=live, eval_runner=eval_runner,
-                                     stages=wanted)
+            result = tandem_pipeline(params_path=params, dvc=dvc, force=force, promote=promote,
+                                     sharing=Sharing(pull=pull, push=push, publish=publish, remote=remote),
+                                     live=live, eval_runner=eval_runner, stages=wanted)
             result = result if isinstance(result, dict) else {}
             report = result.get("report")
             res = result.get("resources")

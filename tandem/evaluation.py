@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from tandem.rollout.request import RolloutSettings
 
 from tandem.checkpoints import weight_files as checkpoint_weight_files
-from tandem.generation import generate_and_score
+from tandem.generation import Draws, generate_and_score
 from tandem.logprobs import iter_logp_chunks
 from tandem.metrics.drift import kl_BT, token_logratio_BT
 from tandem.metrics.legibility import overlap_BT, token_nll_BT
@@ -141,8 +141,8 @@ def run_benchmark(engine, tokenizer, rows: Sequence[dict], mode: str, settings: 
     """
     if mode not in MODES:
         raise ValueError(f"unknown evaluation mode {mode!r}; expected one of {MODES}")
-    return generate_and_score(engine, tokenizer, rows, settings.rollout_settings(mode, sampling), settings.n_samples,
-                              seed, score_fn, eos_ids, progress)
+    return generate_and_score(engine, tokenizer, rows, settings.rollout_settings(mode, sampling),
+                              Draws(settings.n_samples, seed), score_fn, eos_ids, progress)
 
 
 def summarize_benchmark(records: Sequence[dict], ks: Sequence[int]) -> dict:

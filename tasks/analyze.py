@@ -166,9 +166,8 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
                         "kl_bins": an.kl_bins, "quantiles": list(an.quantiles), "reference_arm": an.reference_arm,
                         "benchmarks": benchmarks}}
     doc.update(analyze_checkpoints(
-        {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, by_hash, benchmarks, vocab,
-        reference_arm=an.reference_arm, top_drift_tokens=an.top_drift_tokens, min_type_count=an.min_type_count,
-        kl_bins=an.kl_bins, qs=an.quantiles, to_tokens=tok.convert_ids_to_tokens))
+        {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, by_hash, benchmarks, vocab, an,
+        tok.convert_ids_to_tokens))
     out_arms = doc["arms"]
     with atomic_path(outputs["plots"]) as tmp:
         tmp.mkdir()

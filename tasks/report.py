@@ -30,7 +30,7 @@ from tandem.checkpoints import generations_file
 from tandem.config import Params
 from tandem.errors import BadInputError
 from tandem.metrics.claims import arm_intervals, claims_for, evaluate_claims
-from tandem.report.build import build_report
+from tandem.report.build import ReportData, build_report
 from tandem.report.document import Figure, TextBlock
 from tandem.report.figures import arm_label
 from tandem.report.render import figure_filename, render_html, render_markdown
@@ -321,14 +321,14 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     curves = train_tables(inputs["plots"], list(eval_data.get("arms", {})))
     decision = promotion.decision_for(params, eval_data)
     claims, intervals, claims_note = claims_and_intervals(params, eval_data)
-    rep = build_report(
+    rep = build_report(ReportData(
         title=params.report.title, eval_data=eval_data, analysis=analysis, train_curves=curves,
         reward_key=reward_column(curves), decision=decision, metadata=metadata(params, docs, train_arms),
         params_text=yaml.safe_dump(params.to_dict(), sort_keys=False),
         examples=examples(eval_data, inputs["generations"], params.report.max_examples),
         claims=claims, claims_seeds=1, claims_note=claims_note, intervals=intervals,
         validation=docs["prepare"].get("validation"), data_docs=_data_docs_link(params, Path(outputs["html"])),
-        data_docs_page=_data_docs_page(params, Path(outputs["html"])))
+        data_docs_page=_data_docs_page(params, Path(outputs["html"]))))
     fig_dir = Path(outputs["figures"])
     with atomic_path(fig_dir) as tmp:
         tmp.mkdir(parents=True)

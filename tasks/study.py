@@ -318,7 +318,7 @@ def build_control(s: StudySettings, seed: int, c: Control) -> Path:
     from tandem import models as M
     from tandem.checkpoints import step_name, write_state
     from tandem.data.prompts import user_message
-    from tandem.data.synthetic import generate
+    from tandem.data.synthetic import ProblemShape, generate
     from tasks.base import _prepared_problems
     from tasks.common import torch_threads
 
@@ -342,9 +342,9 @@ def build_control(s: StudySettings, seed: int, c: Control) -> Path:
     params = load_params(root / "params.yaml")
     dc, mc = params.data, params.model
     prepared = root / "data" / "prepared"
-    corpus = generate(c.sft_steps * c.sft_batch_size, dc.min_steps, dc.max_steps, seed, max_operand=dc.max_operand,
-                      max_value=dc.max_value, exclude=_prepared_problems(prepared), prefix="control",
-                      styles={"compact": 1.0})
+    corpus = generate(c.sft_steps * c.sft_batch_size, dc.min_steps, dc.max_steps, seed,
+                      ProblemShape(dc.max_operand, dc.max_value, {"compact": 1.0}),
+                      exclude=_prepared_problems(prepared), prefix="control")
     with torch_threads(1):
         base = root / "models" / "base"
         model, tok = M.load_model(base, "float32"), M.load_tokenizer(base)
