@@ -8,8 +8,6 @@ import datetime
 import inspect
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -166,18 +164,6 @@ def test_accelerate_deepspeed_configs(stage):
     assert cfg.deepspeed_config["zero_stage"] == stage and cfg.mixed_precision == "bf16"
 
 
-def test_vllm_server_files():
-    docs = list(yaml.safe_load_all((INFRA / "vllm" / "vllm-server.yaml").read_text()))
-    deployments = [d for d in docs if d["kind"] == "Deployment"]
-    assert {d["metadata"]["labels"]["role"] for d in deployments} == {"senior", "junior"}
-    for d in deployments:
-        (c,) = d["spec"]["template"]["spec"]["containers"]
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
-        assert c["command"][0] == "/opt/tandem/infra/vllm/serve.sh"
-    if shutil.which("bash"):
-        assert subprocess.run(["bash", "-n", str(INFRA / "vllm" / "serve.sh")]).returncode == 0
-
-
 def test_image_pins_match_the_project():
     docker = (INFRA / "Dockerfile").read_text()
     pyproject = (REPO / "pyproject.toml").read_text()
@@ -185,7 +171,7 @@ def test_image_pins_match_the_project():
     assert f"torch=={torch_pin}" in docker
     assert re.search(r"^FROM python:3\.11", docker, re.M) and 'requires-python = ">=3.11,<3.12"' in pyproject
     vllm = re.search(r"^VLLM_VERSION := (\S+)", (REPO / "Makefile").read_text(), re.M).group(1)
-    assert f"VLLM_VERSION:-{vllm}" in (INFRA / "vllm" / "serve.sh").read_text()
+    assert f'"vllm=={vllm}"' in docker  # the image's vLLM is the one the rollout service is tested with
 
 
 def test_served_deployments_mirror_prefect_yaml():
