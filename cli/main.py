@@ -331,8 +331,8 @@ def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds
         raise typer.Exit(code=2)
     if registered:
         with expected_failures("study"):
-            from tasks import pilot as pl
-            from tasks import study as st
+            from flows import pilot as pl
+            from flows import multiseed as st
 
             reg = pl.load_registration()
             sc = reg["study"]
@@ -364,7 +364,7 @@ def study(seeds: int = typer.Option(3, "--seeds", help="number of training seeds
         return
     _load(params)
     with expected_failures("study"):
-        from tasks import study as st
+        from flows import multiseed as st
 
         s = st.settings(params, seeds, first_seed, out, jobs)
         if show_status:
@@ -405,7 +405,7 @@ def pilot(registration: str = typer.Option("studies/registration.yaml", "--regis
     beta and the study's params file (`studies/pilot/result.md`). Rerun after an interruption: it continues."""
     _offline_defaults()
     with expected_failures("pilot"):
-        from tasks import pilot as pl
+        from flows import pilot as pl
 
         if show_status:
             for r in pl.status(registration):
