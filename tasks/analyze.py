@@ -31,11 +31,11 @@ from tandem.errors import BadInputError
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
-    L = Layout.of(params)
-    inputs = {"eval": L.metrics / "eval.json", "generations": L.generations, "base_model": L.base_model,
-              "checkpoints": L.checkpoints, "eval_data": L.prepared / "eval"}
-    outputs = {"metrics": L.metrics / "analysis.json", "headline": L.metrics / "headline" / "analysis.json",
-               "plots": L.plots / "analysis"}
+    lay = Layout.of(params)
+    inputs = {"eval": lay.metrics / "eval.json", "generations": lay.generations, "base_model": lay.base_model,
+              "checkpoints": lay.checkpoints, "eval_data": lay.prepared / "eval"}
+    outputs = {"metrics": lay.metrics / "analysis.json", "headline": lay.metrics / "headline" / "analysis.json",
+               "plots": lay.plots / "analysis"}
     return inputs, outputs
 
 

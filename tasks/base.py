@@ -37,14 +37,14 @@ PRETRAIN_PREFIX = "pretrain"  # distinct from prepare's prefixes (eval-<name>, v
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
-    L = Layout.of(params)
-    inputs: dict[str, Path] = {"prepared": L.prepared, "eval": L.prepared / "eval"}
+    lay = Layout.of(params)
+    inputs: dict[str, Path] = {"prepared": lay.prepared, "eval": lay.prepared / "eval"}
     if params.model.source == "path":
         inputs["model_path"] = Path(params.model.path)
     if params.model.source == "gguf" and not params.model.gguf_file.startswith("package:"):
         inputs["gguf_file"] = Path(params.model.gguf_file)
-    outputs = {"model": L.base_model, "metrics": L.metrics / "base.json",
-               "headline": L.metrics / "headline" / "base.json"}
+    outputs = {"model": lay.base_model, "metrics": lay.metrics / "base.json",
+               "headline": lay.metrics / "headline" / "base.json"}
     return inputs, outputs
 
 

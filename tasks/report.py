@@ -46,14 +46,14 @@ N_BOOT, BOOT_SEED = 2000, 0  # bootstrap draws and their seed: the same metrics 
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
-    L = Layout.of(params)
-    inputs = {"eval": L.metrics / "eval.json", "analysis": L.metrics / "analysis.json",
-              "base": L.metrics / "base.json", "data": L.metrics / "data.json",
-              "plots": L.plots, "generations": L.generations,
+    lay = Layout.of(params)
+    inputs = {"eval": lay.metrics / "eval.json", "analysis": lay.metrics / "analysis.json",
+              "base": lay.metrics / "base.json", "data": lay.metrics / "data.json",
+              "plots": lay.plots, "generations": lay.generations,
               # per-problem analysis values (read by tasks/measures.py under out_root; optional)
-              "per_problem": L.plots / "analysis" / "per_problem.csv"}
-    outputs = {"html": L.reports / "report.html", "markdown": L.reports / "report.md",
-               "figures": L.reports / "figures"}
+              "per_problem": lay.plots / "analysis" / "per_problem.csv"}
+    outputs = {"html": lay.reports / "report.html", "markdown": lay.reports / "report.md",
+               "figures": lay.reports / "figures"}
     return inputs, outputs
 
 
@@ -353,9 +353,9 @@ def artifact_markdown(params: Params, summary: dict) -> str:
     from tandem.report.render import md_escape
 
     md_path = Path(summary["markdown"])
-    L = Layout.of(params)
-    eval_data = _read_optional(L.metrics / "eval.json")
-    analysis = _read_optional(L.metrics / "analysis.json")
+    lay = Layout.of(params)
+    eval_data = _read_optional(lay.metrics / "eval.json")
+    analysis = _read_optional(lay.metrics / "analysis.json")
     lines = [f"# {md_escape(params.report.title)}", ""]
     lines += [f"- {md_escape(s)}" for s in summary_lines(eval_data, analysis)]
     lines += ["", f"**Promotion gate**: {'passes' if summary.get('promote') else 'does not pass'}: "

@@ -47,15 +47,15 @@ from tasks.common import (Layout, atomic_path, load_params, read_jsonl, stage_ou
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
-    L = Layout.of(params)
-    inputs = {"train_data": L.prepared / "train.jsonl", "val_data": L.prepared / "val.jsonl",
-              "base_model": L.base_model}
-    outputs: dict[str, Path] = {"checkpoints": L.checkpoints, "runs": L.runs / "wandb",
-                                "scratch": L.scratch / "train"}
+    lay = Layout.of(params)
+    inputs = {"train_data": lay.prepared / "train.jsonl", "val_data": lay.prepared / "val.jsonl",
+              "base_model": lay.base_model}
+    outputs: dict[str, Path] = {"checkpoints": lay.checkpoints, "runs": lay.runs / "wandb",
+                                "scratch": lay.scratch / "train"}
     for arm in params.train.arms:  # dvc.yaml: one stage per arm (train@<arm>) declaring these four
-        outputs[f"metrics_{arm}"] = L.metrics / f"train_{arm}.json"
-        outputs[f"headline_{arm}"] = L.metrics / "headline" / f"train_{arm}.json"
-        outputs[f"plot_{arm}"] = L.plots / "train" / f"{arm}.csv"
+        outputs[f"metrics_{arm}"] = lay.metrics / f"train_{arm}.json"
+        outputs[f"headline_{arm}"] = lay.metrics / "headline" / f"train_{arm}.json"
+        outputs[f"plot_{arm}"] = lay.plots / "train" / f"{arm}.csv"
     return inputs, outputs
 
 
