@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -500,15 +500,14 @@ def _skipped(summary: Any) -> bool:
 
 
 class Sharing(BaseModel):
-    """What a flow run takes from and gives back to the shared stores (one group of fields in the Prefect UI):
-    pull: `dvc pull` first (what dvc.lock names and the remote holds). push: `dvc push` the outputs (to
-    `remote`, default the project's). publish: commit dvc.lock and push it and the promotion tags to git
-    `origin`."""
+    """What a flow run takes from and gives back to the shared stores: one group of fields in the Prefect UI
+    (a deployment states it as `sharing: {push: true, publish: true}`)."""
 
-    pull: bool = False
-    push: bool = False
-    publish: bool = False
-    remote: str | None = None
+    pull: bool = Field(False, description="`dvc pull` first: what dvc.lock names and the remote holds")
+    push: bool = Field(False, description="`dvc push` the outputs to `remote`")
+    publish: bool = Field(False, description="commit dvc.lock and metrics, push them and the promotion tags "
+                                             "to git `origin`")
+    remote: str | None = Field(None, description="the DVC remote to push to (default: the project's)")
 
 
 @dataclass(frozen=True)
