@@ -208,7 +208,7 @@ def run(o: RunOptions) -> None:
     direct = o.direct
     if not direct:
         try:
-            from flows.pipeline import tandem_pipeline
+            from flows.pipeline import Sharing, tandem_pipeline
         except ImportError as e:  # the flow is optional for a stage-only install
             typer.secho(f"Prefect flow unavailable ({e}); running stages directly", fg=typer.colors.YELLOW)
             direct = True
@@ -233,9 +233,9 @@ def run(o: RunOptions) -> None:
                 run_stage(name, p, arm)
         else:
             _guard_log_handlers()
-            result = tandem_pipeline(params_path=o.params, dvc=o.dvc, force=o.force, promote=o.promote, push=o.push,
-                                     publish=o.publish, pull=o.pull, remote=o.remote, live=o.live,
-                                     eval_runner=o.eval_runner, stages=wanted)
+            result = tandem_pipeline(params_path=o.params, dvc=o.dvc, force=o.force, promote=o.promote,
+                                     sharing=Sharing(pull=o.pull, push=o.push, publish=o.publish, remote=o.remote),
+                                     live=o.live, eval_runner=o.eval_runner, stages=wanted)
             result = result if isinstance(result, dict) else {}
             report = result.get("report")
             res = result.get("resources")
@@ -300,8 +300,8 @@ def study(o: StudyOptions) -> None:
         raise typer.Exit(code=2)
     if o.registered:
         with expected_failures("study"):
-            from tasks import pilot as pl
-            from tasks import study as st
+            from flows import pilot as pl
+            from flows import multiseed as st
 
             reg = pl.load_registration()
             sc = reg["study"]
@@ -331,7 +331,7 @@ def study(o: StudyOptions) -> None:
         return
     _load(o.params)
     with expected_failures("study"):
-        from tasks import study as st
+        from flows import multiseed as st
 
         s = st.settings(o.params, o.seeds, o.first_seed, out, o.jobs)
         if o.show_status:
@@ -371,7 +371,7 @@ def pilot(registration: str = typer.Option("studies/registration.yaml", "--regis
     beta and the study's params file (`studies/pilot/result.md`). Rerun after an interruption: it continues."""
     _offline_defaults()
     with expected_failures("pilot"):
-        from tasks import pilot as pl
+        from flows import pilot as pl
 
         if show_status:
             _echo_status(pl.status(registration), lambda r: f"{r['variant']:<4} {r['unit']:<16}")

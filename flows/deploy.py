@@ -34,10 +34,13 @@ def served_parameters(spec: dict, publish: bool = False) -> dict:
     """The flow parameters of a deployment served from this checkout: DVC sync `auto` (never adopt a params
     file over the developer's params.yaml); `publish` as asked, and promotion only together with it (a tag on
     a commit whose dvc.lock is not the run's would point at another model)."""
-    params = {**spec.get("parameters", {}), "dvc": "auto", "publish": publish}
-    for key in ("promote", "push"):  # nothing leaves the checkout unless it publishes
-        if key in params:
-            params[key] = bool(params[key]) and publish
+    params = {**spec.get("parameters", {}), "dvc": "auto"}
+    sharing = {**params.get("sharing", {}), "publish": publish}
+    if "push" in sharing:  # nothing leaves the checkout unless it publishes
+        sharing["push"] = bool(sharing["push"]) and publish
+    params["sharing"] = sharing
+    if "promote" in params:
+        params["promote"] = bool(params["promote"]) and publish
     return params
 
 

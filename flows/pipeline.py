@@ -32,10 +32,12 @@ import os
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
+from pydantic import BaseModel, Field
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -497,21 +499,48 @@ def _skipped(summary: Any) -> bool:
     return isinstance(summary, dict) and bool(summary.get("skipped"))
 
 
-def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summaries: dict, t0: float,
-            promote: bool, push: bool, publish: bool, remote: str | None, what: str) -> dict:
+class Sharing(BaseModel):
+    """What a flow run takes from and gives back to the shared stores: one group of fields in the Prefect UI
+    (a deployment states it as `sharing: {push: true, publish: true}`)."""
+
+    pull: bool = Field(False, description="`dvc pull` first: what dvc.lock names and the remote holds")
+    push: bool = Field(False, description="`dvc push` the outputs to `remote`")
+    publish: bool = Field(False, description="commit dvc.lock and metrics, push them and the promotion tags "
+                                             "to git `origin`")
+    remote: str | None = Field(None, description="the DVC remote to push to (default: the project's)")
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One flow run's parameters, as the three flows pass them on to `_pipeline`."""
+
+    what: str
+    params_path: str
+    dvc: str
+    force: bool
+    promote: bool
+    sharing: Sharing
+    live: bool | None
+    eval_runner: str
+    select: Callable[[list[StageSpec]], list[StageSpec]]
+
+
+def _finish(req: _Request, params: Params, sync: DvcSync, view: progress.ProgressView, summaries: dict,
+            t0: float) -> dict:
     """Outputs to the DVC remote, dvc.lock and metrics to a git commit, the promotion as tags on that commit
     (whose dvc.lock pins the checkpoint), then branch and tags to origin."""
     from prefect.runtime import flow_run
 
-    if push:
-        push_task(sync, remote)
-    if publish:
+    share = req.sharing
+    if share.push:
+        push_task(sync, share.remote)
+    if share.publish:
         ran = [k for k, v in summaries.items() if not (isinstance(v, dict) and v.get("skipped"))]
-        summaries["git_commit"] = git_commit_task(sync, f"{what}: dvc.lock and metrics of flow run "
+        summaries["git_commit"] = git_commit_task(sync, f"{req.what}: dvc.lock and metrics of flow run "
                                                         f"{flow_run.name or ''} (ran: {', '.join(ran) or 'nothing'})")
-    if promote and "evaluate" in summaries:
+    if req.promote and "evaluate" in summaries:
         summaries["promotion"] = promote_task(params, sync)
-    if publish:
+    if share.publish:
         git_push_task(sync)
     report = summaries.get("report", {}) or {}
     report = report if isinstance(report, dict) else {}
@@ -530,31 +559,30 @@ def _finish(params: Params, sync: DvcSync, view: progress.ProgressView, summarie
     return result
 
 
-def _pipeline(what: str, params_path: str, dvc: str, force: bool, promote: bool, push: bool, publish: bool,
-              pull: bool, remote: str | None, live: bool | None, eval_runner: str, select) -> dict:
+def _pipeline(req: _Request) -> dict:
     t0 = time.perf_counter()
-    params, sync, specs = _setup(params_path, dvc, push, publish)
+    params, sync, specs = _setup(req.params_path, req.dvc, req.sharing.push, req.sharing.publish)
     # one run per output root (re-entrant: `tandem run` already holds it when it started this flow)
-    with workspace_lock(params.out_root, command=f"{what} flow"):
-        if pull:
+    with workspace_lock(params.out_root, command=f"{req.what} flow"):
+        if req.sharing.pull:
             pull_task(sync)
-        specs = select(specs)
+        specs = req.select(specs)
         get_run_logger().info("stages (from dvc.yaml): %s", ", ".join(s.name for s in specs))
-        view = progress.ProgressView(f"{what} ({params_path})", live=_live_view(live))
+        view = progress.ProgressView(f"{req.what} ({req.params_path})", live=_live_view(req.live))
         progress.quiet_tools()
         # every W&B run of this pipeline run (the arms, the evaluation, the report) joins one group: its name
         with progress.activate(view), tracking.pipeline_group(_group()):
-            summaries = _run_stages(params, sync, specs, force, eval_runner)
-        return _finish(params, sync, view, summaries, t0, promote, push, publish, remote, what)
+            summaries = _run_stages(params, sync, specs, req.force, req.eval_runner)
+        return _finish(req, params, sync, view, summaries, t0)
 
 
 _COMMON_DOC = """
     dvc: 'auto' commits each stage to dvc.lock when this run is the DVC project's run (and skips stages DVC
     reports up to date), 'on' insists on that, 'adopt' (a worker's own clone) first copies `params_path` onto
-    params.yaml, 'off' never touches DVC. force: run every stage. pull: `dvc pull` first (what dvc.lock names
-    and the remote holds). promote: promote the best checkpoint if it does not regress (git tags).
-    push: `dvc push` the outputs (to `remote`, default the project's). publish: commit dvc.lock and push it
-    and the promotion tags to git `origin`. eval_runner: 'threads', 'dask' or a Dask scheduler address.
+    params.yaml, 'off' never touches DVC. force: run every stage. promote: promote the best checkpoint if it
+    does not regress (git tags). sharing: `pull` (`dvc pull` first: what dvc.lock names and the remote holds),
+    `push` (`dvc push` the outputs to `remote`, default the project's), `publish` (commit dvc.lock and push it
+    and the promotion tags to git `origin`). eval_runner: 'threads', 'dask' or a Dask scheduler address.
     live: terminal progress view (default: on when attached to a terminal and not under a deployment).
     stages (tandem-pipeline): run only these: `training`, `evaluation`, stage names (`train@tandem`) or groups
     (`train`); the outputs of the stages left out must exist. A params file other than the project's
@@ -564,29 +592,28 @@ _COMMON_DOC = """
 
 @flow(name="tandem-pipeline", persist_result=False, log_prints=True, timeout_seconds=FLOW_TIMEOUT)
 def tandem_pipeline(params_path: str = "params.yaml", dvc: str = "auto", force: bool = False, promote: bool = False,
-                    push: bool = False, publish: bool = False, pull: bool = False, remote: str | None = None,
-                    live: bool | None = None, eval_runner: str = "threads", stages: list[str] | None = None) -> dict:
+                    sharing: Sharing = Sharing(), live: bool | None = None, eval_runner: str = "threads",
+                    stages: list[str] | None = None) -> dict:
     """Every stage of dvc.yaml, or those `stages` names; returns {'report': html path, 'stages': summaries, ...}."""
-    return _pipeline("tandem-pipeline", params_path, dvc, force, promote, push, publish, pull, remote, live,
-                     eval_runner, lambda specs: select_stages(specs, stages))
+    return _pipeline(_Request("tandem-pipeline", params_path, dvc, force, promote, sharing, live, eval_runner,
+                              lambda specs: select_stages(specs, stages)))
 
 
 @flow(name="tandem-training", persist_result=False, log_prints=True, timeout_seconds=FLOW_TIMEOUT)
-def tandem_training(params_path: str = "params.yaml", dvc: str = "auto", force: bool = False, push: bool = False,
-                    publish: bool = False, pull: bool = False, remote: str | None = None,
-                    live: bool | None = None) -> dict:
+def tandem_training(params_path: str = "params.yaml", dvc: str = "auto", force: bool = False,
+                    sharing: Sharing = Sharing(), live: bool | None = None) -> dict:
     """The train stages and what they need (prepare, base): checkpoints for a later evaluation run."""
-    return _pipeline("tandem-training", params_path, dvc, force, False, push, publish, pull, remote, live,
-                     "threads", lambda specs: _closure(specs, {"train"}, downstream=False))
+    return _pipeline(_Request("tandem-training", params_path, dvc, force, False, sharing, live, "threads",
+                              lambda specs: _closure(specs, {"train"}, downstream=False)))
 
 
 @flow(name="tandem-evaluation", persist_result=False, log_prints=True, timeout_seconds=FLOW_TIMEOUT)
 def tandem_evaluation(params_path: str = "params.yaml", dvc: str = "auto", force: bool = False,
-                      promote: bool = False, push: bool = False, publish: bool = False, pull: bool = False,
-                      remote: str | None = None, live: bool | None = None, eval_runner: str = "threads") -> dict:
+                      promote: bool = False, sharing: Sharing = Sharing(), live: bool | None = None,
+                      eval_runner: str = "threads") -> dict:
     """Evaluate whatever checkpoints exist, then every stage after evaluate (analyze, report); no training."""
-    return _pipeline("tandem-evaluation", params_path, dvc, force, promote, push, publish, pull, remote, live,
-                     eval_runner, lambda specs: _closure(specs, {"evaluate"}, downstream=True))
+    return _pipeline(_Request("tandem-evaluation", params_path, dvc, force, promote, sharing, live, eval_runner,
+                              lambda specs: _closure(specs, {"evaluate"}, downstream=True)))
 
 
 for _f in (tandem_pipeline, tandem_training, tandem_evaluation):

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from tandem.rollout.request import RolloutSettings
 
 from tandem.checkpoints import weight_files as checkpoint_weight_files
-from tandem.generation import generate_and_score
+from tandem.generation import Draws, generate_and_score
 from tandem.logprobs import iter_logp_chunks
 from tandem.metrics.drift import kl_BT, token_logratio_BT
 from tandem.metrics.legibility import overlap_BT, token_nll_BT
@@ -155,7 +155,7 @@ def run_benchmark(decoder: Decoder, rows: Sequence[dict], mode: str, settings: E
     if mode not in MODES:
         raise ValueError(f"unknown evaluation mode {mode!r}; expected one of {MODES}")
     return generate_and_score(decoder.engine, decoder.tokenizer, rows,
-                              settings.rollout_settings(mode, settings.sampling()), settings.n_samples, seed,
+                              settings.rollout_settings(mode, settings.sampling()), Draws(settings.n_samples, seed),
                               score_fn, decoder.eos_ids, progress)
 
 

@@ -1,8 +1,8 @@
 """One generation-and-scoring path: the base stage's accuracy, train-time validation and the evaluate stage.
 
-    records = generate_and_score(engine, tokenizer, rows, RolloutSettings("solo", sampling), n_samples=8, seed=0,
+    records = generate_and_score(engine, tokenizer, rows, RolloutSettings("solo", sampling), Draws(8, seed=0),
                                  score_fn=...)
-    accuracy(model, tokenizer, messages, golds, temperature=0.0)          # solo accuracy of one model
+    accuracy(model, tokenizer, messages, golds, SoloDecode(temperature=0.0))   # solo accuracy of one model
 
 Every caller samples through `tandem.rollout.engine.TandemEngine` (built by `tandem.rollout.factory`), whose
 noise is counter-based (`tandem.rollout.sampling`): each draw is a function of (seed, row id, position), and a
@@ -16,12 +16,33 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from tandem.rollout.core import SamplingParams
 from tandem.rollout.request import RolloutSettings
 
 ScoreFn = Callable[[list[str], list[str]], list[float]]
+
+
+@dataclass(frozen=True)
+class Draws:
+    """How many completions each row gets and the seed they are drawn from."""
+
+    n_samples: int = 1
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SoloDecode:
+    """How `accuracy` decodes: greedy when `temperature` is 0 (one sample per message), else plain temperature
+    sampling with `n_samples` per message; `batch_size` rows per generation call."""
+
+    max_new_tokens: int = 160
+    temperature: float = 0.0
+    batch_size: int = 64
+    seed: int = 0
+    n_samples: int = 1
 
 
 def stable_seed(*parts: Any) -> int:
@@ -62,23 +83,23 @@ def default_score_fn(workers: int = 1, timeout: float = 5.0) -> ScoreFn:
     return score
 
 
-def generate_and_score(engine, tokenizer, rows: Sequence[dict], settings: RolloutSettings, n_samples: int,
-                       seed: int, score_fn: ScoreFn, eos_ids: Sequence[int] = (),
+def generate_and_score(engine, tokenizer, rows: Sequence[dict], settings: RolloutSettings, draws: Draws,
+                       score_fn: ScoreFn, eos_ids: Sequence[int] = (),
                        progress: Callable[[int], None] | None = None) -> list[dict]:
-    """Generate `n_samples` completions per row (`id`, `prompt` = user message, `answer`) with `settings`
+    """Generate `draws.n_samples` completions per row (`id`, `prompt` = user message, `answer`) with `settings`
     (schedule, sampling, caps) and score them; one record per sample, problem-major.
 
-    Rows are generated `settings.batch_size` at a time (all at once when 0), all with `stable_seed(seed)` and
+    Rows are generated `settings.batch_size` at a time (all at once when 0), all with `stable_seed(draws.seed)` and
     their global index as row id. A record holds id, sample, prompt_ids, completion_ids (EOS included), owner,
     text (special tokens dropped), answer, score, finish_reason and handoffs. `progress(n)` gets the rows
     finished per batch.
     """
-    batch_size = settings.batch_size or 64
+    batch_size, n_samples = settings.batch_size or 64, draws.n_samples
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
     prompts = encode_prompts(rows, tokenizer)
     flat = [(p, s) for p in range(len(rows)) for s in range(n_samples)]
-    call_seed = stable_seed(seed)
+    call_seed = stable_seed(draws.seed)
     records: list[dict] = []
     for start in range(0, len(flat), batch_size):
         chunk = flat[start:start + batch_size]
@@ -114,13 +135,12 @@ def accuracy_of(records: Sequence[dict]) -> dict:
             "max_tokens": max(lengths), "finished": sum(r["finish_reason"] == "eos" for r in records) / len(records)}
 
 
-def accuracy(model, tokenizer, messages: Sequence[str], golds: Sequence[str], max_new_tokens: int = 160,
-             temperature: float = 0.0, batch_size: int = 64, seed: int = 0, n_samples: int = 1,
-             score_workers: int = 1, score_fn: ScoreFn | None = None, engine=None) -> dict:
-    """Solo accuracy of `model` on user `messages` with gold answers (greedy when temperature is 0, else plain
-    temperature sampling, `n_samples` per message); the `accuracy_of` dict.
+def accuracy(model, tokenizer, messages: Sequence[str], golds: Sequence[str], decode: SoloDecode = SoloDecode(),
+             score_fn: ScoreFn | None = None, engine=None) -> dict:
+    """Solo accuracy of `model` on user `messages` with gold answers, decoded as `decode` says; the `accuracy_of`
+    dict.
 
-    `engine` defaults to an hf-backend engine over `model` alone.
+    `score_fn` defaults to `default_score_fn()` (one worker), `engine` to an hf-backend engine over `model` alone.
     """
     if len(messages) != len(golds):
         raise ValueError(f"{len(messages)} messages but {len(golds)} gold answers")
@@ -131,11 +151,12 @@ def accuracy(model, tokenizer, messages: Sequence[str], golds: Sequence[str], ma
 
         engine = make_engine(model, None, tokenizer, "hf")
     rows = [{"id": i, "prompt": m, "answer": str(g)} for i, (m, g) in enumerate(zip(messages, golds))]
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    sampling = SamplingParams(temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
-    settings = RolloutSettings("solo", sampling, batch_size=batch_size)
-    records = generate_and_score(engine, tokenizer, rows, settings, n_samples if temperature > 0 else 1,
-                                 seed, score_fn or default_score_fn(score_workers),
+    if decode.batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {decode.batch_size}")
+    sampling = SamplingParams(temperature=decode.temperature, top_p=1.0, top_k=0,
+                              max_new_tokens=decode.max_new_tokens)
+    settings = RolloutSettings("solo", sampling, batch_size=decode.batch_size)
+    draws = Draws(decode.n_samples if decode.temperature > 0 else 1, decode.seed)
+    records = generate_and_score(engine, tokenizer, rows, settings, draws, score_fn or default_score_fn(),
                                  eos_ids=eos_token_ids(tokenizer, model))
     return accuracy_of(records)

@@ -616,14 +616,14 @@ def target_lr_factor(step: int, warmup_steps: int, cool_start: int | None, coold
 
 
 def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfig, progress: bool = True,
-             seed: int = 0, curve_fn: Callable[[Any], dict] | None = None, curve_points: int = 0,
+             seed: int = 0, curve_fn: Callable[[Any], dict] | None = None,
              target_fn: Callable[[Any], float] | None = None) -> dict:
     """Supervised pretraining on (user message, reference solution) pairs; returns a summary dict.
 
     Runs `cfg.pretrain_steps` AdamW steps, or stops at `cfg.pretrain_max_seconds` of training time if that
     comes first; the learning-rate schedule follows whichever limit is nearer (progress = the larger of the
     step and time fractions), so a time-capped run still finishes its decay instead of stopping mid-rise.
-    `curve_fn(model)` (if given) is called at `curve_points` evenly spaced points of progress and its
+    `curve_fn(model)` (if given) is called at `cfg.curve_points` evenly spaced points of progress and its
     dict is logged with step, training seconds and recent loss: the learning curve. Its time is not
     counted as training time.
 
@@ -644,6 +644,7 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
         raise ValueError(f"{too_long} of {len(examples)} pretraining sequences exceed model.max_position "
                          f"({cfg.max_position} tokens; longest {max(len(e.ids) for e in examples)})")
     lengths = [len(e.ids) for e in examples]
+    curve_points = cfg.curve_points if curve_fn is not None else 0
     pad_id = tokenizer.pad_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.pretrain_lr, betas=(0.9, 0.98), weight_decay=0.01)
     max_s = cfg.pretrain_max_seconds

@@ -193,7 +193,7 @@ def score_many(completions: Sequence[str], golds: Sequence[str], timeout: float 
         else:
             jobs.append(("score", (answer, gold)))
             where.append(i)
-    for i, r in zip(where, pool_run(jobs, timeout, workers, 0.0)):
+    for i, r in zip(where, pool_run(__name__, jobs, timeout, workers, 0.0)):
         out[i] = float(r)
     return out
 
@@ -212,6 +212,6 @@ def parses_many(answers: Sequence[Any], timeout: float = 5.0, workers: int = 2) 
         else:
             jobs.append(("parse", (a,)))
             where.append(i)
-    for i, r in zip(where, pool_run(jobs, timeout, workers, False)):
+    for i, r in zip(where, pool_run(__name__, jobs, timeout, workers, False)):
         out[i] = bool(r)
     return out

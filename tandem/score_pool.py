@@ -3,12 +3,14 @@
 math-verify's own timeouts rely on `signal.alarm`, which fails outside the main thread, so the limit is enforced
 here instead: every job runs in a worker process that is killed and replaced when it overruns or crashes
 (`pool_restarts` counts them). One shared pool per process (`pool_run`), serialised by a lock, stopped at
-interpreter exit or by `shutdown_pool`. The jobs themselves (`run_job`) are defined in `tandem.rewards`.
+interpreter exit or by `shutdown_pool`. The jobs are a module's `run_job(kind, args)` and `warm_up()`, named by
+the caller (`tandem.rewards` names itself), so this module imports none of its callers.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import subprocess
 import sys
@@ -22,10 +24,11 @@ from typing import Any, Sequence
 _PKG_ROOT = str(Path(__file__).resolve().parents[1])  # so a worker imports this very copy of tandem
 
 
-def _worker_main(read_fd: int, write_fd: int) -> None:
-    """Worker loop: warm up math-verify, say ready, then answer (index, kind, args) jobs until None."""
+def _worker_main(read_fd: int, write_fd: int, jobs: str) -> None:
+    """Worker loop: warm up the `jobs` module, say ready, then answer (index, kind, args) jobs until None."""
     conn_in, conn_out = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
-    from tandem.rewards import run_job, warm_up  # the jobs this pool runs (lazy: rewards imports this module)
+    mod = importlib.import_module(jobs)
+    run_job, warm_up = mod.run_job, mod.warm_up
 
     try:
         warm_up()
@@ -52,12 +55,12 @@ class _Worker:
     process that holds threads (torch, Prefect) is unsafe, so fork is out too.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, jobs: str) -> None:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PKG_ROOT, env.get("PYTHONPATH", "")) if p)
-        code = f"from tandem.score_pool import _worker_main; _worker_main({to_child_r}, {from_child_w})"
+        code = f"from tandem.score_pool import _worker_main; _worker_main({to_child_r}, {from_child_w}, {jobs!r})"
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", code], pass_fds=(to_child_r, from_child_w), env=env,
@@ -105,9 +108,10 @@ class ScorePool:
     Not thread-safe by itself: the module-level functions serialise calls through a lock.
     """
 
-    def __init__(self, workers: int = 2, startup_timeout: float = 120.0):
+    def __init__(self, jobs: str, workers: int = 2, startup_timeout: float = 120.0):
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        self.jobs = jobs  # the module whose run_job / warm_up the workers call
         self.n_workers = workers
         self.startup_timeout = startup_timeout
         self._workers: list[_Worker] = []
@@ -118,12 +122,12 @@ class ScorePool:
             w.kill()
             self._workers.remove(w)
         while len(self._workers) < self.n_workers:
-            self._workers.append(_Worker())
+            self._workers.append(_Worker(self.jobs))
 
     def _replace(self, w: _Worker) -> None:
         w.kill()
         self._workers.remove(w)
-        self._workers.append(_Worker())
+        self._workers.append(_Worker(self.jobs))
         self.restarts += 1
 
     def run(self, jobs: Sequence[tuple[str, tuple]], timeout: float, default: Any) -> list[Any]:
@@ -198,15 +202,16 @@ _POOL: ScorePool | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def pool_run(jobs: list[tuple[str, tuple]], timeout: float, workers: int, default: Any) -> list[Any]:
+def pool_run(module: str, jobs: list[tuple[str, tuple]], timeout: float, workers: int, default: Any) -> list[Any]:
+    """`ScorePool.run` on the shared pool of `workers` processes running `module`'s jobs."""
     global _POOL
     if not jobs:
         return []
     with _POOL_LOCK:
-        if _POOL is None or _POOL.n_workers != workers:
+        if _POOL is None or (_POOL.n_workers, _POOL.jobs) != (workers, module):
             if _POOL is not None:
                 _POOL.close()
-            _POOL = ScorePool(workers)
+            _POOL = ScorePool(module, workers)
         return _POOL.run(jobs, timeout, default)
 
 

@@ -30,11 +30,11 @@ from tandem.errors import BadInputError
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
-    L = Layout.of(params)
-    inputs = {"eval": L.metrics / "eval.json", "generations": L.generations, "base_model": L.base_model,
-              "checkpoints": L.checkpoints, "eval_data": L.prepared / "eval"}
-    outputs = {"metrics": L.metrics / "analysis.json", "headline": L.metrics / "headline" / "analysis.json",
-               "plots": L.plots / "analysis"}
+    lay = Layout.of(params)
+    inputs = {"eval": lay.metrics / "eval.json", "generations": lay.generations, "base_model": lay.base_model,
+              "checkpoints": lay.checkpoints, "eval_data": lay.prepared / "eval"}
+    outputs = {"metrics": lay.metrics / "analysis.json", "headline": lay.metrics / "headline" / "analysis.json",
+               "plots": lay.plots / "analysis"}
     return inputs, outputs
 
 
@@ -165,9 +165,8 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
                         "kl_bins": an.kl_bins, "quantiles": list(an.quantiles), "reference_arm": an.reference_arm,
                         "benchmarks": benchmarks}}
     doc.update(analyze_checkpoints(
-        {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, by_hash, benchmarks, vocab,
-        reference_arm=an.reference_arm, top_drift_tokens=an.top_drift_tokens, min_type_count=an.min_type_count,
-        kl_bins=an.kl_bins, qs=an.quantiles, to_tokens=tok.convert_ids_to_tokens))
+        {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, by_hash, benchmarks, vocab, an,
+        tok.convert_ids_to_tokens))
     out_arms = doc["arms"]
     with atomic_path(outputs["plots"]) as tmp:
         tmp.mkdir()

@@ -37,14 +37,14 @@ PRETRAIN_PREFIX = "pretrain"  # distinct from prepare's prefixes (eval-<name>, v
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
-    L = Layout.of(params)
-    inputs: dict[str, Path] = {"prepared": L.prepared, "eval": L.prepared / "eval"}
+    lay = Layout.of(params)
+    inputs: dict[str, Path] = {"prepared": lay.prepared, "eval": lay.prepared / "eval"}
     if params.model.source == "path":
         inputs["model_path"] = Path(params.model.path)
     if params.model.source == "gguf" and not params.model.gguf_file.startswith("package:"):
         inputs["gguf_file"] = Path(params.model.gguf_file)
-    outputs = {"model": L.base_model, "metrics": L.metrics / "base.json",
-               "headline": L.metrics / "headline" / "base.json"}
+    outputs = {"model": lay.base_model, "metrics": lay.metrics / "base.json",
+               "headline": lay.metrics / "headline" / "base.json"}
     return inputs, outputs
 
 
@@ -82,20 +82,20 @@ def pretraining_corpus(params: Params, exclude: set[str]) -> list:
     Step counts span every count the run trains or evaluates on (the training range and each benchmark's), so a
     run that trains RL on long problems only still has a base that has seen the short ones.
     """
-    from tandem.data.synthetic import generate
+    from tandem.data.synthetic import ProblemShape, generate
 
     dc = params.data
     lo = min([dc.min_steps] + [r[0] for r in dc.benchmarks.values()]) if dc.source == "synthetic" else dc.min_steps
     hi = max([dc.max_steps] + [r[1] for r in dc.benchmarks.values()]) if dc.source == "synthetic" else dc.max_steps
-    return generate(params.model.n_pretrain, lo, hi, params.seed, max_operand=dc.max_operand,
-                    max_value=dc.max_value, exclude=exclude, prefix=PRETRAIN_PREFIX, styles=dc.solution_styles)
+    return generate(params.model.n_pretrain, lo, hi, params.seed, ProblemShape.of(dc), exclude=exclude,
+                    prefix=PRETRAIN_PREFIX)
 
 
 def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str, list[dict]]) -> dict:
     """Corpus -> tokenizer -> model -> pretraining (with a learning curve) -> saved HF dir; returns a summary."""
     from tandem import models as M
     from tandem.data.prompts import user_message
-    from tandem.generation import accuracy
+    from tandem.generation import SoloDecode, accuracy
 
     mc = params.model
     t0 = time.perf_counter()
@@ -107,11 +107,11 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
     setup_s = time.perf_counter() - t0
 
     curve_sets = {name: rows[:mc.curve_problems] for name, rows in eval_sets.items()}
+    greedy = SoloDecode(max_new_tokens=mc.eval_max_new_tokens, batch_size=mc.eval_batch_size, seed=params.seed)
 
     def curve_fn(m) -> dict:
         accs = {name: round(accuracy(m, tokenizer, [r["prompt"] for r in rows], [r["answer"] for r in rows],
-                                     max_new_tokens=mc.eval_max_new_tokens, batch_size=mc.eval_batch_size,
-                                     seed=params.seed)["accuracy"], 4)
+                                     greedy)["accuracy"], 4)
                 for name, rows in curve_sets.items()}
         return {"greedy": accs, "macro": round(sum(accs.values()) / len(accs), 4)}
 
@@ -121,14 +121,12 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
 
         def target_fn(m) -> float:
             return accuracy(m, tokenizer, [r["prompt"] for r in val], [r["answer"] for r in val],
-                            max_new_tokens=mc.eval_max_new_tokens, batch_size=mc.eval_batch_size,
-                            seed=params.seed)["accuracy"]
+                            greedy)["accuracy"]
 
     print(f"base: corpus {len(corpus)} problems, vocabulary {len(tokenizer)}, {M.n_params(model):,} parameters",
           file=sys.stderr, flush=True)
     summary = M.pretrain(model, tokenizer, pairs, mc, progress=True, seed=params.seed,
-                         curve_fn=curve_fn if mc.curve_points > 0 else None, curve_points=mc.curve_points,
-                         target_fn=target_fn)
+                         curve_fn=curve_fn if mc.curve_points > 0 else None, target_fn=target_fn)
     M.save_model(model, tokenizer, dest)
     (dest / M.SOURCE_FILE).write_text(json.dumps(
         {"source": "tiny", "seed": params.seed, "n_pretrain": len(corpus), "prefix": PRETRAIN_PREFIX}, indent=2)
@@ -151,14 +149,13 @@ def _warm_up(params: Params, prepared: Path, model_dir: Path) -> dict:
 
     from tandem import models as M
     from tandem.data.prompts import user_message
-    from tandem.data.synthetic import generate
+    from tandem.data.synthetic import ProblemShape, generate
 
     mc, dc = params.model, params.data
     model = M.load_model(model_dir, "float32", mc.trust_remote_code)
     tok = M.load_tokenizer(model_dir, mc.trust_remote_code)
     corpus = generate(mc.sft_steps * mc.sft_batch_size, dc.min_steps, dc.max_steps, params.seed,
-                      max_operand=dc.max_operand, max_value=dc.max_value, exclude=_prepared_problems(prepared),
-                      prefix="warmup", styles=dc.solution_styles)
+                      ProblemShape.of(dc), exclude=_prepared_problems(prepared), prefix="warmup")
     cfg = dataclasses.replace(mc, pretrain_steps=mc.sft_steps, pretrain_lr=mc.sft_lr,
                               pretrain_batch_size=mc.sft_batch_size, pretrain_max_seconds=0.0, pretrain_warmup=0.1,
                               pretrain_target=0.0, pretrain_cooldown=0,
@@ -214,7 +211,7 @@ def _evaluate(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]])
     import torch
 
     from tandem.data.prompts import render_prompt
-    from tandem.generation import accuracy
+    from tandem.generation import SoloDecode, accuracy
     from tandem.models import load_model, load_tokenizer, n_params
     from tandem.rollout.factory import make_engine
 
@@ -227,14 +224,15 @@ def _evaluate(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]])
     out: dict = {"greedy": {}, "sampled": {}, "benchmarks": {},
                  "model": {"n_params": n_params(model), "vocab_size": len(tok), "dtype": mc.dtype,
                            "architecture": type(model).__name__}}
+    greedy = SoloDecode(max_new_tokens=mc.eval_max_new_tokens, batch_size=mc.eval_batch_size, seed=params.seed)
+    sampled = SoloDecode(max_new_tokens=mc.eval_max_new_tokens, temperature=1.0, batch_size=mc.eval_batch_size,
+                         seed=params.seed, n_samples=mc.eval_samples)
     gen_tokens, gen_s = 0.0, 0.0
     for name, rows in eval_sets.items():
         msgs, golds = [r["prompt"] for r in rows], [r["answer"] for r in rows]
         t0 = time.perf_counter()
-        g = accuracy(model, tok, msgs, golds, mc.eval_max_new_tokens, temperature=0.0,
-                     batch_size=mc.eval_batch_size, seed=params.seed, engine=engine)
-        s = accuracy(model, tok, msgs, golds, mc.eval_max_new_tokens, temperature=1.0,
-                     batch_size=mc.eval_batch_size, seed=params.seed, n_samples=mc.eval_samples, engine=engine)
+        g = accuracy(model, tok, msgs, golds, greedy, engine=engine)
+        s = accuracy(model, tok, msgs, golds, sampled, engine=engine)
         gen_s += time.perf_counter() - t0
         gen_tokens += g["mean_tokens"] * len(rows) + s["mean_tokens"] * len(rows) * mc.eval_samples
         by_steps: dict[str, list[float]] = {}

@@ -34,7 +34,7 @@ import numpy as np
 import yaml
 
 from tandem.errors import BadInputError
-from tandem.metrics.intervals import bootstrap_interval, seed_means_S, seed_t_interval
+from tandem.metrics.intervals import bootstrap_interval, seed_means_M, seed_t_interval
 from tandem.metrics.passk import pass_at_k
 from tandem.metrics.verdicts import RegisteredClaim, decide, evaluate, excludes, holm_adjust, not_robust
 from tasks.common import atomic_path
@@ -119,7 +119,7 @@ class Results:
 
     def arrays(self, checkpoint: str, arms: Iterable[str], measure: str, seeds: list[int]
                ) -> dict[str, dict[str, np.ndarray]]:
-        """{arm: {benchmark: values_SP}} on `seeds`, problems aligned across arms and seeds."""
+        """{arm: {benchmark: values_MP}} on `seeds`, problems aligned across arms and seeds."""
         return {a: {b: np.stack([self.values[(checkpoint, a, s)][measure][b] for s in seeds]) for b in self.ids}
                 for a in arms}
 
@@ -339,7 +339,7 @@ def _arm_table(res: Results, ckpt_name: str, stats: Mapping) -> dict:
             v = res.arrays(ckpt, [arm], m, seeds)[arm]
             iv = bootstrap_interval(v, n_boot=int(stats["n_boot"]), level=float(stats["level"]),
                                     seed=int(stats["boot_seed"]))
-            st = seed_t_interval(seed_means_S(v), float(stats["level"]))
+            st = seed_t_interval(seed_means_M(v), float(stats["level"]))
             per[m] = {"estimate": iv.estimate, "ci": [iv.low, iv.high], "seed_t": [st.low, st.high] if st else None,
                       "seeds": seeds}
         if per:

@@ -38,10 +38,10 @@ MACRO_FIELDS = ("senior_share", "mean_tokens")
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
-    L = Layout.of(params)
-    inputs = {"eval_data": L.prepared / "eval", "base_model": L.base_model, "checkpoints": L.checkpoints}
-    outputs = {"metrics": L.metrics / "eval.json", "headline": L.metrics / "headline" / "eval.json",
-               "generations": L.generations, "plots": L.plots / "eval", "cache": L.scratch / "evaluate"}
+    lay = Layout.of(params)
+    inputs = {"eval_data": lay.prepared / "eval", "base_model": lay.base_model, "checkpoints": lay.checkpoints}
+    outputs = {"metrics": lay.metrics / "eval.json", "headline": lay.metrics / "headline" / "eval.json",
+               "generations": lay.generations, "plots": lay.plots / "eval", "cache": lay.scratch / "evaluate"}
     return inputs, outputs
 
 

@@ -100,7 +100,7 @@ def run_measures(root: str | Path, arms: list[str], steps: dict[str, int] | None
 
 
 def stack_seeds(per_seed: list[dict]) -> dict[str, dict[str, dict[str, np.ndarray]]]:
-    """Stack the `run_measures` of several seeds into arm -> metric -> benchmark -> values_SP (NaN where a seed
+    """Stack the `run_measures` of several seeds into arm -> metric -> benchmark -> values_MP (NaN where a seed
     lacks a problem). Only arms, metrics and benchmarks present in every seed are kept."""
     if not per_seed:
         return {}

@@ -32,7 +32,7 @@ from typing import Any
 from tandem.config import Params
 from tandem.data.prompts import user_message
 from tandem.data.reader import DataFileError, FileProblem, read_problem_file
-from tandem.data.synthetic import generate
+from tandem.data.synthetic import ProblemShape, generate
 from tasks import headline
 from tasks.common import Layout, atomic_path, stage_outputs, timing_path, write_json, write_jsonl, write_metrics
 from tasks.validation import DataValidationError, ValidationReport, validate_splits
@@ -86,8 +86,7 @@ def _synthetic_splits(params: Params) -> dict[str, list[dict]]:
     splits: dict[str, list[dict]] = {}
 
     def draw(n: int, lo: int, hi: int, prefix: str) -> list[dict]:
-        probs = generate(n, lo, hi, params.seed, max_operand=cfg.max_operand, max_value=cfg.max_value,
-                         exclude=seen, prefix=prefix, styles=cfg.solution_styles)
+        probs = generate(n, lo, hi, params.seed, ProblemShape.of(cfg), exclude=seen, prefix=prefix)
         seen.update(p.problem for p in probs)
         return [p.to_dict() for p in probs]
 

@@ -30,7 +30,7 @@ from tandem.checkpoints import generations_file
 from tandem.config import Params
 from tandem.errors import BadInputError
 from tandem.metrics.claims import arm_intervals, claims_for, evaluate_claims
-from tandem.report.build import build_report
+from tandem.report.build import ReportData, build_report
 from tandem.report.document import Figure, TextBlock
 from tandem.report.figures import arm_label
 from tandem.report.render import figure_filename, render_html, render_markdown
@@ -46,14 +46,14 @@ N_BOOT, BOOT_SEED = 2000, 0  # bootstrap draws and their seed: the same metrics 
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
-    L = Layout.of(params)
-    inputs = {"eval": L.metrics / "eval.json", "analysis": L.metrics / "analysis.json",
-              "base": L.metrics / "base.json", "data": L.metrics / "data.json",
-              "plots": L.plots, "generations": L.generations,
+    lay = Layout.of(params)
+    inputs = {"eval": lay.metrics / "eval.json", "analysis": lay.metrics / "analysis.json",
+              "base": lay.metrics / "base.json", "data": lay.metrics / "data.json",
+              "plots": lay.plots, "generations": lay.generations,
               # per-problem analysis values (read by tasks/measures.py under out_root; optional)
-              "per_problem": L.plots / "analysis" / "per_problem.csv"}
-    outputs = {"html": L.reports / "report.html", "markdown": L.reports / "report.md",
-               "figures": L.reports / "figures"}
+              "per_problem": lay.plots / "analysis" / "per_problem.csv"}
+    outputs = {"html": lay.reports / "report.html", "markdown": lay.reports / "report.md",
+               "figures": lay.reports / "figures"}
     return inputs, outputs
 
 
@@ -321,14 +321,14 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     curves = train_tables(inputs["plots"], list(eval_data.get("arms", {})))
     decision = promotion.decision_for(params, eval_data)
     claims, intervals, claims_note = claims_and_intervals(params, eval_data)
-    rep = build_report(
+    rep = build_report(ReportData(
         title=params.report.title, eval_data=eval_data, analysis=analysis, train_curves=curves,
         reward_key=reward_column(curves), decision=decision, metadata=metadata(params, docs, train_arms),
         params_text=yaml.safe_dump(params.to_dict(), sort_keys=False),
         examples=examples(eval_data, inputs["generations"], params.report.max_examples),
         claims=claims, claims_seeds=1, claims_note=claims_note, intervals=intervals,
         validation=docs["prepare"].get("validation"), data_docs=_data_docs_link(params, Path(outputs["html"])),
-        data_docs_page=_data_docs_page(params, Path(outputs["html"])))
+        data_docs_page=_data_docs_page(params, Path(outputs["html"]))))
     fig_dir = Path(outputs["figures"])
     with atomic_path(fig_dir) as tmp:
         tmp.mkdir(parents=True)
@@ -353,9 +353,9 @@ def artifact_markdown(params: Params, summary: dict) -> str:
     from tandem.report.render import md_escape
 
     md_path = Path(summary["markdown"])
-    L = Layout.of(params)
-    eval_data = _read_optional(L.metrics / "eval.json")
-    analysis = _read_optional(L.metrics / "analysis.json")
+    lay = Layout.of(params)
+    eval_data = _read_optional(lay.metrics / "eval.json")
+    analysis = _read_optional(lay.metrics / "analysis.json")
     lines = [f"# {md_escape(params.report.title)}", ""]
     lines += [f"- {md_escape(s)}" for s in summary_lines(eval_data, analysis)]
     lines += ["", f"**Promotion gate**: {'passes' if summary.get('promote') else 'does not pass'}: "

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.generation import accuracy, accuracy_of, cut_at_eos, generate_and_score, stable_seed
+from tandem.generation import (Draws, SoloDecode, accuracy, accuracy_of, cut_at_eos, generate_and_score,
+                               stable_seed)
 from tandem.rollout.core import RolloutBatch, SamplingParams
 from tandem.rollout.request import RolloutSettings
 
@@ -45,8 +46,8 @@ def test_records_cut_at_eos_score_and_share_one_seed(tok_model):
     rows = [{"id": "a", "prompt": "p a", "answer": "5"}, {"id": "b", "prompt": "p b", "answer": "4"},
             {"id": "c", "prompt": "p c", "answer": "2"}]
     seen = []
-    recs = generate_and_score(engine, tok, rows, RolloutSettings("solo", SamplingParams(), batch_size=4), n_samples=2,
-                              seed=9, score_fn=lambda t, g: [float(x.strip() == y) for x, y in zip(t, g)],
+    recs = generate_and_score(engine, tok, rows, RolloutSettings("solo", SamplingParams(), batch_size=4), Draws(2, seed=9),
+                              score_fn=lambda t, g: [float(x.strip() == y) for x, y in zip(t, g)],
                               eos_ids=[0], progress=seen.append)
     assert [(r["id"], r["sample"]) for r in recs] == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]
     assert recs[0]["completion_ids"] == [digits[5], 0] and recs[0]["owner"] == [1, 1]  # cut after the first EOS
@@ -76,7 +77,7 @@ def test_accuracy_counts_samples_per_problem(tok_model):
 
     r = accuracy(None, tok, ["a", "b", "c"], ["5", "8", "1"], engine=Fake())
     assert r["accuracy"] == pytest.approx(1 / 3) and r["per_problem"] == [1.0, 0.0, 0.0]
-    r = accuracy(None, tok, ["a"], ["4"], temperature=1.0, n_samples=3, engine=Fake())
+    r = accuracy(None, tok, ["a"], ["4"], SoloDecode(temperature=1.0, n_samples=3), engine=Fake())
     assert r["per_problem"] == [pytest.approx(2 / 3)]
     with pytest.raises(ValueError, match="gold"):
         accuracy(None, tok, ["a"], [])
@@ -88,8 +89,9 @@ def test_results_do_not_depend_on_the_batch_split(tok_model, temperature):
 
     tok, model, probs = tok_model
     msgs, golds = [user_message(p.problem) for p in probs[:3]], [p.answer for p in probs[:3]]
-    runs = [accuracy(model, tok, msgs, golds, max_new_tokens=10, temperature=temperature, batch_size=bs,
-                     seed=4, n_samples=2) for bs in (1, 6)]
+    runs = [accuracy(model, tok, msgs, golds, SoloDecode(max_new_tokens=10, temperature=temperature, batch_size=bs,
+                                                         seed=4, n_samples=2)) for bs in (1, 6)]
     assert runs[0] == runs[1]
-    other = accuracy(model, tok, msgs, golds, max_new_tokens=10, temperature=temperature, seed=5, n_samples=2)
+    other = accuracy(model, tok, msgs, golds, SoloDecode(max_new_tokens=10, temperature=temperature, seed=5,
+                                                         n_samples=2))
     assert other["mean_tokens"] > 0

@@ -153,13 +153,14 @@ def test_build_tiny_model_default_size(tok):
 
 
 def test_pretrain_smoke_loss_decreases(tok, problems):
-    cfg = ModelConfig(**SMALL, pretrain_steps=40, pretrain_batch_size=8, pretrain_lr=3e-3, pretrain_max_seconds=0)
+    cfg = ModelConfig(**SMALL, pretrain_steps=40, pretrain_batch_size=8, pretrain_lr=3e-3, pretrain_max_seconds=0,
+                      curve_points=2)
     model = M.build_tiny_model(tok, cfg)
     before = [p.detach().clone() for p in model.parameters()]
     pairs = [(user_message(p.problem), p.solution) for p in problems]
     calls = []
-    s = M.pretrain(model, tok, pairs, cfg, progress=False, curve_fn=lambda m: calls.append(1) or {"x": 1},
-                   curve_points=2)
+    s = M.pretrain(model, tok, pairs, cfg, progress=False,
+                   curve_fn=lambda m: calls.append(1) or {"x": 1})
     assert s["steps"] == 40 and s["stopped_by"] == "steps"
     assert math.isfinite(s["final_loss"]) and s["final_loss"] < s["first_loss"] - 1.0
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -181,9 +181,25 @@ def solution_style(text: str) -> str:
     return "compact" if first[:1].isdigit() and "=" in first and " " not in first else "other"
 
 
-def generate(n: int, min_steps: int, max_steps: int, seed: int, max_operand: int = 9, max_value: int = 40,
-             exclude: set[str] | None = None, prefix: str = "", styles: dict[str, float] | None = None) -> list[Problem]:
-    """`n` distinct problems with a step count uniform in [min_steps, max_steps], deterministic in `seed`.
+@dataclass(frozen=True)
+class ProblemShape:
+    """What every problem of a set shares besides its step count: the largest operand, the largest running
+    value, and the shares of the solution styles (None: `make_problem`'s default)."""
+
+    max_operand: int = 9
+    max_value: int = 40
+    styles: dict[str, float] | None = None
+
+    @classmethod
+    def of(cls, data) -> "ProblemShape":
+        """The shape a data config (`tandem.config.DataConfig`) asks for."""
+        return cls(data.max_operand, data.max_value, data.solution_styles)
+
+
+def generate(n: int, min_steps: int, max_steps: int, seed: int, shape: ProblemShape = ProblemShape(),
+             exclude: set[str] | None = None, prefix: str = "") -> list[Problem]:
+    """`n` distinct problems of `shape` with a step count uniform in [min_steps, max_steps], deterministic in
+    `seed`.
 
     Problems whose text is in `exclude` (problem strings) are skipped, so splits never share a problem.
     """
@@ -196,7 +212,8 @@ def generate(n: int, min_steps: int, max_steps: int, seed: int, max_operand: int
         if attempts > 50 * n + 1000:
             raise ValueError(f"could only generate {len(out)} distinct problems of {n} requested "
                              f"({min_steps}-{max_steps} steps): the space is too small")
-        p = make_problem(rng, rng.randint(min_steps, max_steps), max_operand, max_value, styles=styles)
+        p = make_problem(rng, rng.randint(min_steps, max_steps), shape.max_operand, shape.max_value,
+                         styles=shape.styles)
         if p.problem in seen:
             continue
         seen.add(p.problem)

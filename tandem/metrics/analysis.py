@@ -9,13 +9,16 @@ per completion token) and `targets` (the token ids). Everything here is pure: ar
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from tandem.metrics.drift import histogram_counts, per_type_sums_V, quantiles, top_types
 from tandem.metrics.passk import macro_mean
+
+if TYPE_CHECKING:
+    from tandem.config import AnalyzeConfig
 
 StatsByBenchmark = Mapping[str, Sequence[Mapping[str, np.ndarray]]]
 HIST_QUANTILE = 0.99  # the shared histogram spans [0, the largest 0.99-quantile]; the last bin takes the rest
@@ -116,19 +119,21 @@ def checkpoint_entry(c: Mapping[str, Any], st: StatsByBenchmark, benchmarks: Seq
 
 
 def analyze_checkpoints(arms: Mapping[str, Sequence[Mapping[str, Any]]], by_hash: Mapping[str, StatsByBenchmark],
-                        benchmarks: Sequence[str], vocab: int, *, reference_arm: str, top_drift_tokens: int,
-                        min_type_count: int, kl_bins: int, qs: Sequence[float],
+                        benchmarks: Sequence[str], vocab: int, cfg: AnalyzeConfig,
                         to_tokens: Callable[[list[int]], list[str]]) -> dict:
     """The analysis document: `arms` maps each arm to its checkpoints ({step, hash, ...} by step, step 0 the
-    base) and `by_hash` each checkpoint hash to its statistics. Returns {kl_histogram_edges, reference, arms,
+    base) and `by_hash` each checkpoint hash to its statistics; `cfg` the analyze settings (reference arm,
+    top drift tokens, minimum type count, KL bins, quantiles). Returns {kl_histogram_edges, reference, arms,
     summary}; the histogram edges are shared by every checkpoint, and the drifted types are the reference
     arm's at its last checkpoint (none when that arm is absent or untrained)."""
-    edges = kl_histogram_edges(list(by_hash.values()), kl_bins)
+    reference_arm, qs = cfg.reference_arm, cfg.quantiles
+    edges = kl_histogram_edges(list(by_hash.values()), cfg.kl_bins)
     reference: dict[str, Any] = {"arm": reference_arm, "step": None, "hash": None, "n_types": 0, "tokens": []}
     top_ids: list[int] = []
     if reference_arm in arms and arms[reference_arm][-1]["step"] > 0:
         last = arms[reference_arm][-1]
-        top_ids, rows = reference_types(by_hash[last["hash"]], vocab, top_drift_tokens, min_type_count, to_tokens)
+        top_ids, rows = reference_types(by_hash[last["hash"]], vocab, cfg.top_drift_tokens, cfg.min_type_count,
+                                        to_tokens)
         reference.update(step=last["step"], hash=last["hash"], n_types=len(top_ids), tokens=rows)
     top_set = torch.tensor(top_ids, dtype=torch.long)
     out_arms = {arm: {"checkpoints": [checkpoint_entry(c, by_hash[c["hash"]], benchmarks, edges, qs, top_set, vocab)

@@ -1,7 +1,7 @@
 """The paper's four claims as paired comparisons between arms, each decided by its bootstrap interval.
 
 A measure is one value per (seed, problem) for each arm and benchmark (`Measures`: arm -> metric -> benchmark
--> array `values_SP`), e.g. a problem's solo pass@1, or the mean per-token KL to the base of its solo
+-> array `values_MP`), e.g. a problem's solo pass@1, or the mean per-token KL to the base of its solo
 completions. `CLAIMS` lists the comparisons that test the paper's claims; `evaluate_claims` computes, for each,
 every arm's estimate with its 95% interval, the paired difference (arm a minus arm b, resampled with the same
 seeds and problems for both arms) with its interval, and a verdict decided by that interval alone
@@ -22,7 +22,7 @@ import numpy as np
 
 from tandem.metrics.intervals import Direction, bootstrap_interval, paired_difference, verdict, within_noise
 
-Measures = Mapping[str, Mapping[str, Mapping[str, np.ndarray]]]  # arm -> metric -> benchmark -> values_SP
+Measures = Mapping[str, Mapping[str, Mapping[str, np.ndarray]]]  # arm -> metric -> benchmark -> values_MP
 ARMS = ("tandem", "grpo", "kl_reg")
 # Solo skill "matches" when the difference in pass@1 lies within +-0.05 (5 points of accuracy). A fixed
 # convention for a one-run readout, not calibrated to the run: at toy scale it can be most of GRPO's own gain

@@ -7,8 +7,8 @@ mean over seeds of the per-seed macro mean over benchmarks of the mean over prob
 Every seed answers the same problems: problems are **crossed** with seeds, not nested in them. The crossed
 percentile bootstrap follows that design: each replicate draws the seeds with replacement and, per benchmark,
 **one** set of problems that every drawn seed shares. (Drawing problems anew for each seed slot, the `nested`
-scheme, averages the problem effect common to all seeds over S independent draws and under-counts its variance
-by about a factor S: arm-level intervals come out too narrow; tests/metrics/test_intervals.py measures both.)
+scheme, averages the problem effect common to all seeds over M independent draws and under-counts its variance
+by about a factor M: arm-level intervals come out too narrow; tests/metrics/test_intervals.py measures both.)
 
 A comparison between arms is a linear contrast of their statistics, `sum_arm coef[arm] * stat(arm)`: a paired
 difference (a minus b: {a: 1, b: -1}) or the keep-a-share-of-the-gain contrast (tandem - base) - 0.8 (grpo -
@@ -16,10 +16,10 @@ base) = {tandem: 1, grpo: -0.8, base: -0.2}. Every arm is resampled with the sam
 on the bootstrap seed and the shapes), which is what makes a paired interval tighter than two intervals side by
 side. One-sided bootstrap p-values count the replicates on the wrong side of 0, with the +1 correction.
 
-A seed-level t-interval (the per-seed macro values of the contrast, df = S - 1) is the robustness check beside
-the bootstrap: with few seeds a percentile bootstrap over seeds shrinks their spread by (S - 1) / S.
+A seed-level t-interval (the per-seed macro values of the contrast, df = M - 1) is the robustness check beside
+the bootstrap: with few seeds a percentile bootstrap over seeds shrinks their spread by (M - 1) / M.
 
-Shapes: one array `values_SP` per benchmark, `S` seeds x `P` problems of that benchmark; `NaN` marks a
+Shapes: one array `values_MP` per benchmark, `M` seeds x `P` problems of that benchmark; `NaN` marks a
 problem with no value for that seed (it is left out of that seed's mean). Every function here is numpy only.
 """
 
@@ -33,7 +33,7 @@ import numpy as np
 
 Direction = Literal["greater", "less", "equivalent"]
 Scheme = Literal["crossed", "nested"]
-Values = Mapping[str, np.ndarray]  # benchmark -> values_SP
+Values = Mapping[str, np.ndarray]  # benchmark -> values_MP
 VERDICTS = ("holds", "does not hold", "inconclusive")
 
 
@@ -49,8 +49,8 @@ class Interval:
         return {"estimate": self.estimate, "ci_low": self.low, "ci_high": self.high}
 
 
-def seed_means_S(values: Values) -> np.ndarray:
-    """Each seed's macro mean over benchmarks of its mean over problems (NaNs left out): shape (S,).
+def seed_means_M(values: Values) -> np.ndarray:
+    """Each seed's macro mean over benchmarks of its mean over problems (NaNs left out): shape (M,).
 
     Naive equivalent: m_s = mean over benchmarks b of (mean of values[b][s, p] over the p with a value).
     """
@@ -59,7 +59,7 @@ def seed_means_S(values: Values) -> np.ndarray:
 
 def point_estimate(values: Values) -> float:
     """Mean over seeds of the macro mean over benchmarks of the mean over problems (NaNs left out)."""
-    return float(np.mean(seed_means_S(values)))
+    return float(np.mean(seed_means_M(values)))
 
 
 def n_seeds(values: Values) -> int:
@@ -71,25 +71,25 @@ def n_seeds(values: Values) -> int:
 
 @dataclass(frozen=True)
 class Draws:
-    """Bootstrap index draws: seeds (n_boot x S) and, per benchmark, problems: (n_boot x P_b) when crossed (one
-    draw shared by every seed slot), (n_boot x S x P_b) when nested (a draw per seed slot)."""
+    """Bootstrap index draws: seeds (n_boot x M) and, per benchmark, problems: (n_boot x P_b) when crossed (one
+    draw shared by every seed slot), (n_boot x M x P_b) when nested (a draw per seed slot)."""
 
     scheme: str
-    seeds_NS: np.ndarray
+    seeds_WM: np.ndarray
     problems: dict[str, np.ndarray]
     _counts: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def n_boot(self) -> int:
-        return int(self.seeds_NS.shape[0])
+        return int(self.seeds_WM.shape[0])
 
-    def counts_NP(self, benchmark: str) -> np.ndarray:
+    def counts_WP(self, benchmark: str) -> np.ndarray:
         """Crossed draws as counts: how often replicate n drew problem p of `benchmark` (float, n_boot x P)."""
         if benchmark not in self._counts:
             idx = self.problems[benchmark]
-            N, P = idx.shape
-            self._counts[benchmark] = np.bincount((idx + P * np.arange(N)[:, None]).ravel(),
-                                                  minlength=N * P).reshape(N, P).astype(np.float64)
+            W, P = idx.shape
+            self._counts[benchmark] = np.bincount((idx + P * np.arange(W)[:, None]).ravel(),
+                                                  minlength=W * P).reshape(W, P).astype(np.float64)
         return self._counts[benchmark]
 
 
@@ -100,32 +100,32 @@ def draws(values: Values, n_boot: int, seed: int = 0, scheme: Scheme = "crossed"
         raise ValueError(f"scheme must be crossed or nested, got {scheme!r}")
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    S = n_seeds(values)
+    M = n_seeds(values)
     key = (tuple((b, values[b].shape) for b in sorted(values)), n_boot, seed, scheme)
     if key in _DRAWS:
         return _DRAWS[key]
     rng = np.random.default_rng(seed)
-    seeds_NS = rng.integers(0, S, size=(n_boot, S))
+    seeds_WM = rng.integers(0, M, size=(n_boot, M))
     problems = {}
     for b in sorted(values):
         P = values[b].shape[1]
-        problems[b] = rng.integers(0, P, size=(n_boot, P) if scheme == "crossed" else (n_boot, S, P))
+        problems[b] = rng.integers(0, P, size=(n_boot, P) if scheme == "crossed" else (n_boot, M, P))
     if len(_DRAWS) >= 16:  # a study has a handful of shapes; keep the cache small
         _DRAWS.pop(next(iter(_DRAWS)))
-    _DRAWS[key] = Draws(scheme, seeds_NS, problems)
+    _DRAWS[key] = Draws(scheme, seeds_WM, problems)
     return _DRAWS[key]
 
 
 _DRAWS: dict[tuple, Draws] = {}  # the same inputs give the same draws: compute them once
 
 
-def boot_stats_N(values: Values, d: Draws) -> np.ndarray:
+def boot_stats_W(values: Values, d: Draws) -> np.ndarray:
     """`point_estimate` on every bootstrap replicate: shape (n_boot,). A replicate in which a seed slot has no
     value left on some benchmark is NaN (left out by the interval and the p-value).
 
-    Crossed: the mean of seed s over replicate n's problems is sum_p W[n, p] x[s, p] / sum_p W[n, p] ok[s, p],
+    Crossed: the mean of seed m over replicate w's problems is sum_p W[w, p] x[m, p] / sum_p W[w, p] ok[m, p],
     W the draw counts; einsum's own loops (not BLAS) keep the summation order the same on every machine.
-    Nested: seed slot j of replicate n is seed seeds_NS[n, j] on its own problem draw.
+    Nested: seed slot j of replicate w is seed seeds_WM[w, j] on its own problem draw.
     """
     if set(values) != set(d.problems):
         raise ValueError(f"draws are for benchmarks {sorted(d.problems)}, values have {sorted(values)}")
@@ -136,13 +136,13 @@ def boot_stats_N(values: Values, d: Draws) -> np.ndarray:
             ok = ~np.isnan(v)
             x = np.where(ok, v, 0.0)
             if d.scheme == "crossed":
-                W = d.counts_NP(b)
-                sums_NS = np.einsum("np,sp->ns", W, x)
-                n_NS = float(v.shape[1]) if ok.all() else np.einsum("np,sp->ns", W, ok.astype(np.float64))
-                per_bench.append(np.take_along_axis(sums_NS / n_NS, d.seeds_NS, axis=1))
+                w_WP = d.counts_WP(b)
+                sums_WM = np.einsum("wp,mp->wm", w_WP, x)
+                n_WM = float(v.shape[1]) if ok.all() else np.einsum("wp,mp->wm", w_WP, ok.astype(np.float64))
+                per_bench.append(np.take_along_axis(sums_WM / n_WM, d.seeds_WM, axis=1))
             else:
                 # np.take rather than fancy indexing: the same gather, several times faster
-                flat = d.seeds_NS[:, :, None] * v.shape[1] + d.problems[b]
+                flat = d.seeds_WM[:, :, None] * v.shape[1] + d.problems[b]
                 per_bench.append(np.take(x.ravel(), flat).sum(axis=2) / np.take(ok.ravel(), flat).sum(axis=2))
     return np.mean(np.mean(np.stack(per_bench), axis=0), axis=1)
 
@@ -165,9 +165,9 @@ def contrast_estimate(arms: Mapping[str, Values], coefs: Mapping[str, float]) ->
     return float(sum(c * point_estimate(arms[a]) for a, c in coefs.items()))
 
 
-def contrast_seed_values_S(arms: Mapping[str, Values], coefs: Mapping[str, float]) -> np.ndarray:
-    """The contrast on each seed's macro values: shape (S,)."""
-    return sum(c * seed_means_S(arms[a]) for a, c in coefs.items())
+def contrast_seed_values_M(arms: Mapping[str, Values], coefs: Mapping[str, float]) -> np.ndarray:
+    """The contrast on each seed's macro values: shape (M,)."""
+    return sum(c * seed_means_M(arms[a]) for a, c in coefs.items())
 
 
 def arm_stats(arms: Mapping[str, Values], n_boot: int, seed: int = 0, scheme: Scheme = "crossed"
@@ -175,10 +175,10 @@ def arm_stats(arms: Mapping[str, Values], n_boot: int, seed: int = 0, scheme: Sc
     """Every arm's bootstrap statistics under one set of draws: {arm: (n_boot,)}."""
     first = _check_same_shapes(arms)
     d = draws(first, n_boot, seed, scheme)
-    return {a: boot_stats_N(v, d) for a, v in arms.items()}
+    return {a: boot_stats_W(v, d) for a, v in arms.items()}
 
 
-def contrast_stats_N(arms: Mapping[str, Values], coefs: Mapping[str, float], n_boot: int, seed: int = 0,
+def contrast_stats_W(arms: Mapping[str, Values], coefs: Mapping[str, float], n_boot: int, seed: int = 0,
                      scheme: Scheme = "crossed") -> np.ndarray:
     """The contrast on every bootstrap replicate, all arms resampled with the same draws: (n_boot,)."""
     missing = [a for a in coefs if a not in arms]
@@ -188,20 +188,20 @@ def contrast_stats_N(arms: Mapping[str, Values], coefs: Mapping[str, float], n_b
     return sum(c * stats[a] for a, c in coefs.items())
 
 
-def percentile_interval(stats_N: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+def percentile_interval(stats_W: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     """The (1 - level) / 2 and (1 + level) / 2 quantiles of the finite replicates."""
-    ok = stats_N[np.isfinite(stats_N)]
+    ok = stats_W[np.isfinite(stats_W)]
     if ok.size == 0:
         return math.nan, math.nan
     lo, hi = np.quantile(ok, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
 
 
-def p_one_sided(stats_N: np.ndarray, direction: Literal["greater", "less"]) -> float:
+def p_one_sided(stats_W: np.ndarray, direction: Literal["greater", "less"]) -> float:
     """One-sided bootstrap p-value of the claim "contrast > 0" (greater) or "< 0" (less): the share of finite
     replicates on the wrong side of 0 (a replicate at exactly 0 counts as wrong), with the +1 correction,
     (1 + #wrong) / (n + 1), so it is never 0. Naive: count in a loop."""
-    ok = stats_N[np.isfinite(stats_N)]
+    ok = stats_W[np.isfinite(stats_W)]
     if direction == "greater":
         wrong = int(np.count_nonzero(ok <= 0))
     elif direction == "less":
@@ -214,14 +214,14 @@ def p_one_sided(stats_N: np.ndarray, direction: Literal["greater", "less"]) -> f
 def bootstrap_interval(values: Values, n_boot: int = 2000, level: float = 0.95, seed: int = 0,
                        scheme: Scheme = "crossed") -> Interval:
     """Point estimate and percentile interval of `point_estimate(values)`."""
-    lo, hi = percentile_interval(boot_stats_N(values, draws(values, n_boot, seed, scheme)), level)
+    lo, hi = percentile_interval(boot_stats_W(values, draws(values, n_boot, seed, scheme)), level)
     return Interval(point_estimate(values), lo, hi)
 
 
 def contrast_interval(arms: Mapping[str, Values], coefs: Mapping[str, float], n_boot: int = 2000,
                       level: float = 0.95, seed: int = 0, scheme: Scheme = "crossed") -> Interval:
     """Estimate and percentile interval of a linear contrast between arms (same draws for every arm)."""
-    lo, hi = percentile_interval(contrast_stats_N(arms, coefs, n_boot, seed, scheme), level)
+    lo, hi = percentile_interval(contrast_stats_W(arms, coefs, n_boot, seed, scheme), level)
     return Interval(contrast_estimate(arms, coefs), lo, hi)
 
 
@@ -281,9 +281,9 @@ def t_quantile(p: float, df: int) -> float:
     return q if p > 0.5 else -q
 
 
-def seed_t_interval(values_S: np.ndarray, level: float = 0.95) -> Interval | None:
-    """mean +- t_{(1+level)/2, S-1} * sd / sqrt(S) over per-seed values; None with fewer than two seeds."""
-    x = np.asarray(values_S, dtype=np.float64)
+def seed_t_interval(values_M: np.ndarray, level: float = 0.95) -> Interval | None:
+    """mean +- t_{(1+level)/2, M-1} * sd / sqrt(M) over per-seed values; None with fewer than two seeds."""
+    x = np.asarray(values_M, dtype=np.float64)
     x = x[np.isfinite(x)]
     if x.size < 2:
         return None

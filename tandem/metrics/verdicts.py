@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from tandem.metrics.intervals import (Values, arm_stats, contrast_estimate, contrast_seed_values_S, p_one_sided,
+from tandem.metrics.intervals import (Values, arm_stats, contrast_estimate, contrast_seed_values_M, p_one_sided,
                                       percentile_interval, point_estimate, seed_t_interval)
 
 TESTS = ("keeps_gain", "greater", "less")
@@ -207,23 +207,23 @@ def evaluate(c: RegisteredClaim, arms: Mapping[str, Values], n_boot: int, level:
     kept share of the gain (`kept_share`, the percentile interval of its per-replicate ratio)."""
     coefs = c.coefficients
     stats = arm_stats({a: arms[a] for a in coefs}, n_boot, seed)
-    stat_N = sum(k * stats[a] for a, k in coefs.items())
+    stat_W = sum(k * stats[a] for a, k in coefs.items())
     est = contrast_estimate(arms, coefs)
-    lo, hi = percentile_interval(stat_N, level)
-    st = seed_t_interval(contrast_seed_values_S(arms, coefs), level)
+    lo, hi = percentile_interval(stat_W, level)
+    st = seed_t_interval(contrast_seed_values_M(arms, coefs), level)
     b_value = point_estimate(arms[c.b])
     row = {"estimate": est, "ci": [lo, hi], "seed_t": [st.low, st.high] if st else None,
-           "p_one_sided": p_one_sided(stat_N, c.direction), "threshold": c.threshold(b_value),
+           "p_one_sided": p_one_sided(stat_W, c.direction), "threshold": c.threshold(b_value),
            "arms": {a: {"estimate": point_estimate(arms[a]), "ci": list(percentile_interval(stats[a], level))}
                     for a in coefs}}
     if c.test == "keeps_gain":
         gain_a = point_estimate(arms[c.a]) - point_estimate(arms[BASE])
         gain_b = b_value - point_estimate(arms[BASE])
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio_N = (stats[c.a] - stats[BASE]) / (stats[c.b] - stats[BASE])
+            ratio_W = (stats[c.a] - stats[BASE]) / (stats[c.b] - stats[BASE])
         glo, ghi = percentile_interval(stats[c.b] - stats[BASE], level)
         row["kept_share"] = {"estimate": gain_a / gain_b if gain_b else math.nan,
-                             "ci": list(percentile_interval(ratio_N, level)),
+                             "ci": list(percentile_interval(ratio_W, level)),
                              "gain_b": gain_b, "gain_b_ci": [glo, ghi],
                              # a share of a gain that may be 0 is unstable: say when b's gain is not told from 0
                              "gain_b_excludes_0": bool(glo > 0 or ghi < 0)}

@@ -1,7 +1,7 @@
 """Assemble the whole results report (`Report`) from loaded metrics; no file I/O here.
 
-`tasks/report.py` reads the files and writes the outputs; a notebook can call `build_report` on the same
-dicts. The claims section comes first (`tandem.report.claims`: the claims table with intervals, error bars and
+`tasks/report.py` reads the files and writes the outputs; a notebook can call `build_report` on a `ReportData`
+built from the same dicts. The claims section comes first (`tandem.report.claims`: the claims table with intervals, error bars and
 the within-noise warnings, or the reason there are no claims), then the summary. Sections follow the paper: solo accuracy (fig. 2), tandem accuracy (fig. 3), drift (fig. 4), the
 KL-Reg comparison (fig. 7), legibility (table 1), the ablation (table 2), then training curves, the
 promotion gate, example generations (escaped by the renderers), the data validation (with a link to its Data
@@ -10,6 +10,7 @@ Docs) and the run metadata.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from tandem.report import figures as F
@@ -58,15 +59,10 @@ def summary_lines(eval_data: dict, analysis: dict) -> list[str]:
     return lines
 
 
-def build_report(*, title: str, eval_data: dict, analysis: dict,
-                 train_curves: dict[str, dict[str, list[float]]] | None = None, reward_key: str | None = None,
-                 decision: Decision | None = None, metadata: dict[str, Any] | None = None,
-                 params_text: str = "", examples: list[TextBlock] | None = None,
-                 notes: list[str] | None = None, claims: list[dict] | None = None, claims_seeds: int = 1,
-                 claims_note: str = "", intervals: T.Intervals | None = None,
-                 validation: dict | None = None, data_docs: str | None = None,
-                 data_docs_page: str | None = None) -> Report:
-    """The report's sections from loaded metrics.
+@dataclass(frozen=True)
+class ReportData:
+    """The loaded metrics a report is built from (the report stage reads them from files; a notebook may
+    build one from the same dicts).
 
     `claims`: rows of `tandem.metrics.claims.evaluate_claims` over `claims_seeds` seeds, shown first; when None,
     the Claims section says why (`claims_note`). `intervals` ({arm or "base": {metric: (low, high)}}) add 95%
@@ -74,23 +70,46 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
     `validation` block of metrics/data.json), `data_docs` (a relative link to its Great Expectations Data
     Docs) and `data_docs_page` (to the run's validation page in them) make the data validation section.
     """
+
+    title: str
+    eval_data: dict
+    analysis: dict
+    train_curves: dict[str, dict[str, list[float]]] | None = None
+    reward_key: str | None = None
+    decision: Decision | None = None
+    metadata: dict[str, Any] | None = None
+    params_text: str = ""
+    examples: list[TextBlock] | None = None
+    notes: list[str] | None = None
+    claims: list[dict] | None = None
+    claims_seeds: int = 1
+    claims_note: str = ""
+    intervals: T.Intervals | None = None
+    validation: dict | None = None
+    data_docs: str | None = None
+    data_docs_page: str | None = None
+
+
+def build_report(src: ReportData) -> Report:
+    """The report's sections from the loaded metrics in `src`."""
+    eval_data, analysis, intervals, decision = src.eval_data, src.analysis, src.intervals, src.decision
     s = eval_data.get("settings", {})
     k = (s.get("ks") or [1])[0]
     subtitle = (f"{len(eval_data.get('arms', {}))} arm(s), {len(s.get('benchmarks', {}))} benchmark(s), "
                 f"{s.get('n_samples', '?')} samples per problem, modes: {', '.join(s.get('modes', []))}")
-    rep = Report(title=title, subtitle=subtitle)
+    rep = Report(title=src.title, subtitle=subtitle)
 
-    if claims is not None:
-        rep.sections.append(claims_section(claims, claims_seeds))
+    if src.claims is not None:
+        rep.sections.append(claims_section(src.claims, src.claims_seeds))
     else:
         rep.sections.append(Section("Claims", paragraphs=[
-            "No claims table: " + (claims_note or "no per-problem measures were given.") + " Without intervals, "
+            "No claims table: " + (src.claims_note or "no per-problem measures were given.") + " Without intervals, "
             "no difference in this report can be told apart from noise."]))
 
     bars = (" Error bars: 95% bootstrap intervals over problems (intervals: final checkpoints and the base only; "
             "the per-checkpoint curves have none, so they keep the full 0-1 axis).") if intervals else \
         " The per-checkpoint curves have no intervals, so they keep the full 0-1 axis."
-    summ = Section("Summary", paragraphs=summary_lines(eval_data, analysis) + list(notes or []))
+    summ = Section("Summary", paragraphs=summary_lines(eval_data, analysis) + list(src.notes or []))
     rep.sections.append(summ)
 
     solo = Section("Solo accuracy (figure 2)")
@@ -139,9 +158,9 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
     rep.sections.append(abl)
 
     train = Section("Training")
-    if train_curves and reward_key:
-        _fig(train, "train-reward", f"Training reward ({reward_key}) per step.",
-             F.train_curves_figure(train_curves, reward_key), "The training tables hold no reward values.")
+    if src.train_curves and src.reward_key:
+        _fig(train, "train-reward", f"Training reward ({src.reward_key}) per step.",
+             F.train_curves_figure(src.train_curves, src.reward_key), "The training tables hold no reward values.")
     else:
         train.paragraphs.append("No training table with a reward column was found.")
     rep.sections.append(train)
@@ -156,32 +175,33 @@ def build_report(*, title: str, eval_data: dict, analysis: dict,
                                     ["metric", "last promoted", "this run", "change"], comparison_rows(decision)))
         rep.sections.append(promo)
 
-    if examples:
+    if src.examples:
         rep.sections.append(Section("Example generations", paragraphs=[
             "The problems on which the models' solo pass rates differ most (the base and each arm's last "
             "checkpoint); for each model one completion: a correct one from the models that solve the problem "
             "most often, a wrong one from the others.",
-            "Model output, shown verbatim and escaped: it is untrusted text."], texts=list(examples)))
+            "Model output, shown verbatim and escaped: it is untrusted text."], texts=list(src.examples)))
 
     data = Section("Data validation (Great Expectations)")
+    validation = src.validation
     if validation:
         data.paragraphs.append(
             f"Validation {'passed' if validation.get('passed') else 'FAILED'}: {validation.get('rows_checked')} rows "
             f"checked against {validation.get('expectations')} expectations, {validation.get('failures')} failures.")
-    if data_docs:
+    if src.data_docs:
         data.links.append(Link("The validation as Great Expectations Data Docs (every expectation and its result)",
-                               data_docs))
-    if data_docs_page:
+                               src.data_docs))
+    if src.data_docs_page:
         # GX draws the index's list with scripts from CDNs; the validation page itself is plain HTML
-        data.links.append(Link("This run's validation page (readable offline)", data_docs_page))
+        data.links.append(Link("This run's validation page (readable offline)", src.data_docs_page))
     if not data.paragraphs and not data.links:
         data.paragraphs.append("No validation record (run the prepare stage).")
     rep.sections.append(data)
 
     meta = Section("Run metadata")
-    if metadata:
-        meta.tables.append(T.key_value_table("Provenance, environment and timing", metadata))
-    if params_text:
-        meta.texts.append(TextBlock("params (resolved)", params_text))
+    if src.metadata:
+        meta.tables.append(T.key_value_table("Provenance, environment and timing", src.metadata))
+    if src.params_text:
+        meta.texts.append(TextBlock("params (resolved)", src.params_text))
     rep.sections.append(meta)
     return rep

@@ -58,11 +58,11 @@ class Validation(TrainerCallback):
         self.initial: float | None = None
 
     def _measure(self, model) -> float:
-        from tandem.generation import accuracy
+        from tandem.generation import SoloDecode, accuracy, default_score_fn
 
-        return float(accuracy(model, self.tokenizer, self.messages, self.golds, self.max_new_tokens,
-                              temperature=0.0, batch_size=self.batch_size,
-                              score_workers=self.score_workers)["accuracy"])
+        return float(accuracy(model, self.tokenizer, self.messages, self.golds,
+                              SoloDecode(max_new_tokens=self.max_new_tokens, batch_size=self.batch_size),
+                              default_score_fn(self.score_workers))["accuracy"])
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if state.global_step == 0:  # the base's accuracy: the reference every later value is read against

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from tandem.data.synthetic import STYLES, draw_style, generate, make_problem, solution_style
+from tandem.data.synthetic import STYLES, ProblemShape, draw_style, generate, make_problem, solution_style
 
 
 def test_each_style_renders_and_reads_back():
@@ -31,7 +31,7 @@ def test_default_shares_keep_the_single_draw_of_the_two_style_mix():
 
 def test_shares_set_the_style_mix_and_rows_keep_their_fields():
     shares = {"verbose": 0.6, "terse": 0.3, "compact": 0.1}
-    probs = generate(3000, 2, 8, seed=1, max_operand=20, max_value=99, styles=shares)
+    probs = generate(3000, 2, 8, seed=1, shape=ProblemShape(20, 99, shares))
     counts = Counter(p.style for p in probs)
     for style, share in shares.items():
         assert abs(counts[style] / len(probs) - share) < 0.03
@@ -40,7 +40,7 @@ def test_shares_set_the_style_mix_and_rows_keep_their_fields():
 
 
 def test_a_style_without_share_never_appears_and_bad_shares_are_refused():
-    probs = generate(500, 2, 4, seed=2, styles={"terse": 1.0})
+    probs = generate(500, 2, 4, seed=2, shape=ProblemShape(styles={"terse": 1.0}))
     assert {p.style for p in probs} == {"terse"}
     with pytest.raises(ValueError, match="positive share"):
         draw_style(random.Random(0), {"verbose": 0.0})

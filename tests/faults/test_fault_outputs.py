@@ -256,6 +256,7 @@ def _fake_launcher(body: str) -> str:
 
 
 def test_the_two_process_stage_keeps_the_old_summary_until_the_new_one_is_complete(tmp_path, monkeypatch):
+    import tasks.launch as launcher
     import tasks.train as stage
 
     params = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem"], "num_processes": 2,
@@ -271,7 +272,7 @@ def test_the_two_process_stage_keeps_the_old_summary_until_the_new_one_is_comple
         seen["old summary during the run"] = metrics.read_text()
         return [sys.executable, "-c", _fake_launcher("sys.exit(3)"), str(spec)]
 
-    monkeypatch.setattr(stage, "launch_command", launch)
+    monkeypatch.setattr(launcher, "launch_command", launch)
     with pytest.raises(RuntimeError, match="exit status 3"):
         stage.run_arm(params, "tandem", inputs, outputs)
     assert seen["old summary during the run"] == '{"run": "earlier"}\n'
@@ -282,7 +283,7 @@ def test_the_two_process_stage_keeps_the_old_summary_until_the_new_one_is_comple
                           "out['metrics'].write_text(json.dumps({'run': 'new'}))\n"
                           "out['headline'].write_text(json.dumps({'steps': 1}))\n"
                           "out['plot'].write_text('step\\n')\n")
-    monkeypatch.setattr(stage, "launch_command", lambda p, spec: [sys.executable, "-c", done, str(spec)])
+    monkeypatch.setattr(launcher, "launch_command", lambda p, spec: [sys.executable, "-c", done, str(spec)])
     assert stage.run_arm(params, "tandem", inputs, outputs) == {"run": "new"}
     assert json.loads(metrics.read_text()) == {"run": "new"} and Path(outputs["plot_tandem"]).exists()
     assert not list((tmp_path / "scratch" / "staging").iterdir())

@@ -91,7 +91,8 @@ def test_servers_listen_on_localhost_by_default():
         for line in p.read_text().splitlines():
             if "server start" in line:
                 assert "--host 127.0.0.1" in line, line
-    assert '--host "${VLLM_HOST:-127.0.0.1}"' in (REPO / "infra" / "vllm" / "serve.sh").read_text()
+    service = (REPO / "tandem" / "rollout" / "vllm" / "service.py").read_text()
+    assert 'ap.add_argument("--host", default="127.0.0.1"' in service
 
 
 def test_prefects_temporary_server_binds_localhost():

@@ -115,9 +115,9 @@ def modules(rec: Recorder) -> dict[str, types.SimpleNamespace]:
 
     def prepare_run(params, inputs, outputs):
         rec.hit("prepare")
-        L = Layout.of(params)
-        _write(L.prepared / "train.jsonl", '{"id": 1}\n')
-        _write(L.metrics / "data.json", json.dumps({"n": 1}))
+        lay = Layout.of(params)
+        _write(lay.prepared / "train.jsonl", '{"id": 1}\n')
+        _write(lay.metrics / "data.json", json.dumps({"n": 1}))
         return {"n": 1}
 
     def base_run(params, inputs, outputs):
@@ -147,9 +147,9 @@ def modules(rec: Recorder) -> dict[str, types.SimpleNamespace]:
 
     def collect(params, inputs=None, outputs=None):
         rec.hit("evaluate-collect")
-        L = Layout.of(params)
-        _write(L.generations / "g.jsonl", "{}\n")
-        _write(L.metrics / "eval.json", json.dumps({"settings": {}, "arms": {}}))
+        lay = Layout.of(params)
+        _write(lay.generations / "g.jsonl", "{}\n")
+        _write(lay.metrics / "eval.json", json.dumps({"settings": {}, "arms": {}}))
         return {"tandem/solo/pass@1": 0.5}
 
     def analyze_run(params, inputs, outputs):
@@ -159,15 +159,15 @@ def modules(rec: Recorder) -> dict[str, types.SimpleNamespace]:
 
     def report_run(params, inputs, outputs):
         rec.hit("report")
-        L = Layout.of(params)
-        _write(L.reports / "report.html", "<html></html>")
-        _write(L.reports / "report.md", "# r\n")
-        return {"html": str(L.reports / "report.html"), "markdown": str(L.reports / "report.md"),
+        lay = Layout.of(params)
+        _write(lay.reports / "report.html", "<html></html>")
+        _write(lay.reports / "report.md", "# r\n")
+        return {"html": str(lay.reports / "report.html"), "markdown": str(lay.reports / "report.md"),
                 "promote": False, "promotion_reason": "fake"}
 
     def existing_summary(params):
-        L = Layout.of(params)
-        return {"html": str(L.reports / "report.html"), "markdown": str(L.reports / "report.md"),
+        lay = Layout.of(params)
+        return {"html": str(lay.reports / "report.html"), "markdown": str(lay.reports / "report.md"),
                 "promote": False, "promotion_reason": "fake"}
 
     def artifact_markdown(params, summary):

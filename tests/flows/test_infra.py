@@ -8,8 +8,6 @@ import datetime
 import inspect
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -33,6 +31,8 @@ def test_deployments_name_existing_flows_and_parameters():
         assert (REPO / path).exists(), path
         fn = getattr(fp, func)
         assert set(d["parameters"]) <= set(inspect.signature(fn.fn).parameters), d["name"]
+        # Prefect validates a deployment's parameters against the signature: the sharing group becomes a model
+        assert isinstance(fn.validate_parameters(d["parameters"])["sharing"], fp.Sharing), d["name"]
     assert deps["scheduled-retraining"]["entrypoint"].endswith(":tandem_pipeline")
     assert deps["evaluate-checkpoints"]["entrypoint"].endswith(":tandem_evaluation")
     assert deps["scheduled-retraining"]["work_pool"]["name"] == "cpu"
@@ -55,7 +55,7 @@ def test_deployments_are_stateless_and_limited():
         assert any("dvc pull" in s for s in scripts) and any("fetch" in s and "--tags" in s for s in scripts)
         assert d["concurrency_limit"]["limit"] == 1, d["name"]
         p = d["parameters"]
-        assert p["push"] and p["publish"] and p["dvc"] == "adopt", d["name"]
+        assert p["sharing"]["push"] and p["sharing"]["publish"] and p["dvc"] == "adopt", d["name"]
         env = d["work_pool"]["job_variables"]["env"]
         assert not any(_secret_name(k) for k in env), "secrets by reference only"
         assert "tasks" in env["PREFECT_LOGGING_EXTRA_LOGGERS"]
@@ -164,18 +164,6 @@ def test_accelerate_deepspeed_configs(stage):
     assert cfg.deepspeed_config["zero_stage"] == stage and cfg.mixed_precision == "bf16"
 
 
-def test_vllm_server_files():
-    docs = list(yaml.safe_load_all((INFRA / "vllm" / "vllm-server.yaml").read_text()))
-    deployments = [d for d in docs if d["kind"] == "Deployment"]
-    assert {d["metadata"]["labels"]["role"] for d in deployments} == {"senior", "junior"}
-    for d in deployments:
-        (c,) = d["spec"]["template"]["spec"]["containers"]
-        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
-        assert c["command"][0] == "/opt/tandem/infra/vllm/serve.sh"
-    if shutil.which("bash"):
-        assert subprocess.run(["bash", "-n", str(INFRA / "vllm" / "serve.sh")]).returncode == 0
-
-
 def test_image_pins_match_the_project():
     docker = (INFRA / "Dockerfile").read_text()
     pyproject = (REPO / "pyproject.toml").read_text()
@@ -183,7 +171,7 @@ def test_image_pins_match_the_project():
     assert f"torch=={torch_pin}" in docker
     assert re.search(r"^FROM python:3\.11", docker, re.M) and 'requires-python = ">=3.11,<3.12"' in pyproject
     vllm = re.search(r"^VLLM_VERSION := (\S+)", (REPO / "Makefile").read_text(), re.M).group(1)
-    assert f"VLLM_VERSION:-{vllm}" in (INFRA / "vllm" / "serve.sh").read_text()
+    assert f'"vllm=={vllm}"' in docker  # the image's vLLM is the one the rollout service is tested with
 
 
 def test_served_deployments_mirror_prefect_yaml():
@@ -192,14 +180,14 @@ def test_served_deployments_mirror_prefect_yaml():
     d = runner_deployment("scheduled-retraining")
     assert d.entrypoint == "flows/pipeline.py:tandem_pipeline"
     # a served run either publishes or does not promote: a tag must land on a commit whose dvc.lock is the run's
-    assert d.parameters == {**deployment_spec("scheduled-retraining")["parameters"], "dvc": "auto", "publish": False,
-                            "promote": False, "push": False}
+    assert d.parameters == {**deployment_spec("scheduled-retraining")["parameters"], "dvc": "auto",
+                            "promote": False, "sharing": {"publish": False, "push": False}}
     published = runner_deployment("scheduled-retraining", publish=True).parameters
-    assert published["promote"] is True and published["publish"] is True and published["push"] is True
+    assert published["promote"] is True and published["sharing"] == {"publish": True, "push": True}
     assert "promote" not in runner_deployment("training").parameters  # tandem-training never promotes
     (s,) = d.schedules
     assert (s.schedule.cron, s.schedule.timezone) == ("0 3 * * 1", "UTC")
     assert runner_deployment("evaluate-checkpoints").schedules == []
-    assert d.concurrency_limit == 1 and d.parameters["dvc"] == "auto" and d.parameters["publish"] is False
+    assert d.concurrency_limit == 1 and d.parameters["dvc"] == "auto" and d.parameters["sharing"]["publish"] is False
     with pytest.raises(KeyError, match="no deployment"):
         deployment_spec("nope")

@@ -44,7 +44,7 @@ def test_study_runs_every_seed_and_arm_then_resumes_without_retraining(tmp_path,
         root = out / f"seed-{seed}"
         assert yaml.safe_load((root / "params.yaml").read_text())["seed"] == seed
         assert (root / "models" / "base").resolve() == (tmp_path / "main" / "models" / "base").resolve()
-    logs = {p: p.read_text().count("== cli stage train") for p in out.glob("seed-*/logs/train_*.log")}
+    logs = {p: p.read_text().count("== stage train") for p in out.glob("seed-*/logs/train_*.log")}
     assert len(logs) == 4 and set(logs.values()) == {1}
 
     # an interrupted study loses an arm's finished state: the rerun (as the flow) trains that arm only
@@ -55,6 +55,6 @@ def test_study_runs_every_seed_and_arm_then_resumes_without_retraining(tmp_path,
 
     res = tandem_study(params_path=str(params), seeds=2, out=str(out), jobs=2)
     assert res["claims"] == str(out / "claims.json") and lost.exists()
-    again = {p: p.read_text().count("== cli stage train") for p in out.glob("seed-*/logs/train_*.log")}
+    again = {p: p.read_text().count("== stage train") for p in out.glob("seed-*/logs/train_*.log")}
     assert again == {p: n + (p.name == "train_grpo.log" and p.parent.parent.name == "seed-1") for p, n in logs.items()}
     assert json.loads((out / "claims.json").read_text())["seeds"] == [0, 1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tandem.config import AnalyzeConfig
 from tandem.metrics.analysis import (analyze_checkpoints, checkpoint_entry, kl_histogram_edges,
                                      per_completion_mean, per_problem_counts, per_problem_means, pooled,
                                      reference_types, top_tokens_final)
@@ -74,8 +75,9 @@ def test_checkpoint_entry_and_document():
     assert e["legibility"]["junior_ce"]["benchmarks"] == {"b1": pytest.approx(2.0), "b2": pytest.approx(4.0)}
     base = {"b1": [_comp([1], [0.0], [0.0])], "b2": [_comp([2], [0.0], [0.0])]}
     doc = analyze_checkpoints({"tandem": [{"step": 0, "hash": "base"}, {"step": 3, "hash": "h"}]},
-                              {"base": base, "h": ST}, ["b1", "b2"], 5, reference_arm="tandem", top_drift_tokens=1,
-                              min_type_count=1, kl_bins=4, qs=[0.5], to_tokens=lambda ids: ["x"] * len(ids))
+                              {"base": base, "h": ST}, ["b1", "b2"], 5,
+                              AnalyzeConfig(reference_arm="tandem", top_drift_tokens=1, min_type_count=1, kl_bins=4,
+                                            quantiles=[0.5]), lambda ids: ["x"] * len(ids))
     assert doc["reference"]["step"] == 3 and [t["id"] for t in doc["reference"]["tokens"]] == [1]
     assert doc["summary"]["tandem"]["kl_mean"] == pytest.approx(0.2)
     assert doc["arms"]["tandem"]["checkpoints"][0]["drift"]["kl"]["mean"] == 0.0

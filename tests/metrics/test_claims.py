@@ -12,7 +12,7 @@ FIELDS = ("claim", "metric", "tandem", "grpo", "kl_reg", "difference", "ci_low",
 
 
 def _measures(level: dict[str, float], metric: str = "m", seeds: int = 2, problems: int = 30, spread: float = 0.01):
-    """arm -> {metric: {benchmark: values_SP}} with each arm centred on `level[arm]`."""
+    """arm -> {metric: {benchmark: values_MP}} with each arm centred on `level[arm]`."""
     rng = np.random.default_rng(0)
     return {arm: {metric: {b: v + spread * rng.standard_normal((seeds, problems)) for b in ("b1", "b2")}}
             for arm, v in level.items()}

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from tandem.metrics.intervals import (Interval, bootstrap_interval, contrast_interval, contrast_seed_values_S,
-                                      contrast_stats_N, draws, p_one_sided, paired_difference, percentile_interval,
-                                      point_estimate, seed_means_S, seed_t_interval, t_abs_cdf, t_quantile, verdict,
+from tandem.metrics.intervals import (Interval, bootstrap_interval, contrast_interval, contrast_seed_values_M,
+                                      contrast_stats_W, draws, p_one_sided, paired_difference, percentile_interval,
+                                      point_estimate, seed_means_M, seed_t_interval, t_abs_cdf, t_quantile, verdict,
                                       within_noise)
 
 
@@ -28,7 +28,7 @@ def test_point_estimate_and_seed_means_match_a_naive_loop():
     v = _values(rng)
     v["b0"][1, 2] = np.nan  # a missing value is left out of its seed's mean
     naive_seeds = [sum(_naive_mean(v[b][s]) for b in v) / len(v) for s in range(3)]
-    assert seed_means_S(v) == pytest.approx(naive_seeds)
+    assert seed_means_M(v) == pytest.approx(naive_seeds)
     assert point_estimate(v) == pytest.approx(sum(naive_seeds) / 3)
 
 
@@ -37,8 +37,8 @@ def _replay(v, d, scheme):
     out = []
     for n in range(d.n_boot):
         per_slot = []
-        for j in range(d.seeds_NS.shape[1]):
-            s = d.seeds_NS[n, j]
+        for j in range(d.seeds_WM.shape[1]):
+            s = d.seeds_WM[n, j]
             per_b = []
             for b in sorted(v):
                 probs = d.problems[b][n] if scheme == "crossed" else d.problems[b][n, j]
@@ -71,11 +71,11 @@ def test_a_contrast_resamples_every_arm_with_the_same_draws():
     d = draws(arms["tandem"], 40, seed=5)
     naive = [sum(c * x for c, x in zip(coefs.values(), xs))
              for xs in zip(*(_replay(arms[a], d, "crossed") for a in coefs))]
-    assert contrast_stats_N(arms, coefs, 40, seed=5) == pytest.approx(naive)
+    assert contrast_stats_W(arms, coefs, 40, seed=5) == pytest.approx(naive)
     iv = contrast_interval(arms, coefs, n_boot=40, seed=5)
     assert iv.estimate == pytest.approx(sum(c * point_estimate(arms[a]) for a, c in coefs.items()))
-    assert contrast_seed_values_S(arms, coefs) == pytest.approx(
-        sum(c * seed_means_S(arms[a]) for a, c in coefs.items()))
+    assert contrast_seed_values_M(arms, coefs) == pytest.approx(
+        sum(c * seed_means_M(arms[a]) for a, c in coefs.items()))
 
 
 def test_paired_difference_of_a_constant_shift_has_no_width():

@@ -4,7 +4,7 @@ shown when there are no claims."""
 
 from __future__ import annotations
 
-from tandem.report.build import build_report
+from tandem.report.build import ReportData, build_report
 from tandem.report.claims import claims_section, noise_warnings
 from tandem.report.render import formatted_rows, render_html, render_markdown
 
@@ -25,7 +25,7 @@ CLEAR = _row("kl_mean", -0.2, -0.25, -0.15, "holds", "less")
 
 
 def _report(**kw):
-    return build_report(title="t", eval_data=fake_eval(), analysis=fake_analysis(), **kw)
+    return build_report(ReportData(title="t", eval_data=fake_eval(), analysis=fake_analysis(), **kw))
 
 
 def test_claims_come_first_then_the_summary():

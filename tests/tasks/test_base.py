@@ -9,7 +9,7 @@ import pytest
 
 from tandem.config import params_from_dict
 from tandem.data.prompts import user_message
-from tandem.data.synthetic import generate
+from tandem.data.synthetic import ProblemShape, generate
 
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 0, "intermediate_size": 64,
         "vocab_size": 400, "n_pretrain": 300, "pretrain_steps": 12, "pretrain_batch_size": 8,
@@ -47,7 +47,7 @@ def test_pretraining_corpus_excludes_every_prepared_problem(tmp_path):
 
     params = _params(tmp_path)
     # val holds exactly the problems the pretraining generator would draw first: they must be skipped
-    first = generate(40, 2, 4, params.seed, max_operand=params.data.max_operand, max_value=params.data.max_value,
+    first = generate(40, 2, 4, params.seed, ProblemShape(params.data.max_operand, params.data.max_value),
                      prefix=base.PRETRAIN_PREFIX)
     _prepare(tmp_path, val=first)
     excluded = base._prepared_problems(tmp_path / "data" / "prepared")

@@ -228,12 +228,13 @@ def test_missing_inputs_fail_clearly(tmp_path, base_src):
 
 
 def test_num_processes_launches_accelerate_and_a_failure_fails_the_stage(tmp_path, monkeypatch):
+    import tasks.launch as launcher
     import tasks.train as stage
     from tandem.config import params_from_dict
 
     params = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem"], "num_processes": 2,
                                                                     "report_to": "none"}})
-    cmd = stage.launch_command(params, tmp_path / "spec.json")
+    cmd = launcher.launch_command(params, tmp_path / "spec.json")
     assert cmd[1:4] == ["-m", "tasks.train", "--launch"] and "--multi_gpu" in cmd  # accelerate's launcher, wrapped
     assert cmd[cmd.index("--num_processes") + 1] == "2"
     assert cmd[-3:] == ["tasks.train", "--worker", str(tmp_path / "spec.json")]
@@ -241,7 +242,7 @@ def test_num_processes_launches_accelerate_and_a_failure_fails_the_stage(tmp_pat
     inputs, outputs = stage.default_io(params)
     seen = {}
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.setattr(stage, "launch_command", lambda p, spec: seen.update(spec=json.loads(spec.read_text()))
+    monkeypatch.setattr(launcher, "launch_command", lambda p, spec: seen.update(spec=json.loads(spec.read_text()))
                         or [sys.executable, "-c", "import sys; sys.exit(3)"])
     with pytest.raises(RuntimeError, match="exit status 3"):
         stage.run_arm(params, "tandem", inputs, outputs)  # the entry of the CLI, dvc.yaml and the Prefect flow

@@ -1,4 +1,4 @@
-"""tasks/pilot.py: the room rules and the beta choice on hand-made measures, the study file derived from a
+"""flows/pilot.py: the room rules and the beta choice on hand-made measures, the study file derived from a
 variant's file, and (slow) the registered pilot end to end on the tiny test settings: one variant, one KL-Reg
 candidate, a decision, result files and the generated study file."""
 
@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tandem.errors import BadInputError
-from tasks import pilot
+from flows import pilot
 from tests.params_files import TINY, complete_params
 
 ROOT = Path(__file__).resolve().parents[2]

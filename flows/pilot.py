@@ -2,8 +2,8 @@
 criteria, and the study's setting they decide.
 
 `tandem pilot` runs it. Each pilot params file (a variant's GRPO file, or one of its KL-Reg candidates) is a
-one-seed study root `studies/pilot/<file stem>/seed-<S>/` driven by the steps of tasks/study.py (shared data and
-base of the variant's task, training resumable, evaluation cached, analysis). The registered first batch trains
+one-seed study root `studies/pilot/<file stem>/seed-<S>/` driven by the steps of flows/multiseed.py (shared data
+and base of the variant's task, training resumable, evaluation cached, analysis). The registered first batch trains
 side by side; later variants and KL-Reg candidates train only when the decision rule reaches them. Then:
 
 - `room`: the four criteria (R1 solo gain, R2 drift or junior cross-entropy, R3 handoff cost, R4 zero-variance
@@ -32,7 +32,7 @@ import yaml
 
 from tandem.errors import BadInputError
 from tandem.metrics.intervals import point_estimate
-from tasks import study as st
+from flows import multiseed as st
 from tasks.common import atomic_path, read_json, write_json
 from tasks.measures import run_measures
 

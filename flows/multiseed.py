@@ -1,6 +1,7 @@
 """The multi-seed study: the pipeline for N seeds x the arms, then the claims with their intervals.
 
-`tandem study` (cli/main.py) runs the Prefect flow `tandem-study` (flows/study.py), which calls the steps here:
+`tandem study` (cli/main.py) runs the Prefect flow `tandem-study` (flows/study.py), which calls the steps here;
+`tandem study --registered` and the pilot (flows/pilot.py) call them without Prefect (this module imports none):
 
 - `shared_inputs`: the study params file's own prepared data and base model (its `out_root`, the project root
   for params.study.yaml, which shares them with params.yaml); built with the prepare and base stages when
@@ -8,8 +9,10 @@
 - `prepare_root`: one output root per seed, `<out>/seed-<S>/`, holding a complete params file (the study file
   with only `seed` and `out_root` changed: the record of that run) and links to the shared data and base, so
   study runs never touch the default run's checkpoints or each other's.
-- `train` (one seed x arm), `evaluate` and `analyze` (one seed): the normal stages (`tandem stage ...`) as
-  subprocesses with one torch thread each, so runs go side by side; each appends to `<root>/logs/`.
+- `train` (one seed x arm), `evaluate` and `analyze` (one seed): the stages' own functions (`tasks.<stage>.run`,
+  `tasks.train.run_arm`, on the paths their `default_io` declares: the calls the pipeline flow and `tandem
+  stage` make), each in a child interpreter of its own (`python -m flows.multiseed stage ...`) with the study
+  file's torch threads, so runs go side by side; each appends its output to `<root>/logs/`.
   Interrupted and rerun, a finished arm is skipped, an unfinished one resumes from its last checkpoint
   (`train.resume: auto`), evaluation reuses its per-unit cache, and analysis reruns only when evaluation moved.
 - `aggregate`: per-problem measures of every seed (tasks/measures.py) stacked into seeds x problems, the claims
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -101,14 +105,65 @@ def settings(params_file: str | Path = "params.study.yaml", seeds: int = 3, firs
 # Running stages
 # --------------------------------------------------------------------------------------------------
 
+def _stage_module(name: str):
+    """The stage module the study runs (imported one at a time: each costs its own import time)."""
+    if name == "prepare":
+        from tasks import prepare as mod
+    elif name == "base":
+        from tasks import base as mod
+    elif name == "train":
+        from tasks import train as mod
+    elif name == "evaluate":
+        from tasks import evaluate as mod
+    elif name == "analyze":
+        from tasks import analyze as mod
+    else:
+        raise BadInputError(f"study: no stage {name!r} (prepare, base, train, evaluate, analyze)")
+    return mod
+
+
+def run_stage(params_file: str | Path, name: str, arm: str | None = None) -> int:
+    """Stage `name` (one arm of train if given) on `params_file` in this process, as `tandem stage` runs it: the
+    quiet-tool defaults, the output root's lock (one arm of train holds only its own scope, so arms go side
+    by side), then the stage's own function on its declared paths. Returns 0, or 1 after a failure (an
+    expected one as its one-line message, anything else with its traceback)."""
+    from tandem.config import apply_tool_env
+    from tandem.errors import as_user_error, is_expected
+    from tandem.workspace import workspace_lock
+
+    apply_tool_env()
+    t0 = time.perf_counter()
+    try:
+        params = load_params(params_file)
+        mod = _stage_module(name)
+        inputs, outputs = mod.default_io(params)
+        with workspace_lock(params.out_root, command=f"tandem study: stage {name}" + (f" --arm {arm}" if arm else ""),
+                            scope=f"train-{arm}" if arm else None):
+            if arm is None:
+                mod.run(params, inputs, outputs)
+            else:
+                mod.run_arm(params, arm, inputs, outputs)
+    except Exception as e:  # noqa: BLE001 - the parent reads the log's tail into its error
+        if is_expected(e):
+            print(f"stage {name} failed: {as_user_error(e)}", file=sys.stderr)
+        else:
+            traceback.print_exc()
+        return 1
+    print(f"stage {name} done in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
 def _stage(params_file: Path, name: str, log: Path, arm: str | None = None) -> None:
-    """`tandem stage <name> [--arm A] --params <file>` as a subprocess, output appended to `log`."""
+    """`run_stage` in a child interpreter (`python -m flows.multiseed stage ...`), output appended to `log`:
+    each stage sets its own torch threads, holds its own models and frees them when it ends, so stages of
+    different seeds and arms run side by side."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "cli", "stage", name, "--params", str(params_file)] + (["--arm", arm] if arm else [])
+    cmd = [sys.executable, "-m", "flows.multiseed", "stage", name, str(params_file)] + ([arm] if arm else [])
     env = dict(os.environ, WANDB_MODE=os.environ.get("WANDB_MODE", "disabled"))
     env["PYTHONPATH"] = os.pathsep.join([str(CODE_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
     with open(log, "a", encoding="utf-8") as f:
-        f.write(f"\n== {' '.join(cmd[2:])} ({time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+        f.write(f"\n== stage {name}{' --arm ' + arm if arm else ''} --params {params_file} "
+                f"({time.strftime('%Y-%m-%d %H:%M:%S')})\n")
         f.flush()
         rc = subprocess.call(cmd, cwd=CODE_ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
     if rc != 0:
@@ -318,7 +373,7 @@ def build_control(s: StudySettings, seed: int, c: Control) -> Path:
     from tandem import models as M
     from tandem.checkpoints import step_name, write_state
     from tandem.data.prompts import user_message
-    from tandem.data.synthetic import generate
+    from tandem.data.synthetic import ProblemShape, generate
     from tasks.base import _prepared_problems
     from tasks.common import torch_threads
 
@@ -342,9 +397,9 @@ def build_control(s: StudySettings, seed: int, c: Control) -> Path:
     params = load_params(root / "params.yaml")
     dc, mc = params.data, params.model
     prepared = root / "data" / "prepared"
-    corpus = generate(c.sft_steps * c.sft_batch_size, dc.min_steps, dc.max_steps, seed, max_operand=dc.max_operand,
-                      max_value=dc.max_value, exclude=_prepared_problems(prepared), prefix="control",
-                      styles={"compact": 1.0})
+    corpus = generate(c.sft_steps * c.sft_batch_size, dc.min_steps, dc.max_steps, seed,
+                      ProblemShape(dc.max_operand, dc.max_value, {"compact": 1.0}),
+                      exclude=_prepared_problems(prepared), prefix="control")
     with torch_threads(1):
         base = root / "models" / "base"
         model, tok = M.load_model(base, "float32"), M.load_tokenizer(base)
@@ -515,3 +570,16 @@ def claims_summary(doc: dict) -> str:
         d = "-" if r["difference"] is None else f"{r['difference']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
         lines.append(f"  {r['claim']:<22} {r['metric']:<12} {r['comparison']:<16} {d:<28} {r['verdict']}")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m flows.multiseed stage NAME PARAMS_FILE [ARM]`: one stage of one study root (what `_stage` runs)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) not in (3, 4) or argv[0] != "stage":
+        print("usage: python -m flows.multiseed stage NAME PARAMS_FILE [ARM]", file=sys.stderr)
+        return 2
+    return run_stage(argv[2], argv[1], argv[3] if len(argv) == 4 else None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

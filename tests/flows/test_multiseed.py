@@ -1,4 +1,4 @@
-"""tasks/study.py: settings rules, per-seed roots sharing the data and base, status, and the claims over
+"""flows/multiseed.py: settings rules, per-seed roots sharing the data and base, status, and the claims over
 several fake seeds (claims.json fields, verdicts that follow the data, the report with the claims first)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tandem.errors import BadInputError
-from tasks import study
+from flows import multiseed as study
 from tests.report.fake_metrics import fake_eval, write_full_generations, write_per_problem_csv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,3 +187,15 @@ def test_export_writes_one_row_per_checkpoint_benchmark_and_problem(tmp_path):
     before = out.read_bytes()
     study.export_results(root, 3, "grpo", tmp_path / "results")
     assert out.read_bytes() == before  # deterministic
+
+
+def test_a_failed_stage_names_its_log_and_the_childs_message(tmp_path):
+    """The study runs each stage through `python -m flows.multiseed stage ...` (a child interpreter calling the
+    stage's own function); a failure there comes back as one error with the log's tail."""
+    from tandem.errors import UserError
+
+    log = tmp_path / "logs" / "prepare.log"
+    with pytest.raises(UserError, match="stage prepare") as err:
+        study._stage(tmp_path / "missing.yaml", "prepare", log)
+    assert str(log) in str(err.value) and "missing.yaml" in log.read_text()
+    assert study.main(["stage", "nope"]) == 2
