@@ -14,8 +14,10 @@ no history resubmission, no vocabulary-sized stop list, both engines continuousl
 
 Every chunk carries the schedule state at its start (`chunk_args`: position, gap counter, newline bit, turns),
 so the gap counter, the step schedule's state and the budget cross chunk boundaries exactly; the frontend
-replays each chunk's tokens with `walk_turn` (the referee) and refuses a chunk that decoded past a switch or
-stopped where the schedule does not (an engine/client disagreement on EOS, the budget or the tables).
+checks each chunk with `ChunkReferee` (the referee: `walk_turn`'s result for a whole chunk, without a
+`RowSchedule` call per token) and refuses a chunk that decoded past a switch or stopped where the schedule
+does not (an engine/client disagreement on EOS, the budget or the tables). `walk_turn` is the per-token
+reference the referee is tested against.
 """
 
 from __future__ import annotations
@@ -72,16 +74,19 @@ def walk_turn(state: RowSchedule, tokens: Sequence[int], t0: int, budget: int, e
     return len(tokens), None
 
 
-VECTOR_MIN = 256  # chunk length from which the numpy walk beats the loop (measured: see docs/rollout.md)
+VECTOR_MIN = 256  # chunk length from which the numpy walk beats the loop (measured: see ChunkReferee)
 
 
 class ChunkReferee:
-    """`walk_turn` over a whole chunk at once (numpy over the chunk's tokens), for the frontend: the same kept
-    count, finish reason and schedule state after the kept tokens, with Python work per chunk and per redraw
-    instead of per token. Table lookups (word starts, step ends, newlines, EOS) are array gathers; the redraw
-    positions of the word schedule are the word starts unless the gap cap binds in the chunk (then they are
-    walked one redraw at a time); the counter-based uniform is evaluated at the redraw positions only, the
-    (seed, stream, row) part of its hash once per row."""
+    """`walk_turn` over a whole chunk, for the frontend: the same kept count, finish reason and schedule state
+    after the kept tokens. The (seed, stream, row) part of the redraw uniform's hash is computed once per row,
+    so a redraw costs 3 of the uniform's 8 hash rounds. Long chunks (a solo row, a long step turn) go through
+    numpy: table lookups (word starts, step ends, newlines, EOS) are array gathers, the word schedule's redraw
+    positions are its word starts unless the gap cap binds in the chunk (then walked one redraw at a time),
+    and the uniform is evaluated at the redraw positions only. Short chunks, most of them (an authorship run
+    is ~3-4 tokens), take one plain loop: numpy's cost per call exceeds the loop's there. Measured on the tiny
+    base's tables (2-core machine, loaded): 9 us per 8-token word chunk against `walk_turn`'s 33 us; 3,000-
+    token chunks 0.2-0.4 ms in numpy against 3.4-3.9 ms."""
 
     def __init__(self, tables: LookupTables, eos: Sequence[int]):
         import numpy as np
