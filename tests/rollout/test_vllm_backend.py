@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tandem.rollout.schedule import LookupTables, RowSchedule, Schedule, naive_authors
-from tandem.rollout.vllm.turns import (Chunk, ChunkRule, RolloutError, rollout_counters, run_rows, session_seed,
-                                       walk_turn)
+from tandem.rollout.vllm.turns import (Chunk, ChunkReferee, ChunkRule, RolloutContext, RolloutError,
+                                       rollout_counters, run_rows, session_seed, walk_turn)
 from tandem.rollout.vocab import tables_from_texts
 
 TEXTS = ["a", " b", "\n", "\n\n", "c", "<eos>"]
@@ -73,8 +73,8 @@ def _run(kind, p, budget=40, rows=12, gap=4, rounds=6, break_rule=False):
         sessions.append((b, s))
         return s
 
-    batch, records, extra = asyncio.run(run_rows(prompts, row_ids, kind, LOOKUP, 9, p, gap, rounds, budget,
-                                                 sorted(EOS), "tables", open_session))
+    ctx = RolloutContext(kind, LOOKUP, "tables", 9, p, gap, rounds, budget, frozenset(EOS))
+    batch, records, extra = asyncio.run(run_rows(prompts, row_ids, ctx, open_session))
     return batch, records, extra, sessions, log, prompts, row_ids
 
 
@@ -136,6 +136,30 @@ def test_turn_walk_stops_at_eos_budget_and_rounds():
     assert walk_turn(st, [0, 2, 2, 0], 0, 100, EOS) == (3, "rounds")
 
 
+@pytest.mark.parametrize("path", ["numpy", "loop"])
+@pytest.mark.parametrize("kind", ["word", "token", "step", "solo", "junior"])
+def test_chunk_referee_equals_the_per_token_walk(kind, path):
+    """The referee (both its numpy walk and its loop) keeps the same tokens, gives the same finish reason and
+    leaves the same schedule state as `walk_turn` on random chunks from random states (gap caps that bind, EOS,
+    budget, rounds cap)."""
+    rng = random.Random(kind)
+    referee = ChunkReferee(LOOKUP, sorted(EOS))
+    referee.vector_min = 0 if path == "numpy" else 10**9
+    for trial in range(400):
+        gap_cap, rounds = rng.choice([1, 2, 3, 5, 32]), rng.choice([1, 2, 150])
+        st = RowSchedule.resume(kind, LOOKUP, rng.randrange(2**40), rng.randrange(2**33), rng.random(), gap_cap,
+                                rounds, rng.randrange(2), rng.randrange(gap_cap), rng.random() < 0.5,
+                                rng.randrange(rounds))
+        weights = [rng.random() for _ in TEXTS]
+        toks = rng.choices(range(len(TEXTS)), weights, k=rng.randrange(1, 40))
+        t0 = rng.randrange(50)
+        budget = t0 + rng.randrange(1, 60)
+        ref = RowSchedule.resume(kind, LOOKUP, st.seed, st.row_id, st.p_senior, gap_cap, rounds, **st.state())
+        want = walk_turn(ref, toks, t0, budget, EOS)
+        got = referee.walk(st, toks, t0, budget)
+        assert got == want and st.state() == ref.state(), (trial, toks, t0, budget)
+
+
 def test_chunk_rule_resumes_the_schedule_state_across_chunks():
     """The engine core's rule, resumed at every chunk from the state the frontend sends, stops exactly where
     one uninterrupted schedule switches, and carries the gap counter and the budget across chunks."""
@@ -184,8 +208,8 @@ def test_admission_keeps_rows_within_the_kv_capacity():
     def run(capacity):
         def open_session(role, b):
             return FakeSession(role, weights[role], session_seed(3, rows[b], role), [])
-        return asyncio.run(run_rows(prompts, rows, "word", LOOKUP, 3, 0.5, 4, 6, 30, sorted(EOS), "t",
-                                    open_session, capacity, 8))
+        ctx = RolloutContext("word", LOOKUP, "t", 3, 0.5, 4, 6, 30, frozenset(EOS))
+        return asyncio.run(run_rows(prompts, rows, ctx, open_session, capacity, 8))
 
     full, _, e_full = run(None)
     small, _, e_small = run(3 * (-(-32 // 8) + 1))

@@ -86,6 +86,9 @@ def test_owners_follow_the_schedule_and_each_run_is_one_chunk(setup, schedule):
     assert st["chunks"] == sum(h + 1 for h in b.handoffs)  # one chunk per authorship run
     switches = st["engines"]["senior"]["switch_stops"] + st["engines"]["junior"]["switch_stops"]
     assert switches == sum(b.handoffs)  # every switch stop is a handoff, and back
+    eng_st = st["engines"].values()
+    assert sum(e["sent_outputs"] for e in eng_st) == st["chunks"]  # one engine-core output per chunk
+    assert sum(e["sent_outputs"] + e["held_outputs"] for e in eng_st) == kept  # the others were held back
     n_sen = sum(map(sum, b.owner))
     if schedule in ("word", "token"):
         assert 0 < n_sen < kept and sum(b.handoffs) > 0

@@ -12,6 +12,15 @@ with the vocabulary: no word-start stop list ever enters `stop_token_ids`.
 Counters (cumulative, float64, in a small shared file named by `additional_config["tandem_stats"]`, read by
 the service before and after each rollout): see `FIELDS`. A custom scheduler class turns vLLM's asynchronous
 scheduling off (vLLM says so in its log); the handoff is then at most one step late.
+
+One output per chunk. vLLM emits an `EngineCoreOutput` per request per step: for a chunk of n tokens the engine
+core serialises n messages and the frontend decodes them and wakes the row n times, though the row only acts at
+the chunk's end. For the chunks of direct sessions (`args["hold"]`: `service.DirectSession`; `AsyncLLM`'s own
+streaming sessions, `"sessions": "stream"`, are left alone) the scheduler holds each step's output back and
+emits one merged output when the chunk stops: all its tokens, the sampled log-prob rows concatenated, the
+finish and stop reason of its last step, and two `events` whose timestamps are the engine-core times of the
+chunk's first and last token (`time.perf_counter`, CLOCK_MONOTONIC on Linux: the frontend's clock too), so the
+frontend still measures handoff latency at token resolution. An aborted request's held outputs are dropped.
 """
 
 from __future__ import annotations
@@ -22,16 +31,20 @@ from pathlib import Path
 try:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.core.sched.utils import check_stop
+    from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType
+    from vllm.v1.outputs import LogprobsLists
     from vllm.v1.request import RequestStatus
 except ImportError:  # the pipeline's environment has no vLLM: the module imports, the class is never used there
-    Scheduler, check_stop, RequestStatus = object, None, None
+    Scheduler = object
+    check_stop = RequestStatus = EngineCoreEvent = EngineCoreEventType = LogprobsLists = None
 
 from tandem.rollout.schedule import LookupTables
 from tandem.rollout.vllm.turns import STOP_SWITCH, ChunkRule
 
 FIELDS = ("steps", "busy_seconds", "sched_cpu_seconds", "computed_tokens", "generated_tokens", "chunks",
           "add_cpu_seconds", "switch_stops", "scheduled_rows_sum", "max_scheduled_rows", "rule_cpu_seconds",
-          "length_stops", "preemptions", "rule_tokens", "context_tokens", "rounds_stops")
+          "length_stops", "preemptions", "rule_tokens", "context_tokens", "rounds_stops", "held_outputs",
+          "sent_outputs")
 _TABLES: dict[str, LookupTables] = {}
 
 
@@ -76,6 +89,8 @@ class TandemScheduler(Scheduler):
         self.tandem_counters = Counters(extra.get("tandem_stats"))
         self._t_step = None
         self._cpu_step = 0.0
+        self._hold: set[str] = set()  # requests whose chunks are emitted once, at their end
+        self._held: dict[str, tuple[float, list]] = {}  # request -> (time of its chunk's first token, outputs)
 
     # -- counters around a step --------------------------------------------------------------------
     def schedule(self, *args, **kwargs):
@@ -102,6 +117,8 @@ class TandemScheduler(Scheduler):
     def update_from_output(self, scheduler_output, model_runner_output):
         c = time.thread_time()
         out = super().update_from_output(scheduler_output, model_runner_output)
+        if self._hold:
+            self._hold_back(out)
         k = self.tandem_counters
         k.add("sched_cpu_seconds", self._cpu_step + time.thread_time() - c)
         self._cpu_step = 0.0
@@ -109,6 +126,48 @@ class TandemScheduler(Scheduler):
             k.add("busy_seconds", time.perf_counter() - self._t_step)
             self._t_step = None
         return out
+
+    def _hold_back(self, out: dict) -> None:
+        """Take the held requests' outputs out of this step's `EngineCoreOutputs`; put back one merged output
+        per chunk that stopped. Messages left with nothing to say are not sent."""
+        hold, held, k = self._hold, self._held, self.tandem_counters
+        now = time.perf_counter()
+        for client in list(out):
+            eco = out[client]
+            keep = []
+            for o in eco.outputs:
+                rid = o.request_id
+                if rid not in hold:
+                    keep.append(o)
+                    continue
+                part = held.get(rid)
+                if o.finish_reason is None:
+                    if part is None:
+                        part = held[rid] = (now, [])
+                    part[1].append(o)
+                    k.add("held_outputs", 1)
+                    continue
+                if part is not None:
+                    del held[rid]
+                    o = merge_outputs(part[1] + [o])
+                o.events = [EngineCoreEvent(EngineCoreEventType.SCHEDULED, part[0] if part else now),
+                            EngineCoreEvent(EngineCoreEventType.SCHEDULED, now)]
+                keep.append(o)
+                k.add("sent_outputs", 1)
+                req = self.requests.get(rid)
+                if req is None or req.is_finished():  # not resumable any more: nothing further to hold
+                    hold.discard(rid)
+            eco.outputs = keep
+            if not keep and eco.finished_requests is None and eco.scheduler_stats is None \
+                    and eco.utility_output is None and eco.wave_complete is None and eco.start_wave is None:
+                del out[client]
+
+    def finish_requests(self, request_ids, finished_status):
+        done = super().finish_requests(request_ids, finished_status)
+        for req in done:  # aborted (a closed session, a cancelled row): its held tokens go nowhere
+            self._hold.discard(req.request_id)
+            self._held.pop(req.request_id, None)
+        return done
 
     def add_request(self, request):
         c = time.thread_time()
@@ -130,6 +189,8 @@ class TandemScheduler(Scheduler):
             rule = (sp, ChunkRule(args, load_tables(args["tables"])))
             request._tandem_rule = rule
             request.stop_reason = None  # the last chunk's "tandem_switch" must not label this chunk's EOS
+            if args.get("hold"):
+                self._hold.add(request.request_id)
         k = self.tandem_counters
         stopped = False
         for num_new, tok in enumerate(new_token_ids, 1):
@@ -153,3 +214,24 @@ class TandemScheduler(Scheduler):
                 break
         k.add("rule_cpu_seconds", time.thread_time() - c)
         return new_token_ids, stopped
+
+
+def merge_outputs(parts: list) -> object:
+    """One `EngineCoreOutput` for a chunk's per-step outputs (in order): their tokens, their sampled log-prob
+    rows concatenated (None unless every part that carries tokens has them: the frontend then refuses the
+    chunk), the last part's finish and stop reasons and other fields."""
+    import numpy as np
+
+    last = parts[-1]
+    if len(parts) == 1:
+        return last
+    with_tokens = [o for o in parts if o.new_token_ids]
+    lps = [o.new_logprobs for o in with_tokens]
+    last.new_token_ids = [t for o in with_tokens for t in o.new_token_ids]
+    if lps and all(lp is not None for lp in lps):
+        last.new_logprobs = LogprobsLists(np.concatenate([lp.logprob_token_ids for lp in lps]),
+                                          np.concatenate([lp.logprobs for lp in lps]),
+                                          np.concatenate([lp.sampled_token_ranks for lp in lps]), None)
+    else:
+        last.new_logprobs = None
+    return last

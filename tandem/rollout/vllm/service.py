@@ -62,6 +62,7 @@ import threading
 import time
 import traceback
 import uuid
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -215,7 +216,9 @@ class DirectSession:
     processed sampling parameters); every later chunk is an `EngineCoreRequest` built from that one with the
     chunk's tokens and a shallow copy of its sampling parameters (the chunk's `extra_args` and `max_tokens`),
     sent with `add_request_async`: the engine core resumes the parked session (`_update_request_as_session`).
-    Closing aborts the request, which frees its KV blocks."""
+    Its chunks carry `hold`: the engine core sends one output per chunk, with the engine-core times of the
+    chunk's first and last tokens (`sched.TandemScheduler`). Closing aborts the request, which frees its KV
+    blocks."""
 
     def __init__(self, svc: "Service", role: int, request_id: str, make_sp, extra: dict | None = None):
         self.svc, self.role, self.rid, self.make_sp = svc, role, request_id, make_sp
@@ -230,7 +233,8 @@ class DirectSession:
     def on_output(self, o) -> None:
         if o.new_token_ids:
             if not self.toks:
-                self.t_first = time.perf_counter()
+                # the engine core's time of the chunk's first token (`TandemScheduler` emits a chunk once)
+                self.t_first = o.events[0].timestamp if o.events else time.perf_counter()
             self.toks += o.new_token_ids
             if self.lps is not None:
                 lp = o.new_logprobs
@@ -240,7 +244,8 @@ class DirectSession:
                 else:
                     self.lps += [float(x) for x in lp.logprobs[:, 0]]  # column 0: the sampled token
         if o.finish_reason is not None and self.fut is not None and not self.fut.done():
-            self.fut.set_result((o.finish_reason, o.stop_reason, time.perf_counter()))
+            t_last = o.events[-1].timestamp if o.events else time.perf_counter()
+            self.fut.set_result((o.finish_reason, o.stop_reason, t_last))
 
     def fail(self, e: Exception) -> None:
         if self.fut is not None and not self.fut.done():
@@ -254,7 +259,7 @@ class DirectSession:
         from tandem.rollout.vllm.turns import STOP_ROUNDS, STOP_SWITCH, Chunk
 
         eng = self.svc.engines[self.role]
-        a = {**args, **self.extra} if self.extra else args
+        a = {**args, **self.extra, "hold": True}  # one engine-core output per chunk (`TandemScheduler`)
         t_sub = time.perf_counter()
         if self.first is None:
             req = eng.input_processor.process_inputs(
@@ -297,13 +302,30 @@ class DirectSession:
             self.svc.open_sessions -= 1
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """How the service starts its two engines: the models, precision and memory, and the engines' knobs
+    (`kv_blocks` 0: vLLM sizes the KV cache; `block_size` 0: 32 on the CPU build, else vLLM's; `replay`: the
+    benchmark's engines that can be made to emit given text)."""
+
+    senior: str
+    junior: str
+    dtype: str = "auto"
+    max_model_len: int = 0
+    gpu_memory_utilization: float = 0.35
+    enforce_eager: bool = True
+    seed: int = 0
+    kv_blocks: int = 0
+    max_num_seqs: int = 256
+    block_size: int = 0
+    replay: bool = False
+
+
 class Service:
     """Two AsyncLLM engines on an event loop of their own, their weight tags, the token tables, the rollouts."""
 
-    def __init__(self, senior: str, junior: str, *, dtype: str = "auto", max_model_len: int = 0,
-                 gpu_memory_utilization: float = 0.35, enforce_eager: bool = True, seed: int = 0,
-                 roots: list[str] | None = None, kv_blocks: int = 0, max_num_seqs: int = 256,
-                 block_size: int = 0, inbox: Path | None = None, replay: bool = False):
+    def __init__(self, spec: EngineSpec, *, roots: list[str] | None = None, inbox: Path | None = None):
+        senior, junior = spec.senior, spec.junior
         self.inbox = inbox or _inbox_root()
         os.chmod(self.inbox, 0o700)
         self.roots = [Path(r).resolve() for r in (roots or [])] + [Path(senior).resolve(), Path(junior).resolve()]
@@ -323,9 +345,8 @@ class Service:
 
         for f in self.stats_files.values():
             f.write_bytes(b"\0" * (8 * len(FIELDS)))
-        self.replay = replay
-        self.engines = self._run(self._start(senior, junior, dtype, max_model_len, gpu_memory_utilization,
-                                             enforce_eager, seed, kv_blocks, max_num_seqs, block_size))
+        self.replay = spec.replay
+        self.engines = self._run(self._start(spec))
         self.loaded = {1: f"dir:{Path(senior).resolve()}", 0: f"dir:{Path(junior).resolve()}"}
         cc = self.engines[1].vllm_config.cache_config
         self.block_size = int(cc.block_size)
@@ -340,19 +361,19 @@ class Service:
     def _run(self, coro, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    async def _start(self, senior, junior, dtype, max_model_len, gpu_mem, enforce_eager, seed, kv_blocks,
-                     max_num_seqs, block_size) -> dict:
+    async def _start(self, spec: EngineSpec) -> dict:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         def args(model: str, role: int) -> AsyncEngineArgs:
-            kw: dict[str, Any] = dict(model=model, dtype=resolve_dtype(dtype, model), enforce_eager=enforce_eager,
-                                      enable_prefix_caching=True, seed=seed, gpu_memory_utilization=gpu_mem,
+            kw: dict[str, Any] = dict(model=model, dtype=resolve_dtype(spec.dtype, model),
+                                      enforce_eager=spec.enforce_eager, enable_prefix_caching=True, seed=spec.seed,
+                                      gpu_memory_utilization=spec.gpu_memory_utilization,
                                       scheduler_cls="tandem.rollout.vllm.sched.TandemScheduler",
                                       worker_extension_cls="tandem.rollout.vllm.worker.TandemWorker",
                                       additional_config={"tandem_stats": str(self.stats_files[role])},
-                                      max_num_seqs=max_num_seqs, disable_log_stats=True,
+                                      max_num_seqs=spec.max_num_seqs, disable_log_stats=True,
                                       # one device per engine: the worker runs inside the engine-core process
                                       # (no extra process to start), and collective_rpc reaches it there
                                       distributed_executor_backend="uni")
@@ -360,14 +381,14 @@ class Service:
                 # processed_logprobs: the sampled token's log-prob after temperature, log_softmax(logits / T),
                 # which is what trl recomputes (training uses top-p 1 and no top-k).
                 kw["logprobs_mode"] = "processed_logprobs"
-            if max_model_len:
-                kw["max_model_len"] = max_model_len
-            if kv_blocks:
-                kw["num_gpu_blocks_override"] = kv_blocks
-            if self.replay:  # the benchmark's replayed real text (replay.py)
+            if spec.max_model_len:
+                kw["max_model_len"] = spec.max_model_len
+            if spec.kv_blocks:
+                kw["num_gpu_blocks_override"] = spec.kv_blocks
+            if spec.replay:  # the benchmark's replayed real text (replay.py)
                 kw["logits_processors"] = ["tandem.rollout.vllm.replay:ReplayLogitsProcessor"]
-            if block_size:
-                kw["block_size"] = block_size
+            if spec.block_size:
+                kw["block_size"] = spec.block_size
             elif current_platform.is_cpu():
                 # The CPU build defaults to 128-token KV blocks (its attention wants multiples of 32); the first
                 # chunk of a session shares the group's prompt blocks through the prefix cache
@@ -377,8 +398,8 @@ class Service:
         loop = asyncio.get_running_loop()
         # both engine cores start at once (each in its own processes): about half the start time; the engines'
         # queues and sockets bind to this loop when first used
-        s, j = await asyncio.gather(loop.run_in_executor(None, AsyncLLM.from_engine_args, args(senior, 1)),
-                                    loop.run_in_executor(None, AsyncLLM.from_engine_args, args(junior, 0)))
+        s, j = await asyncio.gather(loop.run_in_executor(None, AsyncLLM.from_engine_args, args(spec.senior, 1)),
+                                    loop.run_in_executor(None, AsyncLLM.from_engine_args, args(spec.junior, 0)))
         return {1: s, 0: j}
 
     def shutdown(self) -> None:
@@ -517,7 +538,7 @@ class Service:
         from vllm.sampling_params import RequestOutputKind
 
         from tandem.rollout.schedule import check_schedule
-        from tandem.rollout.vllm.turns import rollout_counters, run_rows, session_seed
+        from tandem.rollout.vllm.turns import RolloutContext, rollout_counters, run_rows, session_seed
 
         s = req["sampling"]
         kind, p = str(req["schedule"]), float(req["p_senior"])
@@ -573,9 +594,8 @@ class Service:
 
         before = self.counters()
         t0, c0 = time.perf_counter(), time.thread_time()
-        batch, records, extra = await run_rows(prompts, rows, kind, self.lookup[key], seed, p, gap, rounds, budget,
-                                               eos, self.tables[key], open_session, self.kv_blocks,
-                                               self.block_size)
+        ctx = RolloutContext(kind, self.lookup[key], self.tables[key], seed, p, gap, rounds, budget, frozenset(eos))
+        batch, records, extra = await run_rows(prompts, rows, ctx, open_session, self.kv_blocks, self.block_size)
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         if replay_path is not None:
             replay_path.unlink(missing_ok=True)
@@ -813,10 +833,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.RequestHandlerClass = make_handler(None, ref, token, hosts, 0, 0)
         server_thread.start()  # /health answers "starting" (503) while the engines load
-        service = Service(a.senior, a.junior, dtype=a.dtype, max_model_len=a.max_model_len,
+        spec = EngineSpec(a.senior, a.junior, dtype=a.dtype, max_model_len=a.max_model_len,
                           gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=not a.no_enforce_eager,
-                          roots=a.allow_root, kv_blocks=a.kv_blocks, max_num_seqs=a.max_num_seqs,
-                          block_size=a.block_size, inbox=inbox, replay=a.replay)
+                          kv_blocks=a.kv_blocks, max_num_seqs=a.max_num_seqs, block_size=a.block_size,
+                          replay=a.replay)
+        service = Service(spec, roots=a.allow_root, inbox=inbox)
         server.RequestHandlerClass = make_handler(service, ref, token, hosts, int(a.max_json_mb * 2**20),
                                                   int(a.max_upload_gb * 2**30))
         print(json.dumps({"listening": f"http://{a.host}:{port}", "pid": os.getpid()}), flush=True)
