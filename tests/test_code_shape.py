@@ -9,21 +9,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("tandem", "tasks", "flows", "cli", "benchmarks", "scripts")
 MAX_PARAMS = 8
-# Functions still over the limit, as (path, name): the rollout engine and its vLLM client/service, the CLI's
-# commands and the evaluation's benchmark runner are reshaped on their own. A new offender fails the test.
-KNOWN_OVER = {
-    ("cli/main.py", "run"), ("cli/main.py", "study"), ("cli/main.py", "bench_rollout"),
-    ("tandem/evaluation.py", "run_benchmark"), ("tasks/evaluate.py", "_mode_block"),
-    ("tandem/rollout/backends/hf.py", "catch_up_generate"), ("tandem/rollout/bench.py", "bench_rollout"),
-    ("tandem/rollout/engine.py", "__init__"), ("tandem/rollout/lockstep.py", "lockstep_generate"),
-    ("tandem/rollout/schedule.py", "resume"), ("tandem/rollout/toy.py", "tiny_qwen3"),
-    ("tandem/rollout/vllm/bench.py", "bench_rollout_vllm"), ("tandem/rollout/vllm/bench.py", "_checks"),
-    ("tandem/rollout/vllm/client.py", "start"), ("tandem/rollout/vllm/client.py", "__init__"),
-    ("tandem/rollout/vllm/service.py", "__init__"), ("tandem/rollout/vllm/service.py", "_start"),
-    ("tandem/rollout/vllm/turns.py", "run_row"), ("tandem/rollout/vllm/turns.py", "run_rows"),
-}
-# A lazy import pair inside tandem/rollout/ (the hf backend and the lockstep driver), reshaped with that folder.
-KNOWN_LAZY_CYCLES = {frozenset({"tandem.rollout.backends.hf", "tandem.rollout.lockstep"})}
 
 
 def _sources(packages=PACKAGES) -> list[Path]:
@@ -48,7 +33,7 @@ def over_limit(sources: list[Path]) -> list[tuple[str, str, int]]:
 
 
 def test_no_function_takes_more_than_eight_parameters():
-    new = [f"{p}: {name} takes {n}" for p, name, n in over_limit(_sources()) if (p, name) not in KNOWN_OVER]
+    new = [f"{p}: {name} takes {n}" for p, name, n in over_limit(_sources())]
     assert not new, "group what travels together (a frozen dataclass, the stage config):\n" + "\n".join(new)
 
 
@@ -132,7 +117,7 @@ def test_no_import_cycle_at_module_level():
 
 def test_no_import_cycle_through_lazy_imports_either():
     found = cycles(import_graph(_sources(("tandem", "tasks", "flows", "cli")), top_level_only=False))
-    assert [sorted(c) for c in found if c not in KNOWN_LAZY_CYCLES] == []
+    assert [sorted(c) for c in found] == []
 
 
 def test_the_cycle_finder_sees_a_cycle():

@@ -6,7 +6,7 @@ the same schedule state machine and the same (seed, row, position) noise.
 
 Two forwards are available:
 - `hf`  : each model is called through its own transformers forward with a `DynamicCache` over all rows
-          (left padding, attention mask, position ids). Independent of `backends.hf.FastDecoder`, so the
+          (left padding, attention mask, position ids). Independent of `kernel.FastDecoder`, so the
           identity test also checks the hand-written forward. Works for any causal LM.
 - `fast`: the same `FastDecoder` kernel as the engine, every row every round; the benchmark uses it so that
           lockstep and catch-up differ only in the algorithm, not in the kernel.
@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from tandem.rollout.core import RolloutBatch, run_rounds, sample_rows, start_rounds
+from tandem.rollout.kernel import FastDecoder
 from tandem.rollout.request import ModelPair, RolloutRequest
 
 
@@ -54,8 +55,6 @@ class FastStepper:
     """`FastDecoder` used lockstep-style: every row, every round."""
 
     def __init__(self, model: Any):
-        from tandem.rollout.backends.hf import FastDecoder
-
         self.dec = FastDecoder(model)
 
     def start(self, hist_BS: torch.Tensor, off_B: torch.Tensor, p_max: int) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from tandem.rollout.toy import add_logit_bias, rollout, tiny_pair as make_pair
 from tandem.rollout import toy
-from tandem.rollout.backends import hf as hf_backend
+from tandem.rollout import kernel
 from tandem.rollout.core import RolloutBatch, count_handoffs
 from tandem.rollout.engine import SamplingParams, TandemEngine
 from tandem.rollout.lockstep import lockstep_generate
@@ -77,7 +77,7 @@ def test_long_catch_ups_are_token_identical(tok, pair64):
             n = n + 1 if a == b else (out.append(n) or 1)
         return out  # completed runs only (each followed by a handoff)
 
-    assert max(r for o in fast.owner for r in runs(o)) > hf_backend.MERGE_C
+    assert max(r for o in fast.owner for r in runs(o)) > kernel.MERGE_C
 
 
 def test_fast_lockstep_kernel_and_fallback_agree(tok, steered):
@@ -251,8 +251,8 @@ def test_input_validation(tok, pair64):
 
 def test_self_check_rejects_a_wrong_kernel(tok, pair64, monkeypatch):
     s, j = pair64
-    real = hf_backend._rms
-    monkeypatch.setattr(hf_backend, "_rms", lambda x, w, eps: real(x, w, eps * 1e3 + 1e-2))
+    real = kernel._rms
+    monkeypatch.setattr(kernel, "_rms", lambda x, w, eps: real(x, w, eps * 1e3 + 1e-2))
     with pytest.raises(RuntimeError, match="disagrees"):
         TandemEngine(s, j, tok)
     with pytest.raises(ValueError):  # fast=True refuses to fall back
