@@ -2,4 +2,5 @@
 
 from cli.main import main
 
-main()
+if __name__ == "__main__":  # a spawned multiprocessing child imports this module as __mp_main__: not a second run
+    main()
