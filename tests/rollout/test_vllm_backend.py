@@ -147,14 +147,15 @@ def test_chunk_referee_equals_the_per_token_walk(kind, path):
     referee.vector_min = 0 if path == "numpy" else 10**9
     for trial in range(400):
         gap_cap, rounds = rng.choice([1, 2, 3, 5, 32]), rng.choice([1, 2, 150])
-        st = RowSchedule.resume(kind, LOOKUP, rng.randrange(2**40), rng.randrange(2**33), rng.random(), gap_cap,
-                                rounds, rng.randrange(2), rng.randrange(gap_cap), rng.random() < 0.5,
-                                rng.randrange(rounds))
+        seed, row, p = rng.randrange(2**40), rng.randrange(2**33), rng.random()
+        state = {"author": rng.randrange(2), "gap": rng.randrange(gap_cap), "newline": rng.random() < 0.5,
+                 "turns": rng.randrange(rounds)}
+        st = RowSchedule.resume(kind, LOOKUP, seed, row, p, gap_cap, rounds, state)
         weights = [rng.random() for _ in TEXTS]
         toks = rng.choices(range(len(TEXTS)), weights, k=rng.randrange(1, 40))
         t0 = rng.randrange(50)
         budget = t0 + rng.randrange(1, 60)
-        ref = RowSchedule.resume(kind, LOOKUP, st.seed, st.row_id, st.p_senior, gap_cap, rounds, **st.state())
+        ref = RowSchedule.resume(kind, LOOKUP, st.seed, st.row_id, st.p_senior, gap_cap, rounds, st.state())
         want = walk_turn(ref, toks, t0, budget, EOS)
         got = referee.walk(st, toks, t0, budget)
         assert got == want and st.state() == ref.state(), (trial, toks, t0, budget)
