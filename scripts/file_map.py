@@ -28,7 +28,6 @@ GROUPED = {
                      "hash, so a clone gets them with `dvc pull`",
     "infra/accelerate/*": "accelerate / DeepSpeed launch configurations for multi-GPU training",
     "infra/work-pools/*": "Prefect work-pool base job templates",
-    "infra/vllm/*": "a vLLM server deployment for GPU nodes",
     "studies/pilot/*.yaml": "the registered pilot's params files: each task variant's GRPO run and its KL-Reg candidates (seed 100)",
     "studies/results/**": "the registered study's per-problem values, one CSV per seed x arm (what `tandem study --recompute` reads)",
     "studies/tasks/**": "the registered study tasks' base models and their metrics (shared by the pilot and the study)",
