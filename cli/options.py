@@ -138,4 +138,5 @@ class BenchRolloutOptions:
     gpu: str = option("h200", help="vllm: the GPU the prediction prices (h200 | h100)")
     gpu_rows: int = option(128, help="vllm: rows the prediction scales the counts to")
     compare_stream: bool = option(True, help="vllm: also time the tandem rollout through "
-                                             "AsyncLLM.generate's sessions (stream_*)")
+                                             "AsyncLLM.generate's sessions (stream_*) and with one "
+                                             "engine-core message per chunk (single_*)")

@@ -226,7 +226,13 @@ def test_counters_from_row_records():
     c = rollout_counters([rec], {1: 1.0, 0: 1.0})
     assert c["chunks"] == 2 and c["session_starts"] == 2 and c["handoffs_timed"] == 1
     assert c["handoff_latency_steps_p50"] == pytest.approx(1.0)  # one partner step lost beyond the computing one
-    assert c["idle_row_step_fraction"] == pytest.approx(1 - 5 / 6)
+    assert c["idle_row_step_fraction"] == pytest.approx(1 - 5 / 6)  # no engine row time: the mean-step estimate
+    assert c["idle_row_step_fraction_mean_step"] == pytest.approx(1 - 5 / 6)
+    # the engines measured the row in batches for 4.5 s of its 6 (its steps were longer than the mean step)
+    m = rollout_counters([rec], {1: 1.0, 0: 1.0}, row_seconds=4.5)
+    assert m["idle_row_step_fraction"] == pytest.approx(1 - 4.5 / 6)
+    assert m["idle_row_step_fraction_mean_step"] == pytest.approx(1 - 5 / 6)
+    assert rollout_counters([rec], {1: 1.0, 0: 1.0}, row_seconds=7.0)["idle_row_step_fraction"] == 0.0
 
 
 def test_weight_sync_callback_pushes_after_each_step():

@@ -22,7 +22,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 STAGE = r"""
 import json, os, sys, time
 from tandem.rollout.vllm.client import LaunchOptions, VLLMService
-svc = VLLMService.start(sys.argv[1], sys.argv[1], options=LaunchOptions(dtype="float32", max_model_len=256, kv_blocks=16, start_timeout=1800))
+from tandem.rollout.vllm.knobs import EngineKnobs
+svc = VLLMService.start(sys.argv[1], sys.argv[1], options=LaunchOptions(
+    knobs=EngineKnobs(dtype="float32", max_model_len=256, kv_blocks=16), start_timeout=1800))
 print(json.dumps({"pid": svc.proc.pid, "inbox": str(svc.inbox), "run_dir": str(svc.run_dir)}), flush=True)
 time.sleep(600)
 """

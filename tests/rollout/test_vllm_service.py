@@ -27,6 +27,7 @@ from tandem.rollout.engine import TandemEngine
 from tandem.rollout.schedule import naive_authors
 from tandem.rollout.toy import rollout
 from tandem.rollout.vllm.client import LaunchOptions, VLLMService
+from tandem.rollout.vllm.knobs import EngineKnobs
 from tandem.rollout.vocab import token_texts
 from vllm_fixtures import need_vllm, tiny_dirs
 
@@ -42,7 +43,8 @@ def setup(tmp_path_factory):
     tok = toy.byte_bpe_tokenizer()
     dirs = tiny_dirs(root, tok)
     svc = VLLMService.start(dirs["senior"], dirs["junior"], roots=[root], options=LaunchOptions(
-        dtype="float32", max_model_len=512, log_path=root / "service.log", kv_blocks=KV_BLOCKS, start_timeout=1500))
+        knobs=EngineKnobs(dtype="float32", max_model_len=512, kv_blocks=KV_BLOCKS), log_path=root / "service.log",
+        start_timeout=1500))
     yield {"svc": svc, "tok": tok, "dirs": dirs, "root": root}
     svc.stop()
 

@@ -3,6 +3,8 @@
 | module | environment | what |
 |---|---|---|
 | `client.py` | pipeline | `VLLMService` (start, attach, health, restart, stop), `VLLMEngine` (the `vllm` backend), `shared_service`, `engine_from_config` |
+| `knobs.py` | both | `EngineKnobs`: the engines' knobs, the service's flags on one side and parsed back on the other |
+| `submit.py` | vLLM (both sides) | batched chunk submissions: one message per engine per event-loop turn, a thread in the engine core |
 | `sync.py` | pipeline | `VLLMWeightSync`: a `TrainerCallback` pushing the senior after every optimizer step |
 | `bench.py` | pipeline | `tandem bench rollout --backend vllm`: throughput, counters, the GPU prediction, checks |
 | `turns.py` | both | the row state machine over two streaming sessions, the per-chunk stop rule, the counters |
@@ -10,5 +12,5 @@
 | `sched.py` | vLLM engine core | `TandemScheduler`: stops chunks exactly at authorship switches; engine counters |
 | `worker.py` | vLLM engine core | `TandemWorker`: weights reloaded in place |
 
-Nothing here imports vLLM at package import; the pipeline imports only `client`, `sync`, `bench`, `turns`.
+Nothing here imports vLLM at package import; the pipeline imports only `client`, `knobs`, `sync`, `bench`, `turns`.
 """

@@ -11,6 +11,9 @@ warm-up:
 - `stream_*` (with `compare_stream`): the same tandem rollout through `AsyncLLM.generate`'s streaming
   sessions instead of the direct engine-core sessions (`service.DirectSession`), interleaved with the others:
   its ratio, latency, idle and frontend counters, GPU prediction, and whether its tokens are the same;
+- `single_*` (with `compare_stream`): the direct sessions with one engine-core message per chunk instead of
+  the batched submissions (`submit.py`), interleaved likewise; `submit_requests_per_message`: the chunks one
+  batched message carried on average;
 - `predicted_gpu_tandem_over_solo` (and `_two_gpus`): the counts of both rollouts priced on a GPU by the cost
   model of `cost.py` (Qwen3-4B on an H200 at 128 rows by default);
 - `logprob_max_abs_diff`: the service's log-probs against the transformers model's on the same tokens
@@ -130,6 +133,12 @@ def _counters(st: dict, prefix: str = "") -> dict:
         out[f"{prefix}engine_idle_fraction_{role}"] = max(0.0, 1 - c["busy_seconds"] / st["seconds"]) if steps else 1.0
         out[f"{prefix}sched_cpu_us_per_step_{role}"] = 1e6 * c["sched_cpu_seconds"] / steps if steps else 0.0
         out[f"{prefix}mean_rows_per_step_{role}"] = c["scheduled_rows_sum"] / steps if steps else 0.0
+        # the same rollout's steps by their rows' mean history (sched.CONTEXT_BINS): flat means no growth
+        by = {name: (1e6 * c[f"sched_cpu_ctx{i}"] / c[f"steps_ctx{i}"] if c.get(f"steps_ctx{i}") else None)
+              for i, name in enumerate(("<1000", "1000-2000", ">=2000"))}
+        out[f"{prefix}sched_cpu_us_per_step_by_context_{role}"] = by
+        out[f"{prefix}sched_cpu_long_over_short_{role}"] = (by[">=2000"] / by["<1000"]
+                                                            if by["<1000"] and by[">=2000"] else None)
     chunks = st["chunks"]  # chunks the rows sent (the engines count the same: engines.*.chunks)
     out.update({
         f"{prefix}chunks": int(chunks), f"{prefix}session_starts": st["session_starts"],
@@ -139,6 +148,7 @@ def _counters(st: dict, prefix: str = "") -> dict:
         f"{prefix}handoff_latency_steps_p50": st["handoff_latency_steps_p50"],
         f"{prefix}handoff_latency_steps_p90": st["handoff_latency_steps_p90"],
         f"{prefix}idle_row_step_fraction": st["idle_row_step_fraction"],
+        f"{prefix}idle_row_step_fraction_mean_step": st["idle_row_step_fraction_mean_step"],
         f"{prefix}engine_cpu_us_per_chunk": 1e6 * (e["senior"]["add_cpu_seconds"] + e["junior"]["add_cpu_seconds"])
         / max(chunks, 1),
         f"{prefix}stop_rule_us_per_token": 1e6 * (e["senior"]["rule_cpu_seconds"] + e["junior"]["rule_cpu_seconds"])
@@ -183,7 +193,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
         work.n_prompts, work.n_samples, work.max_new_tokens, work.temperature, work.seed, work.repeats)
     vocab, gpu, gpu_rows, short_tokens, compare_stream = (options.vocab, options.gpu, options.gpu_rows,
                                                           options.short_tokens, options.compare_stream)
-    gpu_memory = launch.gpu_memory
+    gpu_memory = launch.knobs.gpu_memory
     if vocab not in ("model", "qwen3"):
         raise ValueError(f"vocab must be model or qwen3, got {vocab!r}")
     replay = vocab == "qwen3"
@@ -200,9 +210,9 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
     if url:
         svc, owned = VLLMService.attach(url), False
     else:
-        svc = VLLMService.start(path, path, roots=[path], options=replace(
-            launch, replay=replay, max_model_len=(budget + max(map(len, prompts)) + 64) if replay else 0,
-            start_timeout=1800))
+        knobs = replace(launch.knobs, replay=replay,
+                        max_model_len=(budget + max(map(len, prompts)) + 64) if replay else 0)
+        svc = VLLMService.start(path, path, roots=[path], options=replace(launch, knobs=knobs, start_timeout=1800))
         owned = True
     res: dict[str, Any] = {"backend": "vllm", "model": desc, "vocab": vocab, "vocab_size": len(tok),
                            "rows": len(prompts), "max_new_tokens": budget,
@@ -234,8 +244,8 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
         best: dict[str, tuple[float, Any, dict]] = {}
         for _ in range(repeats):
             for name, sched, sess in (("solo", "solo", "direct"), ("tandem", "word", "direct"),
-                                      ("tandem_stream", "word", "stream")):
-                if name == "tandem_stream" and not compare_stream:
+                                      ("tandem_stream", "word", "stream"), ("tandem_single", "word", "direct-single")):
+                if name in ("tandem_stream", "tandem_single") and not compare_stream:
                     continue
                 dt, b, st = run(sched, sessions=sess)
                 if name not in best or dt < best[name][0]:
@@ -255,6 +265,13 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
             res["stream_tokens_equal"] = b_r.completion_ids == b_t.completion_ids
             res.update({k: v for k, v in _counters(st_r, prefix="stream_").items()
                         if "latency" in k or "idle" in k or "frontend" in k})
+        if "tandem_single" in best:  # the same direct sessions, one engine-core message per chunk
+            t_g, b_g, st_g = best["tandem_single"]
+            res["single_tandem_over_solo"] = b_g.stats()["tokens"] / t_g / res["solo_tok_s"]
+            res["single_tokens_equal"] = b_g.completion_ids == b_t.completion_ids
+            res.update({k: v for k, v in _counters(st_g, prefix="single_").items()
+                        if "latency" in k or "idle" in k or "frontend" in k})
+        res["submit_requests_per_message"] = st_t.get("submit_requests", 0) / max(st_t.get("submit_messages", 0), 1)
         res["solo_engine_steps"] = int(st_s["engines"]["senior"]["steps"])
         res["solo_sched_cpu_us_per_step"] = (1e6 * st_s["engines"]["senior"]["sched_cpu_seconds"]
                                              / max(st_s["engines"]["senior"]["steps"], 1))
@@ -264,6 +281,10 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
                     "predicted_gpu_tandem_over_solo_two_gpus": pred["predicted_gpu_tandem_over_solo_two_gpus"],
                     "predicted_gpu": {k: v for k, v in pred.items() if not k.startswith("predicted")},
                     "service_stats": {"tandem": st_t, "solo": st_s}})
+        if "tandem_single" in best:
+            single = predict(best["tandem_single"][2], st_s, gpu_shape, gpu=gpu, rows=gpu_rows)
+            res["single_predicted_gpu_tandem_over_solo"] = single["predicted_gpu_tandem_over_solo"]
+            res["single_predicted_gpu_tandem_over_solo_two_gpus"] = single["predicted_gpu_tandem_over_solo_two_gpus"]
         if "tandem_stream" in best:
             res["stream_predicted_gpu_tandem_over_solo"] = predict(best["tandem_stream"][2], st_s, gpu_shape, gpu=gpu,
                                                                    rows=gpu_rows)["predicted_gpu_tandem_over_solo"]

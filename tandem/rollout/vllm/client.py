@@ -50,6 +50,7 @@ from typing import Any, Sequence
 from urllib.parse import urlparse
 
 from tandem.rollout.core import RolloutBatch
+from tandem.rollout.vllm.knobs import EngineKnobs
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_PYTHON = ".venv-vllm/bin/python"
@@ -81,31 +82,24 @@ def _is_local(url: str) -> bool:
 @dataclass(frozen=True)
 class LaunchOptions:
     """How `VLLMService.start` starts the rollout service: vLLM's Python (None = `.venv-vllm`), the address
-    (port 0 = a free one), the engines' dtype, context length (0 = the model's), GPU memory share, eager mode,
-    KV cache GiB on the CPU build and KV blocks (0 = vLLM's count), the most sequences an engine schedules at
-    once, how long to wait for /health, the log file (None = in the service's run directory) and `replay`
-    (the benchmark's replayed text)."""
+    (port 0 = a free one), the engines' knobs (`knobs.EngineKnobs`: dtype, context length, GPU memory share,
+    eager mode, KV blocks, rows per step, replay; passed to the service as its flags), KV cache GiB on the CPU
+    build, how long to wait for /health and the log file (None = in the service's run directory)."""
 
     python: str | os.PathLike | None = None
     host: str = "127.0.0.1"
     port: int = 0
-    dtype: str = "auto"
-    max_model_len: int = 0
-    gpu_memory: float = 0.35
-    enforce_eager: bool = True
+    knobs: EngineKnobs = EngineKnobs()
     cpu_kv_cache_gb: int = 1
-    kv_blocks: int = 0
-    max_num_seqs: int = 256
     start_timeout: float = 600.0
     log_path: str | os.PathLike | None = None
-    replay: bool = False
 
     @classmethod
     def from_config(cls, rollout: Any) -> "LaunchOptions":
         """The options the `rollout` params section states (`vllm_python`, `vllm_host`, ...)."""
-        return cls(python=rollout.vllm_python, host=rollout.vllm_host, port=rollout.vllm_port,
-                   dtype=rollout.vllm_dtype, max_model_len=rollout.vllm_max_model_len,
-                   gpu_memory=rollout.vllm_gpu_memory, enforce_eager=rollout.vllm_enforce_eager,
+        knobs = EngineKnobs(dtype=rollout.vllm_dtype, max_model_len=rollout.vllm_max_model_len,
+                            gpu_memory=rollout.vllm_gpu_memory, enforce_eager=rollout.vllm_enforce_eager)
+        return cls(python=rollout.vllm_python, host=rollout.vllm_host, port=rollout.vllm_port, knobs=knobs,
                    cpu_kv_cache_gb=rollout.vllm_cpu_kv_cache_gb, start_timeout=rollout.vllm_start_timeout)
 
 
@@ -139,17 +133,9 @@ class VLLMService:
         log = Path(o.log_path) if o.log_path else run_dir / "service.log"
         cmd = [str(py), "-m", "tandem.rollout.vllm.service", "--senior", str(Path(senior_dir).resolve()),
                "--junior", str(Path(junior_dir or senior_dir).resolve()), "--host", host, "--port", str(port),
-               "--dtype", o.dtype, "--max-model-len", str(o.max_model_len),
-               "--gpu-memory-utilization", str(o.gpu_memory), "--parent-pid", str(os.getpid()),
-               "--run-dir", str(run_dir), "--max-num-seqs", str(o.max_num_seqs)]
+               "--parent-pid", str(os.getpid()), "--run-dir", str(run_dir), *o.knobs.to_argv()]
         for r in roots:
             cmd += ["--allow-root", str(Path(r).resolve())]
-        if o.kv_blocks:
-            cmd += ["--kv-blocks", str(o.kv_blocks)]
-        if not o.enforce_eager:
-            cmd.append("--no-enforce-eager")
-        if o.replay:
-            cmd.append("--replay")
         token = secrets.token_urlsafe(32)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
         env["PYTHONPATH"] = str(REPO_ROOT)
@@ -498,7 +484,7 @@ class VLLMEngine:
                    "max_gap_tokens": s.max_gap_tokens, "max_rounds": s.max_rounds}
         if replay is not None:
             payload["replay"] = [list(map(int, t)) for t in replay]
-        if sessions is not None:  # the benchmark's A/B: "direct" (the default) or "stream" (AsyncLLM.generate)
+        if sessions is not None:  # the benchmark's A/B: "direct" (the default), "direct-single" or "stream"
             payload["sessions"] = sessions
         out = self._call("/generate", payload)
         batch = RolloutBatch(out["completion_ids"], out["owner"], out["senior_logprobs"], out["handoffs"],

@@ -39,12 +39,19 @@ except ImportError:  # the pipeline's environment has no vLLM: the module import
     check_stop = RequestStatus = EngineCoreEvent = EngineCoreEventType = LogprobsLists = None
 
 from tandem.rollout.schedule import LookupTables
+from tandem.rollout.vllm import submit
 from tandem.rollout.vllm.turns import STOP_SWITCH, ChunkRule
+
+submit.install()  # the engine core's utility for batched chunk submissions (submit.py)
 
 FIELDS = ("steps", "busy_seconds", "sched_cpu_seconds", "computed_tokens", "generated_tokens", "chunks",
           "add_cpu_seconds", "switch_stops", "scheduled_rows_sum", "max_scheduled_rows", "rule_cpu_seconds",
           "length_stops", "preemptions", "rule_tokens", "context_tokens", "rounds_stops", "held_outputs",
-          "sent_outputs")
+          "sent_outputs", "row_seconds", "steps_ctx0", "steps_ctx1", "steps_ctx2", "sched_cpu_ctx0",
+          "sched_cpu_ctx1", "sched_cpu_ctx2")
+# steps binned by the mean KV context of their rows (< 1,000, 1,000-2,000, >= 2,000 tokens): the scheduler CPU
+# per step at short and long histories, compared inside one rollout
+CONTEXT_BINS = (1000, 2000)
 _TABLES: dict[str, LookupTables] = {}
 
 
@@ -89,6 +96,7 @@ class TandemScheduler(Scheduler):
         self.tandem_counters = Counters(extra.get("tandem_stats"))
         self._t_step = None
         self._cpu_step = 0.0
+        self._bin = 0
         self._hold: set[str] = set()  # requests whose chunks are emitted once, at their end
         self._held: dict[str, tuple[float, list]] = {}  # request -> (time of its chunk's first token, outputs)
 
@@ -107,7 +115,9 @@ class TandemScheduler(Scheduler):
             reqs = self.requests
             # KV tokens each scheduled row attends to in this step (what a GPU reads from its KV cache):
             # schedule() has already advanced num_computed_tokens by the tokens it scheduled
-            k.add("context_tokens", sum(reqs[r].num_computed_tokens for r in out.num_scheduled_tokens if r in reqs))
+            ctx = sum(reqs[r].num_computed_tokens for r in out.num_scheduled_tokens if r in reqs)
+            k.add("context_tokens", ctx)
+            self._bin = sum(ctx >= b * rows for b in CONTEXT_BINS)
             k.add("scheduled_rows_sum", rows)
             k.max("max_scheduled_rows", rows)
             if out.preempted_req_ids:
@@ -120,10 +130,18 @@ class TandemScheduler(Scheduler):
         if self._hold:
             self._hold_back(out)
         k = self.tandem_counters
-        k.add("sched_cpu_seconds", self._cpu_step + time.thread_time() - c)
+        cpu = self._cpu_step + time.thread_time() - c
+        k.add("sched_cpu_seconds", cpu)
+        if self._t_step is not None:
+            k.add(f"sched_cpu_ctx{self._bin}", cpu)
+            k.add(f"steps_ctx{self._bin}", 1)
         self._cpu_step = 0.0
         if self._t_step is not None:
-            k.add("busy_seconds", time.perf_counter() - self._t_step)
+            dt = time.perf_counter() - self._t_step
+            k.add("busy_seconds", dt)
+            # rows in this step's batch x its duration: the time rows spent in a batch of this engine, which the
+            # service sets against the rows' lifetimes (`idle_row_step_fraction`)
+            k.add("row_seconds", dt * len(scheduler_output.num_scheduled_tokens))
             self._t_step = None
         return out
 
@@ -132,6 +150,7 @@ class TandemScheduler(Scheduler):
         per chunk that stopped. Messages left with nothing to say are not sent."""
         hold, held, k = self._hold, self._held, self.tandem_counters
         now = time.perf_counter()
+        n_held = n_sent = 0
         for client in list(out):
             eco = out[client]
             keep = []
@@ -145,7 +164,7 @@ class TandemScheduler(Scheduler):
                     if part is None:
                         part = held[rid] = (now, [])
                     part[1].append(o)
-                    k.add("held_outputs", 1)
+                    n_held += 1
                     continue
                 if part is not None:
                     del held[rid]
@@ -153,7 +172,7 @@ class TandemScheduler(Scheduler):
                 o.events = [EngineCoreEvent(EngineCoreEventType.SCHEDULED, part[0] if part else now),
                             EngineCoreEvent(EngineCoreEventType.SCHEDULED, now)]
                 keep.append(o)
-                k.add("sent_outputs", 1)
+                n_sent += 1
                 req = self.requests.get(rid)
                 if req is None or req.is_finished():  # not resumable any more: nothing further to hold
                     hold.discard(rid)
@@ -161,6 +180,10 @@ class TandemScheduler(Scheduler):
             if not keep and eco.finished_requests is None and eco.scheduler_stats is None \
                     and eco.utility_output is None and eco.wave_complete is None and eco.start_wave is None:
                 del out[client]
+        if n_held:  # once per step, not per output: the counters are on the engine core's hot path
+            k.add("held_outputs", n_held)
+        if n_sent:
+            k.add("sent_outputs", n_sent)
 
     def finish_requests(self, request_ids, finished_status):
         done = super().finish_requests(request_ids, finished_status)

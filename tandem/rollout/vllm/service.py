@@ -13,7 +13,9 @@ temperature, what trl recomputes) and the frozen junior, both with `TandemSchedu
 (`tandem/rollout/vllm/sched.py`: the O(1) stop at authorship switches and the counters) and `TandemWorker`
 (`worker.py`: weights reloaded in place). A rollout runs one asyncio task per row over one streaming-input
 session per model (`turns.run_rows`, design D1 in docs/rollout.md), each driven through the engine-core client
-(`DirectSession`, `Router`: no per-token Python in `AsyncLLM`'s output processor). Weights are pushed only while no session
+(`DirectSession`, `Router`: no per-token Python in `AsyncLLM`'s output processor); the chunks the rows send one
+engine in one event-loop turn travel as one message (`submit.py`, over an `ipc://` socket in the private inbox).
+Weights are pushed only while no session
 is open (requests are served one at a time); after every load the engine's prefix cache is reset and the
 reset must succeed (it is refused while any block is in use).
 
@@ -29,7 +31,8 @@ Security: it serves the pipeline that started it, nobody else on the machine.
   role, replaced by the next upload).
 - Errors answer with one short line; details and tracebacks go to the service log (stderr).
 - A watchdog stops the service when the process that started it dies (`--parent-pid`), and every exit
-  removes its inbox (`/dev/shm/tandem-vllm-*`, which holds pushed weights and the engines' counters) and its
+  removes its inbox (`/dev/shm/tandem-vllm-*`, which holds pushed weights, the engines' counters and the
+  submission sockets) and its
   run directory (`--run-dir`, the client's `/tmp/tandem-vllm-*` with the log) unless it exits on an error.
 
 Endpoints (JSON in and out; served one at a time, except /health):
@@ -39,7 +42,7 @@ Endpoints (JSON in and out; served one at a time, except /health):
 - POST /weights {"role", "tag", "dir" | "file" | (an uploaded tag)}
 - POST /upload?role=R&tag=T (octet-stream body): weights for role R, loaded by a later /weights or /generate
 - POST /generate {"tables", "senior", "junior", "prompts", "rows", "schedule", "sampling", "seed", "eos",
-  "p_senior", "max_gap_tokens", "max_rounds"[, "sessions": "direct" | "stream", "replay"]}: a `RolloutBatch` as
+  "p_senior", "max_gap_tokens", "max_rounds"[, "sessions": "direct" | "direct-single" | "stream", "replay"]}: a `RolloutBatch` as
   JSON plus {"stats": counters}
 - POST /score {"role", "weights", "sequences", "starts"}: teacher-forced log-probs (temperature 1)
 - POST /shutdown
@@ -67,6 +70,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from tandem.rollout.vllm.knobs import EngineKnobs
+from tandem.rollout.vllm.submit import Submitter
 
 ROLES = {"senior": 1, "junior": 0}
 ROLE_NAMES = {1: "senior", 0: "junior"}
@@ -215,15 +221,19 @@ class DirectSession:
     The first chunk goes through vLLM's input processor once (validation, the generation config's EOS ids, the
     processed sampling parameters); every later chunk is an `EngineCoreRequest` built from that one with the
     chunk's tokens and a shallow copy of its sampling parameters (the chunk's `extra_args` and `max_tokens`),
-    sent with `add_request_async`: the engine core resumes the parked session (`_update_request_as_session`).
+    sent with the chunks other rows send the same engine in the same event-loop turn, as one message
+    (`submit.Submitter`; `batched=False`: one `add_request_async` per chunk): the engine core resumes the parked
+    session (`_update_request_as_session`).
     Its chunks carry `hold`: the engine core sends one output per chunk, with the engine-core times of the
     chunk's first and last tokens (`sched.TandemScheduler`). Closing aborts the request, which frees its KV
     blocks."""
 
-    def __init__(self, svc: "Service", role: int, request_id: str, make_sp, extra: dict | None = None):
+    def __init__(self, svc: "Service", role: int, request_id: str, make_sp, extra: dict | None = None,
+                 batched: bool = True):
         self.svc, self.role, self.rid, self.make_sp = svc, role, request_id, make_sp
         self.extra = extra or {}
         self.router: Router = svc.routers[role]
+        self.submitter: Submitter | None = svc.submitters.get(role) if batched else None
         self.first = None  # the processed first chunk: the template of the later ones
         self.fut: asyncio.Future | None = None
         self.toks: list[int] = []
@@ -280,7 +290,10 @@ class DirectSession:
             req.arrival_time = time.time()
         self.toks, self.lps = [], ([] if self.role == 1 else None)
         self.fut = asyncio.get_running_loop().create_future()
-        await eng.engine_core.add_request_async(req)
+        if self.submitter is not None:
+            self.submitter.add(req)
+        else:
+            await eng.engine_core.add_request_async(req)
         finish, reason, t_last = await self.fut
         self.fut = None
         if reason == STOP_SWITCH:
@@ -297,28 +310,23 @@ class DirectSession:
         self.router.sessions.pop(self.rid, None)
         self.first = None
         try:
-            await self.svc.engines[self.role].engine_core.abort_requests_async([self.rid])
+            if self.submitter is not None:  # the same path as its chunks: the abort never overtakes them
+                self.submitter.abort([self.rid])
+            else:
+                await self.svc.engines[self.role].engine_core.abort_requests_async([self.rid])
         finally:
             self.svc.open_sessions -= 1
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """How the service starts its two engines: the models, precision and memory, and the engines' knobs
-    (`kv_blocks` 0: vLLM sizes the KV cache; `block_size` 0: 32 on the CPU build, else vLLM's; `replay`: the
-    benchmark's engines that can be made to emit given text)."""
+    """How the service starts its two engines: the models, the engines' seed and their knobs
+    (`knobs.EngineKnobs`, the flags the client passed)."""
 
     senior: str
     junior: str
-    dtype: str = "auto"
-    max_model_len: int = 0
-    gpu_memory_utilization: float = 0.35
-    enforce_eager: bool = True
+    knobs: EngineKnobs = EngineKnobs()
     seed: int = 0
-    kv_blocks: int = 0
-    max_num_seqs: int = 256
-    block_size: int = 0
-    replay: bool = False
 
 
 class Service:
@@ -345,7 +353,7 @@ class Service:
 
         for f in self.stats_files.values():
             f.write_bytes(b"\0" * (8 * len(FIELDS)))
-        self.replay = spec.replay
+        self.replay = spec.knobs.replay
         self.engines = self._run(self._start(spec))
         self.loaded = {1: f"dir:{Path(senior).resolve()}", 0: f"dir:{Path(junior).resolve()}"}
         cc = self.engines[1].vllm_config.cache_config
@@ -354,9 +362,18 @@ class Service:
         self.max_model_len = min(int(e.vllm_config.model_config.max_model_len) for e in self.engines.values())
         self.vocab_size = int(self.engines[1].vllm_config.model_config.get_vocab_size())
         self.routers = self._run(self._routers())
+        self.submitters = self._run(self._submitters())
 
     async def _routers(self) -> dict:
         return {r: Router(e) for r, e in self.engines.items()}
+
+    async def _submitters(self) -> dict:
+        out = {}
+        for r, e in self.engines.items():
+            s = Submitter(e, f"ipc://{self.inbox}/submit-{ROLE_NAMES[r]}")
+            await s.start()
+            out[r] = s
+        return out
 
     def _run(self, coro, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -366,14 +383,16 @@ class Service:
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        knobs = spec.knobs
+
         def args(model: str, role: int) -> AsyncEngineArgs:
-            kw: dict[str, Any] = dict(model=model, dtype=resolve_dtype(spec.dtype, model),
-                                      enforce_eager=spec.enforce_eager, enable_prefix_caching=True, seed=spec.seed,
-                                      gpu_memory_utilization=spec.gpu_memory_utilization,
+            kw: dict[str, Any] = dict(model=model, dtype=resolve_dtype(knobs.dtype, model),
+                                      enforce_eager=knobs.enforce_eager, enable_prefix_caching=True, seed=spec.seed,
+                                      gpu_memory_utilization=knobs.gpu_memory,
                                       scheduler_cls="tandem.rollout.vllm.sched.TandemScheduler",
                                       worker_extension_cls="tandem.rollout.vllm.worker.TandemWorker",
                                       additional_config={"tandem_stats": str(self.stats_files[role])},
-                                      max_num_seqs=spec.max_num_seqs, disable_log_stats=True,
+                                      max_num_seqs=knobs.max_num_seqs, disable_log_stats=True,
                                       # one device per engine: the worker runs inside the engine-core process
                                       # (no extra process to start), and collective_rpc reaches it there
                                       distributed_executor_backend="uni")
@@ -381,14 +400,14 @@ class Service:
                 # processed_logprobs: the sampled token's log-prob after temperature, log_softmax(logits / T),
                 # which is what trl recomputes (training uses top-p 1 and no top-k).
                 kw["logprobs_mode"] = "processed_logprobs"
-            if spec.max_model_len:
-                kw["max_model_len"] = spec.max_model_len
-            if spec.kv_blocks:
-                kw["num_gpu_blocks_override"] = spec.kv_blocks
-            if spec.replay:  # the benchmark's replayed real text (replay.py)
+            if knobs.max_model_len:
+                kw["max_model_len"] = knobs.max_model_len
+            if knobs.kv_blocks:
+                kw["num_gpu_blocks_override"] = knobs.kv_blocks
+            if knobs.replay:  # the benchmark's replayed real text (replay.py)
                 kw["logits_processors"] = ["tandem.rollout.vllm.replay:ReplayLogitsProcessor"]
-            if spec.block_size:
-                kw["block_size"] = spec.block_size
+            if knobs.block_size:
+                kw["block_size"] = knobs.block_size
             elif current_platform.is_cpu():
                 # The CPU build defaults to 128-token KV blocks (its attention wants multiples of 32); the first
                 # chunk of a session shares the group's prompt blocks through the prefix cache
@@ -403,6 +422,8 @@ class Service:
         return {1: s, 0: j}
 
     def shutdown(self) -> None:
+        for s in getattr(self, "submitters", {}).values():
+            s.close()
         for e in getattr(self, "engines", {}).values():
             try:
                 e.shutdown()
@@ -569,9 +590,10 @@ class Service:
             return VSP(**kw)
 
         sessions = str(req.get("sessions", "direct"))
-        if sessions not in ("direct", "stream"):
-            raise Refused(400, "sessions must be direct or stream")
-        cls = DirectSession if sessions == "direct" else Session
+        if sessions not in ("direct", "direct-single", "stream"):
+            raise Refused(400, "sessions must be direct, direct-single or stream")
+        cls = Session if sessions == "stream" else DirectSession
+        kw = {"batched": sessions == "direct"} if cls is DirectSession else {}
         replay_path = None
         if req.get("replay") is not None:
             if not self.replay:
@@ -590,9 +612,10 @@ class Service:
 
         def open_session(role: int, b: int):
             extra = {"replay": str(replay_path), "replay_row": b} if replay_path else None
-            return cls(self, role, f"{call}-{rows[b]}-{role}", make_sp, extra)
+            return cls(self, role, f"{call}-{rows[b]}-{role}", make_sp, extra, **kw)
 
         before = self.counters()
+        sub0 = {r: (s.messages, s.requests) for r, s in self.submitters.items()}
         t0, c0 = time.perf_counter(), time.thread_time()
         ctx = RolloutContext(kind, self.lookup[key], self.tables[key], seed, p, gap, rounds, budget, frozenset(eos))
         batch, records, extra = await run_rows(prompts, rows, ctx, open_session, self.kv_blocks, self.block_size)
@@ -607,8 +630,12 @@ class Service:
                       if eng[ROLE_NAMES[r]]["steps"] else 0.0) for r in (0, 1)}
         tokens = sum(len(c) for c in batch.completion_ids)
         stats = {"seconds": wall, "frontend_cpu_seconds": cpu, "kept": tokens, "decoded": tokens,
-                 "rows": len(prompts), "engines": eng, **extra, **rollout_counters(records, step_s)}
+                 "rows": len(prompts), "engines": eng, **extra,
+                 **rollout_counters(records, step_s, eng["senior"]["row_seconds"] + eng["junior"]["row_seconds"])}
         stats["decoded"] = int(sum(e["generated_tokens"] for e in eng.values()))
+        # batched submissions: messages sent and chunk requests they carried (0 with one message per chunk)
+        stats["submit_messages"] = sum(s.messages - sub0[r][0] for r, s in self.submitters.items())
+        stats["submit_requests"] = sum(s.requests - sub0[r][1] for r, s in self.submitters.items())
         return {"completion_ids": batch.completion_ids, "owner": batch.owner,
                 "senior_logprobs": batch.senior_logprobs, "handoffs": batch.handoffs,
                 "finish_reason": batch.finish_reason, "stats": stats}
@@ -780,14 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--junior", required=True, help="model directory of the frozen junior")
     ap.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
     ap.add_argument("--port", type=int, default=8471)
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--max-model-len", type=int, default=0)
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.35, help="per engine (two share a GPU)")
-    ap.add_argument("--no-enforce-eager", action="store_true", help="let vLLM compile / capture graphs (GPU)")
-    ap.add_argument("--kv-blocks", type=int, default=0, help="KV-cache blocks per engine (0 = vLLM's sizing)")
-    ap.add_argument("--block-size", type=int, default=0, help="KV block size (0 = 32 on the CPU build, else vLLM's)")
-    ap.add_argument("--max-num-seqs", type=int, default=256, help="rows each engine batches at most")
-    ap.add_argument("--replay", action="store_true", help="benchmark: engines that can be made to emit given text")
+    EngineKnobs.add_arguments(ap)
     ap.add_argument("--allow-root", action="append", default=[], help="weights directories may lie under this")
     ap.add_argument("--allow-host", action="append", default=[], help="extra accepted Host header values")
     ap.add_argument("--token-file", default=None, help="file holding the secret (else $TANDEM_VLLM_TOKEN)")
@@ -833,10 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.RequestHandlerClass = make_handler(None, ref, token, hosts, 0, 0)
         server_thread.start()  # /health answers "starting" (503) while the engines load
-        spec = EngineSpec(a.senior, a.junior, dtype=a.dtype, max_model_len=a.max_model_len,
-                          gpu_memory_utilization=a.gpu_memory_utilization, enforce_eager=not a.no_enforce_eager,
-                          kv_blocks=a.kv_blocks, max_num_seqs=a.max_num_seqs, block_size=a.block_size,
-                          replay=a.replay)
+        spec = EngineSpec(a.senior, a.junior, EngineKnobs.from_args(a))
         service = Service(spec, roots=a.allow_root, inbox=inbox)
         server.RequestHandlerClass = make_handler(service, ref, token, hosts, int(a.max_json_mb * 2**20),
                                                   int(a.max_upload_gb * 2**30))

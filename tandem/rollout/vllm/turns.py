@@ -512,15 +512,21 @@ def _pct(xs: list[float], q: float) -> float:
     return float(xs[k])
 
 
-def rollout_counters(records: Sequence[RowRecord], step_seconds: dict[int, float]) -> dict:
+def rollout_counters(records: Sequence[RowRecord], step_seconds: dict[int, float],
+                     row_seconds: float | None = None) -> dict:
     """Row-level counters, in steps of the engine a row waits for (`step_seconds[role]`: that engine's mean
     step time over the rollout):
     - `chunks`, `session_starts`: requests sent to the engines (a session's first chunk opens it);
     - `handoff_latency_steps_p50/p90`: per authorship switch, the partner's steps between the author's last
       token and the partner's first one, not counting the step that computes it ((t_first - t_prev) / step
       time - 1, floored at 0): 0 when the partner takes the row in its very next step;
-    - `idle_row_step_fraction`: the share of live row-steps in which a row was in no engine's batch: 1 - (one
-      step per token of each row, in its author's step time) / (the row's lifetime).
+    - `idle_row_step_fraction`: the share of the rows' live time in which a row was in no engine's batch:
+      1 - `row_seconds` / (the rows' lifetimes), `row_seconds` being what the engine cores measured (each
+      step's rows x its duration, both engines; `TandemScheduler`). Without it (None) the estimate below;
+    - `idle_row_step_fraction_mean_step`: 1 - (one author step per token, at the author's mean step time) /
+      (the rows' lifetimes). It counts as idle whatever a row's steps took beyond the engine's mean step: rows
+      sit in the larger, slower batches, so it overstates the idle time (a row is in every step of its
+      author's engine from a chunk's first token to its last).
     """
     lat: list[float] = []
     ideal, life = 0.0, 0.0
@@ -537,7 +543,9 @@ def rollout_counters(records: Sequence[RowRecord], step_seconds: dict[int, float
             prev_role, prev_t = role, t_last
         if rec.chunks:
             life += max(rec.chunks[-1][4] - rec.t_start, 0.0)
+    at_mean = max(0.0, 1.0 - ideal / life) if life > 0 else 0.0
+    measured = at_mean if row_seconds is None else (max(0.0, 1.0 - row_seconds / life) if life > 0 else 0.0)
     return {"chunks": chunks, "session_starts": sessions, "handoffs_timed": len(lat),
             "handoff_latency_steps_p50": _pct(lat, 0.5), "handoff_latency_steps_p90": _pct(lat, 0.9),
-            "idle_row_step_fraction": max(0.0, 1.0 - ideal / life) if life > 0 else 0.0}
+            "idle_row_step_fraction": measured, "idle_row_step_fraction_mean_step": at_mean}
 
