@@ -139,6 +139,15 @@ def _counters(st: dict, prefix: str = "") -> dict:
         out[f"{prefix}sched_cpu_us_per_step_by_context_{role}"] = by
         out[f"{prefix}sched_cpu_long_over_short_{role}"] = (by[">=2000"] / by["<1000"]
                                                             if by["<1000"] and by[">=2000"] else None)
+        # per scheduled row: the scheduler's work is per row, and rows per step differ between bins and passes
+        per_row = {name: (1e6 * c[f"sched_cpu_ctx{i}"] / c[f"rows_ctx{i}"] if c.get(f"rows_ctx{i}") else None)
+                   for i, name in enumerate(("<1000", "1000-2000", ">=2000"))}
+        out[f"{prefix}sched_cpu_us_per_row_by_context_{role}"] = per_row
+        out[f"{prefix}sched_cpu_us_per_row_{role}"] = (1e6 * c["sched_cpu_seconds"] / c["scheduled_rows_sum"]
+                                                       if c["scheduled_rows_sum"] else 0.0)
+        out[f"{prefix}mean_rows_per_step_by_context_{role}"] = {
+            name: (c[f"rows_ctx{i}"] / c[f"steps_ctx{i}"] if c.get(f"steps_ctx{i}") else None)
+            for i, name in enumerate(("<1000", "1000-2000", ">=2000"))}
     chunks = st["chunks"]  # chunks the rows sent (the engines count the same: engines.*.chunks)
     out.update({
         f"{prefix}chunks": int(chunks), f"{prefix}session_starts": st["session_starts"],
@@ -294,7 +303,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
                                      [r[:short_tokens] for r in text])
                 short = _counters(st_short, prefix="short_")
                 res.update({k: v for k, v in short.items() if "sched_cpu" in k or "per_token" in k
-                            or "per_chunk" in k})
+                            or "per_chunk" in k or "rows_per_step" in k})
                 res["short_max_new_tokens"] = short_tokens
             res.update({"logprob_max_abs_diff": None, "weights_synced": None})
         else:

@@ -48,9 +48,9 @@ FIELDS = ("steps", "busy_seconds", "sched_cpu_seconds", "computed_tokens", "gene
           "add_cpu_seconds", "switch_stops", "scheduled_rows_sum", "max_scheduled_rows", "rule_cpu_seconds",
           "length_stops", "preemptions", "rule_tokens", "context_tokens", "rounds_stops", "held_outputs",
           "sent_outputs", "row_seconds", "steps_ctx0", "steps_ctx1", "steps_ctx2", "sched_cpu_ctx0",
-          "sched_cpu_ctx1", "sched_cpu_ctx2")
+          "sched_cpu_ctx1", "sched_cpu_ctx2", "rows_ctx0", "rows_ctx1", "rows_ctx2")
 # steps binned by the mean KV context of their rows (< 1,000, 1,000-2,000, >= 2,000 tokens): the scheduler CPU
-# per step at short and long histories, compared inside one rollout
+# per step and per scheduled row at short and long histories, compared inside one rollout
 CONTEXT_BINS = (1000, 2000)
 _TABLES: dict[str, LookupTables] = {}
 
@@ -97,6 +97,7 @@ class TandemScheduler(Scheduler):
         self._t_step = None
         self._cpu_step = 0.0
         self._bin = 0
+        self._rows = 0
         self._hold: set[str] = set()  # requests whose chunks are emitted once, at their end
         self._held: dict[str, tuple[float, list]] = {}  # request -> (time of its chunk's first token, outputs)
 
@@ -117,7 +118,7 @@ class TandemScheduler(Scheduler):
             # schedule() has already advanced num_computed_tokens by the tokens it scheduled
             ctx = sum(reqs[r].num_computed_tokens for r in out.num_scheduled_tokens if r in reqs)
             k.add("context_tokens", ctx)
-            self._bin = sum(ctx >= b * rows for b in CONTEXT_BINS)
+            self._bin, self._rows = sum(ctx >= b * rows for b in CONTEXT_BINS), rows
             k.add("scheduled_rows_sum", rows)
             k.max("max_scheduled_rows", rows)
             if out.preempted_req_ids:
@@ -135,6 +136,7 @@ class TandemScheduler(Scheduler):
         if self._t_step is not None:
             k.add(f"sched_cpu_ctx{self._bin}", cpu)
             k.add(f"steps_ctx{self._bin}", 1)
+            k.add(f"rows_ctx{self._bin}", self._rows)
         self._cpu_step = 0.0
         if self._t_step is not None:
             dt = time.perf_counter() - self._t_step
