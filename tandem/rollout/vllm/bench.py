@@ -44,6 +44,7 @@ from tandem.rollout.bench import BenchWorkload
 from tandem.rollout.core import SamplingParams
 from tandem.rollout.request import RolloutSettings
 from tandem.rollout.vllm.client import LaunchOptions
+from tandem.rollout.vllm.sched import CONTEXT_BINS
 
 TOLERANCE = 0.1
 
@@ -121,6 +122,17 @@ def real_text_rows(tok: Any, rows: int, length: int, seed: int = 0) -> list[list
     return [ids[i * step:i * step + length] for i in range(rows)]
 
 
+# the names of sched.CONTEXT_BINS' bins (tokens of mean history per scheduled row)
+BIN_NAMES = (f"<{CONTEXT_BINS[0]}", *(f"{a}-{b}" for a, b in zip(CONTEXT_BINS, CONTEXT_BINS[1:])),
+             f">={CONTEXT_BINS[-1]}")
+
+
+def _by_bin(c: dict, num: str, den: str, scale: float = 1.0) -> dict:
+    """{bin name: scale x c[num<i>] / c[den<i>]} over the history bins (None where the denominator is 0)."""
+    return {name: (scale * c[f"{num}{i}"] / c[f"{den}{i}"] if c.get(f"{den}{i}") else None)
+            for i, name in enumerate(BIN_NAMES)}
+
+
 def _counters(st: dict, prefix: str = "") -> dict:
     """The issue's counters from one rollout's service stats."""
     e = st["engines"]
@@ -134,20 +146,15 @@ def _counters(st: dict, prefix: str = "") -> dict:
         out[f"{prefix}sched_cpu_us_per_step_{role}"] = 1e6 * c["sched_cpu_seconds"] / steps if steps else 0.0
         out[f"{prefix}mean_rows_per_step_{role}"] = c["scheduled_rows_sum"] / steps if steps else 0.0
         # the same rollout's steps by their rows' mean history (sched.CONTEXT_BINS): flat means no growth
-        by = {name: (1e6 * c[f"sched_cpu_ctx{i}"] / c[f"steps_ctx{i}"] if c.get(f"steps_ctx{i}") else None)
-              for i, name in enumerate(("<1000", "1000-2000", ">=2000"))}
+        by = _by_bin(c, "sched_cpu_ctx", "steps_ctx", 1e6)
         out[f"{prefix}sched_cpu_us_per_step_by_context_{role}"] = by
-        out[f"{prefix}sched_cpu_long_over_short_{role}"] = (by[">=2000"] / by["<1000"]
-                                                            if by["<1000"] and by[">=2000"] else None)
+        short, long = by[BIN_NAMES[0]], by[BIN_NAMES[-1]]
+        out[f"{prefix}sched_cpu_long_over_short_{role}"] = long / short if short and long else None
         # per scheduled row: the scheduler's work is per row, and rows per step differ between bins and passes
-        per_row = {name: (1e6 * c[f"sched_cpu_ctx{i}"] / c[f"rows_ctx{i}"] if c.get(f"rows_ctx{i}") else None)
-                   for i, name in enumerate(("<1000", "1000-2000", ">=2000"))}
-        out[f"{prefix}sched_cpu_us_per_row_by_context_{role}"] = per_row
+        out[f"{prefix}sched_cpu_us_per_row_by_context_{role}"] = _by_bin(c, "sched_cpu_ctx", "rows_ctx", 1e6)
         out[f"{prefix}sched_cpu_us_per_row_{role}"] = (1e6 * c["sched_cpu_seconds"] / c["scheduled_rows_sum"]
                                                        if c["scheduled_rows_sum"] else 0.0)
-        out[f"{prefix}mean_rows_per_step_by_context_{role}"] = {
-            name: (c[f"rows_ctx{i}"] / c[f"steps_ctx{i}"] if c.get(f"steps_ctx{i}") else None)
-            for i, name in enumerate(("<1000", "1000-2000", ">=2000"))}
+        out[f"{prefix}mean_rows_per_step_by_context_{role}"] = _by_bin(c, "rows_ctx", "steps_ctx")
     chunks = st["chunks"]  # chunks the rows sent (the engines count the same: engines.*.chunks)
     out.update({
         f"{prefix}chunks": int(chunks), f"{prefix}session_starts": st["session_starts"],

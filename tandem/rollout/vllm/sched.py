@@ -133,12 +133,11 @@ class TandemScheduler(Scheduler):
         k = self.tandem_counters
         cpu = self._cpu_step + time.thread_time() - c
         k.add("sched_cpu_seconds", cpu)
+        self._cpu_step = 0.0
         if self._t_step is not None:
             k.add(f"sched_cpu_ctx{self._bin}", cpu)
             k.add(f"steps_ctx{self._bin}", 1)
             k.add(f"rows_ctx{self._bin}", self._rows)
-        self._cpu_step = 0.0
-        if self._t_step is not None:
             dt = time.perf_counter() - self._t_step
             k.add("busy_seconds", dt)
             # rows in this step's batch x its duration: the time rows spent in a batch of this engine, which the

@@ -99,17 +99,14 @@ class Submitter:
     def add(self, req) -> None:
         req.client_index = self.client.client_index
         self.pending.append(req)
-        self._due()
-
-    def abort(self, request_ids: list[str]) -> None:
-        self._flush()  # the row's last chunk goes first
-        self.sock.send_multipart([ABORT, json.dumps(request_ids).encode()])
-
-    def _due(self) -> None:
         if not self.flush_due:
             self.flush_due = True
             # after the rows already woken in this turn (their wake-ups are queued before this callback)
             asyncio.get_running_loop().call_soon(self._flush)
+
+    def abort(self, request_ids: list[str]) -> None:
+        self._flush()  # the row's last chunk goes first
+        self.sock.send_multipart([ABORT, json.dumps(request_ids).encode()])
 
     def _flush(self) -> None:
         self.flush_due = False
