@@ -454,7 +454,8 @@ def bench_rollout(o: BenchRolloutOptions) -> None:
         work = BenchWorkload(n_prompts=o.prompts, n_samples=o.samples or (4 if o.vocab == "qwen3" else 8),
                              max_new_tokens=o.max_new_tokens, repeats=o.repeats)
         res = bench_rollout_vllm(model_dir, o.url, work, VLLMBenchOptions(
-            vocab=o.vocab, gpu=o.gpu, gpu_rows=o.gpu_rows, compare_stream=o.compare_stream))
+            vocab=o.vocab, gpu=o.gpu, gpu_rows=o.gpu_rows, compare_stream=o.compare_stream,
+            compare_vocab=o.compare_vocab))
         _print_bench(res, o.as_json)
         if o.vocab == "model" and not (res["weights_synced"] and res["logprob_max_abs_diff"] <= 0.1):
             raise typer.Exit(code=1)

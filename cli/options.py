@@ -140,3 +140,5 @@ class BenchRolloutOptions:
     compare_stream: bool = option(True, help="vllm: also time the tandem rollout through "
                                              "AsyncLLM.generate's sessions (stream_*) and with one "
                                              "engine-core message per chunk (single_*)")
+    compare_vocab: bool = option(True, help="vllm, qwen3: also run the same rollout relabelled into a "
+                                            "334-token vocabulary on the same body (small_vocab_*)")

@@ -15,6 +15,8 @@ log_softmax(logits / T) at the sampled id *without* top-k/top-p, which is what t
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 MASK32 = 0xFFFFFFFF
@@ -74,9 +76,22 @@ def uniform(seed: int, stream: int, rows_B: torch.Tensor, pos_B: torch.Tensor | 
 
 def uniform_int(seed: int, stream: int, row: int, pos: int) -> float:
     """Scalar reference of `uniform` (pure Python), for tests."""
+    return uniform_at(uniform_prefix(seed, stream, row), pos)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def uniform_prefix(seed: int, stream: int, row: int) -> int:
+    """The hash of (seed, stream, row), the part of `uniform_int` shared by every position of a row: computed
+    once per row (the vLLM engine core draws at every word start, and these five folds are most of a draw)."""
     h = _START
-    for v in (seed & MASK32, (seed >> 32) & MASK32, stream, row & MASK32, (row >> 32) & MASK32, pos & MASK32):
+    for v in (seed & MASK32, (seed >> 32) & MASK32, stream, row & MASK32, (row >> 32) & MASK32):
         h = mix32_int(h ^ v)
+    return h
+
+
+def uniform_at(h: int, pos: int) -> float:
+    """`uniform_int` at position `pos` from the row's `uniform_prefix` h: the last fold and the widening."""
+    h = mix32_int(h ^ (pos & MASK32))
     hi = mix32_int(h ^ 0x5BD1E995) >> 5
     lo = mix32_int(h ^ 0x1B873593) >> 6
     return ((hi * (1 << 26) + lo) + 0.5) * (2.0 ** -53)

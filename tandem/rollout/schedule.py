@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from tandem.rollout.sampling import STREAM_FIRST, STREAM_REDRAW, uniform, uniform_int
+from tandem.rollout.sampling import STREAM_FIRST, STREAM_REDRAW, uniform, uniform_at, uniform_int, uniform_prefix
 from tandem.rollout.vocab import TokenTables
 
 SCHEDULES = ("word", "step", "token", "solo", "junior")
@@ -204,10 +204,11 @@ class RowSchedule:
         if self.kind == "word":
             self.gap += 1
             if self._t.word[token] or self.gap >= self.max_gap:
-                self.author = int(uniform_int(self.seed, STREAM_REDRAW, self.row_id, t) < self.p_senior)
+                h = uniform_prefix(self.seed, STREAM_REDRAW, self.row_id)  # cached per row
+                self.author = int(uniform_at(h, t) < self.p_senior)
                 self.gap = 0
         elif self.kind == "token":
-            self.author = int(uniform_int(self.seed, STREAM_REDRAW, self.row_id, t) < self.p_senior)
+            self.author = int(uniform_at(uniform_prefix(self.seed, STREAM_REDRAW, self.row_id), t) < self.p_senior)
         elif self.kind == "step":
             tb = self._t
             end = tb.end[token] or (self.newline and tb.snl[token])

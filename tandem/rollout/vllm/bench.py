@@ -25,7 +25,11 @@ Models: `model_dir` (default models/base when it exists, else a random tiny Qwen
 here). `vocab="qwen3"`: Qwen3's real tokenizer (`qwen3_vocab.py`) on a random tiny Qwen3 body with 151,936
 output rows, rows of replayed real text at full length (the engines are made to emit the project's docs and
 arithmetic solutions, `replay.py`), counted at `max_new_tokens` and at a short history (`short_tokens`) so
-that the per-step CPU can be compared; no log-prob or sync check there (the tokens are forced).
+that the per-step CPU can be compared; no log-prob or sync check there (the tokens are forced). With
+`compare_vocab` (qwen3 only) a second service runs the same body on the fallback's byte-level BPE (334 tokens) and
+the same rollout relabelled into it (`relabel`: word starts onto word starts, so every redraw, chunk and handoff
+is the same), interleaved with the others: `small_vocab_*` and `sched_cpu_per_{row,step}_qwen3_over_small_vocab_*`
+compare the engine-core CPU across vocabulary sizes with nothing else changed but the model's output rows.
 """
 
 from __future__ import annotations
@@ -122,6 +126,42 @@ def real_text_rows(tok: Any, rows: int, length: int, seed: int = 0) -> list[list
     return [ids[i * step:i * step + length] for i in range(rows)]
 
 
+def _small_vocab_model_dir(max_len: int) -> tuple[Path, Any]:
+    """The Qwen3-vocabulary benchmark's body (same shape) with the fallback's byte-level BPE (334 tokens)."""
+    from tandem.rollout import toy
+
+    tok = toy.byte_bpe_tokenizer(vocab_size=640)
+    shape = toy.TinyShape(layers=2, hidden=128, heads=4, kv_heads=2, max_position=max_len)
+    model = toy.tiny_qwen3(len(tok), 0, shape, eos_token_id=tok.eos_token_id)
+    tmp = Path(tempfile.mkdtemp(prefix="tandem-bench-small-"))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    return tmp, tok
+
+
+def relabel(rows: list[list[int]], src_word: Any, dst_word: Any, avoid: set[int]) -> list[list[int]]:
+    """`rows` of one vocabulary's ids rewritten in another's: a word-start id (`src_word[id]`, the word
+    schedule's redraw points) becomes a word-start id of the destination (`dst_word`), any other id a non-word-
+    start one, never one of `avoid` (EOS, specials). The word schedule's redraws, hence every chunk, handoff
+    and owner, are then the same in both vocabularies: only the vocabulary's size differs."""
+    import numpy as np
+
+    dst = np.asarray(dst_word, dtype=bool)
+    ids = np.arange(len(dst))
+    ok = ~np.isin(ids, sorted(avoid))
+    pools = ids[ok & ~dst], ids[ok & dst]
+    if not len(pools[0]) or not len(pools[1]):
+        raise ValueError("the destination vocabulary needs word-start and other ids to relabel into")
+    src = np.asarray(src_word, dtype=bool)
+    out = []
+    for r in rows:
+        a = np.asarray(r, dtype=np.int64)
+        w = src[a]
+        m = np.where(w, pools[1][a % len(pools[1])], pools[0][a % len(pools[0])])
+        out.append(m.tolist())
+    return out
+
+
 # the names of sched.CONTEXT_BINS' bins (tokens of mean history per scheduled row)
 BIN_NAMES = (f"<{CONTEXT_BINS[0]}", *(f"{a}-{b}" for a, b in zip(CONTEXT_BINS, CONTEXT_BINS[1:])),
              f">={CONTEXT_BINS[-1]}")
@@ -181,14 +221,15 @@ def _counters(st: dict, prefix: str = "") -> dict:
 class VLLMBenchOptions:
     """What the vllm benchmark measures besides the workload: `vocab` (model: the model's tokenizer; qwen3:
     Qwen3's real vocabulary, replayed real text), the GPU and row count the prediction prices (`gpu`,
-    `gpu_rows`), the short history of the qwen3 counters (`short_tokens`) and the streaming-session A/B
-    (`compare_stream`)."""
+    `gpu_rows`), the short history of the qwen3 counters (`short_tokens`), the streaming-session A/B
+    (`compare_stream`) and, with qwen3, the vocabulary A/B (`compare_vocab`)."""
 
     vocab: str = "model"
     gpu: str = "h200"
     gpu_rows: int = 128
     short_tokens: int = 500
     compare_stream: bool = True
+    compare_vocab: bool = True
 
 
 def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
@@ -209,6 +250,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
         work.n_prompts, work.n_samples, work.max_new_tokens, work.temperature, work.seed, work.repeats)
     vocab, gpu, gpu_rows, short_tokens, compare_stream = (options.vocab, options.gpu, options.gpu_rows,
                                                           options.short_tokens, options.compare_stream)
+    compare_vocab = options.compare_vocab and vocab == "qwen3"
     gpu_memory = launch.knobs.gpu_memory
     if vocab not in ("model", "qwen3"):
         raise ValueError(f"vocab must be model or qwen3, got {vocab!r}")
@@ -223,13 +265,23 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
     base = _prompts(tok, n_prompts, seed)
     prompts = [p for p in base for _ in range(n_samples)]
     t0 = time.perf_counter()
+    knobs = replace(launch.knobs, replay=replay,
+                    max_model_len=(budget + max(map(len, prompts)) + 64) if replay else 0)
     if url:
         svc, owned = VLLMService.attach(url), False
     else:
-        knobs = replace(launch.knobs, replay=replay,
-                        max_model_len=(budget + max(map(len, prompts)) + 64) if replay else 0)
         svc = VLLMService.start(path, path, roots=[path], options=replace(launch, knobs=knobs, start_timeout=1800))
         owned = True
+    small = None  # the vocabulary A/B: (service, model dir) of the same body on the small vocabulary
+    if compare_vocab:
+        small_path, _ = _small_vocab_model_dir(budget + 256)
+        try:
+            small = (VLLMService.start(small_path, small_path, roots=[small_path],
+                                       options=replace(launch, knobs=knobs, start_timeout=1800)), small_path)
+        except BaseException:
+            if owned:
+                svc.stop()
+            raise
     res: dict[str, Any] = {"backend": "vllm", "model": desc, "vocab": vocab, "vocab_size": len(tok),
                            "rows": len(prompts), "max_new_tokens": budget,
                            "layout": "both engines on one device (one service)", "vllm_gpu_memory": gpu_memory,
@@ -248,22 +300,33 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
         sp = SamplingParams(temperature=temperature, max_new_tokens=budget)
         text = real_text_rows(tok, len(prompts), budget, seed) if replay else None
 
-        def run(schedule: str, settings_sp: SamplingParams = sp, rows_text=text, sessions: str = "direct"):
-            req = RolloutSettings(schedule, settings_sp).request(prompts, seed=seed)
+        def run(schedule: str, settings_sp: SamplingParams = sp, rows_text=text, sessions: str = "direct",
+                side: tuple = (be, prompts)):
+            backend, rows_prompts = side
+            req = RolloutSettings(schedule, settings_sp).request(rows_prompts, seed=seed)
             t = time.perf_counter()
-            b = be._generate(req, replay=[r[:settings_sp.max_new_tokens] for r in rows_text] if rows_text else None,
-                             sessions=sessions)
-            return time.perf_counter() - t, b, dict(be.last_stats)
+            b = backend._generate(req, sessions=sessions,
+                                  replay=[r[:settings_sp.max_new_tokens] for r in rows_text] if rows_text else None)
+            return time.perf_counter() - t, b, dict(backend.last_stats)
 
+        variants = [("solo", "solo", "direct"), ("tandem", "word", "direct")]
+        if compare_stream:
+            variants += [("tandem_stream", "word", "stream"), ("tandem_single", "word", "direct-single")]
+        sides = {}
+        if small is not None:  # the same rollout relabelled into the small vocabulary, on its own service
+            be_v, prompts_v, text_v = _small_vocab_side(small[0], small[1], be, prompts, text)
+            sides["tandem_small_vocab"] = (text_v, (be_v, prompts_v))
+            variants.append(("tandem_small_vocab", "word", "direct"))
+            res["small_vocab_size"] = be_v.vocab_size
+            run("word", SamplingParams(temperature=temperature, max_new_tokens=8), [r[:8] for r in text_v],
+                side=(be_v, prompts_v))  # warm-up
         run("word", SamplingParams(temperature=temperature, max_new_tokens=8),
             [r[:8] for r in text] if text else None)  # warm-up
         best: dict[str, tuple[float, Any, dict]] = {}
         for _ in range(repeats):
-            for name, sched, sess in (("solo", "solo", "direct"), ("tandem", "word", "direct"),
-                                      ("tandem_stream", "word", "stream"), ("tandem_single", "word", "direct-single")):
-                if name in ("tandem_stream", "tandem_single") and not compare_stream:
-                    continue
-                dt, b, st = run(sched, sessions=sess)
+            for name, sched, sess in variants:
+                rows_text, side = sides.get(name, (text, (be, prompts)))
+                dt, b, st = run(sched, sessions=sess, rows_text=rows_text, side=side)
                 if name not in best or dt < best[name][0]:
                     best[name] = (dt, b, st)
         (t_s, b_s, st_s), (t_t, b_t, st_t) = best["solo"], best["tandem"]
@@ -287,6 +350,8 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
             res["single_tokens_equal"] = b_g.completion_ids == b_t.completion_ids
             res.update({k: v for k, v in _counters(st_g, prefix="single_").items()
                         if "latency" in k or "idle" in k or "frontend" in k})
+        if "tandem_small_vocab" in best:
+            _vocab_ab(res, best["tandem_small_vocab"][1:], b_t)
         res["submit_requests_per_message"] = st_t.get("submit_requests", 0) / max(st_t.get("submit_messages", 0), 1)
         res["solo_engine_steps"] = int(st_s["engines"]["senior"]["steps"])
         res["solo_sched_cpu_us_per_step"] = (1e6 * st_s["engines"]["senior"]["sched_cpu_seconds"]
@@ -318,12 +383,44 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
     finally:
         if owned:
             svc.stop()
+        if small is not None:
+            small[0].stop()
+            import shutil
+
+            shutil.rmtree(small[1], ignore_errors=True)
         if str(path).startswith(tempfile.gettempdir()) and path.name.startswith("tandem-bench-"):
             import shutil
 
             shutil.rmtree(path, ignore_errors=True)  # the model this benchmark built for itself
     res["seconds"] = time.perf_counter() - t_start
     return res
+
+
+def _small_vocab_side(svc: Any, path: Path, be: Any, prompts: list, text: list) -> tuple[Any, list, list]:
+    """The vocabulary A/B's backend on the small-vocabulary service, and the prompts and replayed text
+    relabelled into its vocabulary (`relabel`)."""
+    from tandem.models import load_tokenizer
+    from tandem.rollout.engine import TandemEngine
+
+    tok = load_tokenizer(path)
+    be_v = TandemEngine(path, path, tok, backend="vllm", vllm_options={"service": svc, "live": False})._backend
+    avoid = set(map(int, be_v.eos_ids)) | set(map(int, tok.all_special_ids))
+    src, dst = be.tables.word_start_V.tolist(), be_v.tables.word_start_V.tolist()
+    return be_v, relabel(prompts, src, dst, avoid), relabel(text, src, dst, avoid)
+
+
+def _vocab_ab(res: dict, small: tuple, b_t: Any) -> None:
+    """The vocabulary A/B's figures: the small vocabulary's scheduler CPU beside the Qwen3 run's, their ratios,
+    and whether both rollouts had the same schedule (owners and lengths)."""
+    b_v, st_v = small
+    res["small_vocab_schedule_equal"] = (b_v.owner == b_t.owner
+                                         and [len(c) for c in b_v.completion_ids] == [len(c) for c in b_t.completion_ids])
+    res.update({k: v for k, v in _counters(st_v, prefix="small_vocab_").items()
+                if "sched_cpu" in k or "per_token" in k or "per_chunk" in k or "rows_per_step" in k})
+    for role in ("senior", "junior"):
+        for what in ("row", "step"):
+            a, b = res[f"sched_cpu_us_per_{what}_{role}"], res[f"small_vocab_sched_cpu_us_per_{what}_{role}"]
+            res[f"sched_cpu_per_{what}_qwen3_over_small_vocab_{role}"] = a / b if b else None
 
 
 def _checks(res: dict, eng: Any, be: Any, senior: Any, prompts: list, b_t: Any, sp: SamplingParams,

@@ -67,7 +67,11 @@ def load_tables(path: str) -> LookupTables:
 
 
 class Counters:
-    """Cumulative counters in a shared file (or in memory when no file is named)."""
+    """Cumulative counters in a shared file (or in memory when no file is named).
+
+    `add` accumulates in a Python list and `flush` writes the list once per engine step: a scalar add to the
+    shared numpy array costs ~0.8 us, and the stop rule counts every sampled token (`put` writes at once, for
+    what happens between steps)."""
 
     def __init__(self, path: str | None):
         import numpy as np
@@ -77,8 +81,20 @@ class Counters:
             self.a = np.memmap(path, dtype=np.float64, mode="r+", shape=(len(FIELDS),))
         else:
             self.a = np.zeros(len(FIELDS), dtype=np.float64)
+        self.pending = [0.0] * len(FIELDS)
+        self.dirty = False
 
     def add(self, key: str, v: float) -> None:
+        self.pending[self.i[key]] += v
+        self.dirty = True
+
+    def flush(self) -> None:
+        if self.dirty:
+            self.a += self.pending
+            self.pending = [0.0] * len(self.pending)
+            self.dirty = False
+
+    def put(self, key: str, v: float) -> None:
         self.a[self.i[key]] += v
 
     def max(self, key: str, v: float) -> None:
@@ -144,6 +160,7 @@ class TandemScheduler(Scheduler):
             # service sets against the rows' lifetimes (`idle_row_step_fraction`)
             k.add("row_seconds", dt * len(scheduler_output.num_scheduled_tokens))
             self._t_step = None
+        k.flush()
         return out
 
     def _hold_back(self, out: dict) -> None:
@@ -198,8 +215,8 @@ class TandemScheduler(Scheduler):
         super().add_request(request)
         sp = request.sampling_params
         if request.resumable and sp is not None and sp.extra_args and "tandem" in sp.extra_args:
-            self.tandem_counters.add("chunks", 1)  # a session's chunk (its closing request is not resumable)
-        self.tandem_counters.add("add_cpu_seconds", time.thread_time() - c)
+            self.tandem_counters.put("chunks", 1)  # a session's chunk (its closing request is not resumable)
+        self.tandem_counters.put("add_cpu_seconds", time.thread_time() - c)
 
     # -- the stop rule -----------------------------------------------------------------------------
     def _update_request_with_output(self, request, new_token_ids, is_stale=False):
@@ -207,7 +224,9 @@ class TandemScheduler(Scheduler):
         args = sp.extra_args.get("tandem") if sp is not None and sp.extra_args else None
         if args is None:
             return super()._update_request_with_output(request, new_token_ids, is_stale)
-        c = time.thread_time()
+        # wall clock, not thread CPU: a call is a few microseconds (a preemption inside one is rare), and
+        # time.thread_time is a system call of ~1 us, twice per row and step
+        c = time.perf_counter()
         rule = getattr(request, "_tandem_rule", None)
         if rule is None or rule[0] is not sp:  # a new chunk: its sampling parameters replaced the last ones
             rule = (sp, ChunkRule(args, load_tables(args["tables"])))
@@ -217,13 +236,14 @@ class TandemScheduler(Scheduler):
                 self._hold.add(request.request_id)
         k = self.tandem_counters
         stopped = False
+        n = ruled = 0
         for num_new, tok in enumerate(new_token_ids, 1):
             request.append_output_token_ids(tok)
-            k.add("generated_tokens", 1)
+            n += 1
             stopped = check_stop(request, self.max_model_len)
             if not stopped:
                 why = rule[1].step(int(tok), request.num_output_tokens - 1)
-                k.add("rule_tokens", 1)
+                ruled += 1
                 if why == "length":
                     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
                     k.add("length_stops", 1)
@@ -236,7 +256,9 @@ class TandemScheduler(Scheduler):
             if stopped:
                 del new_token_ids[num_new:]
                 break
-        k.add("rule_cpu_seconds", time.thread_time() - c)
+        k.add("generated_tokens", n)
+        k.add("rule_tokens", ruled)
+        k.add("rule_cpu_seconds", time.perf_counter() - c)
         return new_token_ids, stopped
 
 

@@ -30,7 +30,7 @@ from functools import cached_property
 from typing import Callable, Protocol, Sequence
 
 from tandem.rollout.core import FINISH_EOS, FINISH_LENGTH, FINISH_ROUNDS, RolloutBatch, count_handoffs
-from tandem.rollout.sampling import _START, MASK32, STREAM_REDRAW, mix32_int
+from tandem.rollout.sampling import MASK32, STREAM_REDRAW, mix32_int, uniform_at, uniform_prefix
 from tandem.rollout.schedule import LookupTables, RowSchedule
 
 STREAM_VLLM_SEED = 3
@@ -102,20 +102,12 @@ class ChunkReferee:
             if 0 <= int(e) < len(self.eos):  # an EOS id the tables do not cover can never come back
                 self.eos[int(e)] = True
         self.eos_bytes, self.word_bytes = bytes(self.eos.astype(np.uint8)), tables.word
-        self._prefix: dict[tuple[int, int], int] = {}
         self.vector_min = VECTOR_MIN
         _mix32_np(np, np.zeros(1, dtype=np.uint64))  # its constants
 
     def _hash(self, seed: int, row: int) -> int:
         """The (seed, STREAM_REDRAW, row) part of the uniform's hash, once per row."""
-        key = (seed, row)
-        h = self._prefix.get(key)
-        if h is None:
-            h = _START
-            for v in (seed & MASK32, (seed >> 32) & MASK32, STREAM_REDRAW, row & MASK32, (row >> 32) & MASK32):
-                h = mix32_int(h ^ v)
-            self._prefix[key] = h
-        return h
+        return uniform_prefix(seed, STREAM_REDRAW, row)
 
     def _uniform(self, seed: int, row: int, pos):
         """`uniform_int(seed, STREAM_REDRAW, row, t)` for every t in `pos` (int64 array)."""
@@ -172,9 +164,9 @@ class ChunkReferee:
             if kind == "word":
                 gap += 1
                 if word[tok] or gap >= cap:
-                    author, gap = int(_mix2_int(h, t) < p), 0
+                    author, gap = int(uniform_at(h, t) < p), 0
             elif kind == "token":
-                author = int(_mix2_int(h, t) < p)
+                author = int(uniform_at(h, t) < p)
             elif kind == "step":
                 rounds_done = state.advance(tok, t)
                 author = state.author
@@ -267,14 +259,6 @@ def _mix32_np(np, x):
     x *= c["b"]
     x &= m
     return x ^ (x >> s16)
-
-
-def _mix2_int(h: int, pos: int) -> float:
-    """`uniform_int`'s last fold and output from the hash `h` of (seed, stream, row): pure Python."""
-    h = mix32_int(h ^ (pos & MASK32))
-    hi = mix32_int(h ^ 0x5BD1E995) >> 5
-    lo = mix32_int(h ^ 0x1B873593) >> 6
-    return ((hi * (1 << 26) + lo) + 0.5) * (2.0 ** -53)
 
 
 # ---------------------------------------------------------------------------------------------------------
