@@ -10,7 +10,7 @@
 | `turns.py` | both | the row state machine over two streaming sessions, the per-chunk stop rule, the counters |
 | `service.py` | vLLM | the HTTP server with two `AsyncLLM` engines |
 | `sched.py` | vLLM engine core | `TandemScheduler`: stops chunks exactly at authorship switches; engine counters |
-| `worker.py` | vLLM engine core | `TandemWorker`: weights reloaded in place |
+| `worker.py` | vLLM engine core | `TandemWorker`: weights reloaded in place; `RowArrays` in the model runner's batch |
 
 Nothing here imports vLLM at package import; the pipeline imports only `client`, `knobs`, `sync`, `bench`, `turns`.
 """

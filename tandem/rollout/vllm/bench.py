@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -279,6 +280,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
             small = (VLLMService.start(small_path, small_path, roots=[small_path],
                                        options=replace(launch, knobs=knobs, start_timeout=1800)), small_path)
         except BaseException:
+            shutil.rmtree(small_path, ignore_errors=True)
             if owned:
                 svc.stop()
             raise
@@ -385,12 +387,8 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
             svc.stop()
         if small is not None:
             small[0].stop()
-            import shutil
-
             shutil.rmtree(small[1], ignore_errors=True)
         if str(path).startswith(tempfile.gettempdir()) and path.name.startswith("tandem-bench-"):
-            import shutil
-
             shutil.rmtree(path, ignore_errors=True)  # the model this benchmark built for itself
     res["seconds"] = time.perf_counter() - t_start
     return res
