@@ -199,16 +199,20 @@ class RowSchedule:
         """The resumable state (see `resume`)."""
         return {"author": self.author, "gap": self.gap, "newline": self.newline, "turns": self.turns}
 
+    def _redraw(self, t: int) -> int:
+        """The author after position t: `uniform_int(seed, STREAM_REDRAW, row, t) < p_senior`, the row's part of
+        the hash cached (`uniform_prefix`)."""
+        return int(uniform_at(uniform_prefix(self.seed, STREAM_REDRAW, self.row_id), t) < self.p_senior)
+
     def advance(self, token: int, t: int) -> bool:
         """Account for `token` emitted at position t; return True when it completed the last allowed turn."""
         if self.kind == "word":
             self.gap += 1
             if self._t.word[token] or self.gap >= self.max_gap:
-                h = uniform_prefix(self.seed, STREAM_REDRAW, self.row_id)  # cached per row
-                self.author = int(uniform_at(h, t) < self.p_senior)
+                self.author = self._redraw(t)
                 self.gap = 0
         elif self.kind == "token":
-            self.author = int(uniform_at(uniform_prefix(self.seed, STREAM_REDRAW, self.row_id), t) < self.p_senior)
+            self.author = self._redraw(t)
         elif self.kind == "step":
             tb = self._t
             end = tb.end[token] or (self.newline and tb.snl[token])

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tandem.rollout.vllm.turns import tandem_args
+
 try:
     from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 except ImportError:  # the pipeline's environment has no vLLM: the module imports, the class is never used there
@@ -46,7 +48,7 @@ class ReplayLogitsProcessor(LogitsProcessor):
         for i in batch_update.removed:
             self.state.pop(i, None)
         for i, params, _prompt, out in batch_update.added:
-            args = (params.extra_args or {}).get("tandem") if params is not None else None
+            args = tandem_args(params)
             if args and args.get("replay"):
                 row = replay_rows(args["replay"])[int(args["replay_row"])]
                 self.state[i] = (row, int(args["t0"]), out)

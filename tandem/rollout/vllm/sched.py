@@ -40,7 +40,7 @@ except ImportError:  # the pipeline's environment has no vLLM: the module import
 
 from tandem.rollout.schedule import LookupTables
 from tandem.rollout.vllm import submit
-from tandem.rollout.vllm.turns import STOP_SWITCH, ChunkRule
+from tandem.rollout.vllm.turns import STOP_SWITCH, ChunkRule, tandem_args
 
 submit.install()  # the engine core's utility for batched chunk submissions (submit.py)
 
@@ -82,17 +82,13 @@ class Counters:
         else:
             self.a = np.zeros(len(FIELDS), dtype=np.float64)
         self.pending = [0.0] * len(FIELDS)
-        self.dirty = False
 
     def add(self, key: str, v: float) -> None:
         self.pending[self.i[key]] += v
-        self.dirty = True
 
     def flush(self) -> None:
-        if self.dirty:
-            self.a += self.pending
-            self.pending = [0.0] * len(self.pending)
-            self.dirty = False
+        self.a += self.pending
+        self.pending = [0.0] * len(self.pending)
 
     def put(self, key: str, v: float) -> None:
         self.a[self.i[key]] += v
@@ -214,14 +210,14 @@ class TandemScheduler(Scheduler):
         c = time.thread_time()
         super().add_request(request)
         sp = request.sampling_params
-        if request.resumable and sp is not None and sp.extra_args and "tandem" in sp.extra_args:
+        if request.resumable and tandem_args(sp) is not None:
             self.tandem_counters.put("chunks", 1)  # a session's chunk (its closing request is not resumable)
         self.tandem_counters.put("add_cpu_seconds", time.thread_time() - c)
 
     # -- the stop rule -----------------------------------------------------------------------------
     def _update_request_with_output(self, request, new_token_ids, is_stale=False):
         sp = request.sampling_params
-        args = sp.extra_args.get("tandem") if sp is not None and sp.extra_args else None
+        args = tandem_args(sp)
         if args is None:
             return super()._update_request_with_output(request, new_token_ids, is_stale)
         # wall clock, not thread CPU: a call is a few microseconds (a preemption inside one is rare), and

@@ -44,11 +44,14 @@ class RolloutError(RuntimeError):
 def session_seed(seed: int, row_id: int, role: int) -> int:
     """vLLM sampling seed of one row's session with one model (31-bit). One seed per (row, model): a session
     keeps its generator across chunks, and the two models never share a noise stream."""
-    h = 0x243F6A88
-    for v in (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, STREAM_VLLM_SEED, row_id & 0xFFFFFFFF,
-              (row_id >> 32) & 0xFFFFFFFF, role & 0xFFFFFFFF):
-        h = mix32_int(h ^ v)
-    return h & 0x7FFFFFFF
+    return mix32_int(uniform_prefix(seed, STREAM_VLLM_SEED, row_id) ^ (role & MASK32)) & 0x7FFFFFFF
+
+
+def tandem_args(params) -> dict | None:
+    """The `chunk_args` a request's vLLM sampling parameters carry (`extra_args["tandem"]`), or None for a
+    request that is not a tandem chunk."""
+    extra = getattr(params, "extra_args", None) if params is not None else None
+    return extra.get("tandem") if extra else None
 
 
 def walk_turn(state: RowSchedule, tokens: Sequence[int], t0: int, budget: int, eos: set[int]

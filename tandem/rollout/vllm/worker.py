@@ -99,11 +99,6 @@ class RowArrays:
             self.rows.pop(r, None)
 
 
-def _is_tandem(request) -> bool:
-    sp = getattr(request, "sampling_params", None)
-    return bool(sp is not None and sp.extra_args and "tandem" in sp.extra_args)
-
-
 def install_row_arrays() -> RowArrays | None:
     """Patch vLLM's `InputBatch.add_request` (and the model runner's `_update_states`, to drop finished
     requests) to use `RowArrays` for tandem chunks; once per process. None where vLLM is absent or disabled."""
@@ -116,12 +111,14 @@ def install_row_arrays() -> RowArrays | None:
         return None
     if hasattr(InputBatch, "_tandem_rows"):
         return InputBatch._tandem_rows
+    from tandem.rollout.vllm.turns import tandem_args
+
     rows = RowArrays()
     add, update = InputBatch.add_request, GPUModelRunner._update_states
 
     def add_request(self, request):
         ids = request.prompt_token_ids
-        if type(ids) is not list or not _is_tandem(request):
+        if type(ids) is not list or tandem_args(request.sampling_params) is None:
             return add(self, request)
         request.prompt_token_ids = rows.array(request.req_id, ids)
         try:
