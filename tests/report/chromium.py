@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -116,9 +117,13 @@ def _errors(events: list[dict]) -> list[str]:
 
 def load_page(chromium: str, page: Path, timeout: float = 60.0) -> PageResult:
     """Open `page` (a local file) headless; report images and errors seen up to shortly after the load event."""
-    with tempfile.TemporaryDirectory(prefix="tandem-chromium-") as profile:
+    # Chromium's helpers (zygote, crashpad, utility processes) outlive the browser process by a moment and
+    # keep writing into the profile: start them in their own process group, end the whole group, and only
+    # then remove the profile (removing it while they still write fails: "Directory not empty: 'Default'").
+    profile = tempfile.mkdtemp(prefix="tandem-chromium-")
+    try:
         proc = subprocess.Popen([chromium, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         cdp = None
         try:
             port_file = Path(profile) / "DevToolsActivePort"
@@ -168,3 +173,35 @@ def load_page(chromium: str, page: Path, timeout: float = 60.0) -> PageResult:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=15)
+            _end_group(proc.pid)
+    finally:
+        _remove_profile(profile)
+
+
+def _end_group(pgid: int) -> None:
+    """Terminate what is left of chromium's process group, then kill it if it lingers past a few seconds."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.1)
+
+
+def _remove_profile(profile: str) -> None:
+    """Remove the profile, retrying while a straggler finishes a write; a leftover temp dir never fails a test."""
+    for _ in range(20):
+        try:
+            shutil.rmtree(profile)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.25)
+    shutil.rmtree(profile, ignore_errors=True)
