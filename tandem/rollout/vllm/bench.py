@@ -340,18 +340,11 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
                     "mean_run_length": st["mean_run_length"], "mean_length": st["mean_length"],
                     "handoffs": sum(b_t.handoffs)})
         res.update(_counters(st_t))
-        if "tandem_stream" in best:  # the same rollout through AsyncLLM.generate's streaming sessions
-            t_r, b_r, st_r = best["tandem_stream"]
-            res["stream_tandem_over_solo"] = b_r.stats()["tokens"] / t_r / res["solo_tok_s"]
-            res["stream_tokens_equal"] = b_r.completion_ids == b_t.completion_ids
-            res.update({k: v for k, v in _counters(st_r, prefix="stream_").items()
-                        if "latency" in k or "idle" in k or "frontend" in k})
-        if "tandem_single" in best:  # the same direct sessions, one engine-core message per chunk
-            t_g, b_g, st_g = best["tandem_single"]
-            res["single_tandem_over_solo"] = b_g.stats()["tokens"] / t_g / res["solo_tok_s"]
-            res["single_tokens_equal"] = b_g.completion_ids == b_t.completion_ids
-            res.update({k: v for k, v in _counters(st_g, prefix="single_").items()
-                        if "latency" in k or "idle" in k or "frontend" in k})
+        # the same rollout through AsyncLLM.generate's streaming sessions; the same direct sessions with one
+        # engine-core message per chunk
+        for name, prefix in (("tandem_stream", "stream_"), ("tandem_single", "single_")):
+            if name in best:
+                _variant(res, best[name], prefix, b_t)
         if "tandem_small_vocab" in best:
             _vocab_ab(res, best["tandem_small_vocab"][1:], b_t)
         res["submit_requests_per_message"] = st_t.get("submit_requests", 0) / max(st_t.get("submit_messages", 0), 1)
@@ -364,20 +357,17 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
                     "predicted_gpu_tandem_over_solo_two_gpus": pred["predicted_gpu_tandem_over_solo_two_gpus"],
                     "predicted_gpu": {k: v for k, v in pred.items() if not k.startswith("predicted")},
                     "service_stats": {"tandem": st_t, "solo": st_s}})
-        if "tandem_single" in best:
-            single = predict(best["tandem_single"][2], st_s, gpu_shape, gpu=gpu, rows=gpu_rows)
-            res["single_predicted_gpu_tandem_over_solo"] = single["predicted_gpu_tandem_over_solo"]
-            res["single_predicted_gpu_tandem_over_solo_two_gpus"] = single["predicted_gpu_tandem_over_solo_two_gpus"]
-        if "tandem_stream" in best:
-            res["stream_predicted_gpu_tandem_over_solo"] = predict(best["tandem_stream"][2], st_s, gpu_shape, gpu=gpu,
-                                                                   rows=gpu_rows)["predicted_gpu_tandem_over_solo"]
+        for name, prefix, keys in (("tandem_single", "single_", ("", "_two_gpus")),
+                                   ("tandem_stream", "stream_", ("",))):
+            if name in best:
+                other = predict(best[name][2], st_s, gpu_shape, gpu=gpu, rows=gpu_rows)
+                for k in keys:
+                    res[f"{prefix}predicted_gpu_tandem_over_solo{k}"] = other[f"predicted_gpu_tandem_over_solo{k}"]
         if replay:
             if short_tokens and short_tokens < budget:
                 _, _, st_short = run("word", SamplingParams(temperature=temperature, max_new_tokens=short_tokens),
                                      [r[:short_tokens] for r in text])
-                short = _counters(st_short, prefix="short_")
-                res.update({k: v for k, v in short.items() if "sched_cpu" in k or "per_token" in k
-                            or "per_chunk" in k or "rows_per_step" in k})
+                res.update(_cpu_counters(st_short, "short_"))
                 res["short_max_new_tokens"] = short_tokens
             res.update({"logprob_max_abs_diff": None, "weights_synced": None})
         else:
@@ -392,6 +382,22 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
             shutil.rmtree(path, ignore_errors=True)  # the model this benchmark built for itself
     res["seconds"] = time.perf_counter() - t_start
     return res
+
+
+def _variant(res: dict, run: tuple, prefix: str, b_t: Any) -> None:
+    """One A/B variant of the tandem rollout (best (seconds, batch, stats)): its ratio to solo, whether its
+    tokens equal the reference rollout's, and its latency, idle and frontend counters, under `prefix`."""
+    t, b, st = run
+    res[f"{prefix}tandem_over_solo"] = b.stats()["tokens"] / t / res["solo_tok_s"]
+    res[f"{prefix}tokens_equal"] = b.completion_ids == b_t.completion_ids
+    res.update({k: v for k, v in _counters(st, prefix=prefix).items()
+                if "latency" in k or "idle" in k or "frontend" in k})
+
+
+def _cpu_counters(st: dict, prefix: str) -> dict:
+    """The CPU counters of one rollout (scheduler, per token, per chunk, rows per step), under `prefix`."""
+    return {k: v for k, v in _counters(st, prefix=prefix).items()
+            if "sched_cpu" in k or "per_token" in k or "per_chunk" in k or "rows_per_step" in k}
 
 
 def _small_vocab_side(svc: Any, path: Path, be: Any, prompts: list, text: list) -> tuple[Any, list, list]:
@@ -413,8 +419,7 @@ def _vocab_ab(res: dict, small: tuple, b_t: Any) -> None:
     b_v, st_v = small
     res["small_vocab_schedule_equal"] = (b_v.owner == b_t.owner
                                          and [len(c) for c in b_v.completion_ids] == [len(c) for c in b_t.completion_ids])
-    res.update({k: v for k, v in _counters(st_v, prefix="small_vocab_").items()
-                if "sched_cpu" in k or "per_token" in k or "per_chunk" in k or "rows_per_step" in k})
+    res.update(_cpu_counters(st_v, "small_vocab_"))
     for role in ("senior", "junior"):
         for what in ("row", "step"):
             a, b = res[f"sched_cpu_us_per_{what}_{role}"], res[f"small_vocab_sched_cpu_us_per_{what}_{role}"]
