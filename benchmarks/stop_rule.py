@@ -1,5 +1,6 @@
 """The vLLM engine core's stop rule in isolation: `TandemScheduler._update_request_with_output` per sampled token on
-real vLLM `Request`s, Qwen3's vocabulary size against a small one, interleaved in one process.
+real vLLM `Request`s and real `TandemScheduler`s (built as `sched_step.py` builds them), Qwen3's vocabulary size
+against a small one, interleaved in one process.
 
 What it measures: the scheduler's per-token work for a tandem chunk (vLLM's own `append_output_token_ids` with
 the prefix-cache block hasher and `check_stop`, then the word schedule's byte-table lookup and, at a word start,
@@ -16,12 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sched_step's scheduler builder
 
 WORD_SHARE = 53021 / 151936
 
@@ -52,13 +55,10 @@ def main() -> None:
     init_none_hash(sha256_cbor)
     hasher = get_request_block_hasher(32, sha256_cbor)
 
-    class Host:  # what the method reads of the scheduler
-        max_model_len = a.tokens + 1000
-        _hold: set = set()
-        tandem_counters = sched.Counters(None)
-        update = sched.TandemScheduler._update_request_with_output
+    from sched_step import _model_dir, _scheduler
 
-    host = Host()
+    root = tempfile.mkdtemp(prefix="tandem-stop-rule-")
+    scheds = {V: _scheduler(_model_dir(root, V), a.rows, a.tokens + 1000, 32) for V in a.vocab}  # real ones
     tables = {V: _tables(V, V) for V in a.vocab}
 
     def args(V: int, row: int) -> dict:
@@ -72,10 +72,11 @@ def main() -> None:
         reqs = [Request(f"r{i}", list(range(100)), SamplingParams(max_tokens=a.tokens + 10,
                                                                   extra_args={"tandem": args(V, i)}),
                         None, block_hasher=hasher) for i in range(a.rows)]
+        update = scheds[V]._update_request_with_output
         t = time.perf_counter()
         for tok in toks:
             for r in reqs:
-                host.update(r, [tok])
+                update(r, [tok])
         return 1e6 * (time.perf_counter() - t) / (a.tokens * a.rows)
 
     best = {V: float("inf") for V in a.vocab}
@@ -94,6 +95,7 @@ def main() -> None:
                       "rows": a.rows, "tokens": a.tokens}))
     for p in tables.values():
         Path(p).unlink(missing_ok=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
