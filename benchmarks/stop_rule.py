@@ -1,5 +1,5 @@
 """The vLLM engine core's stop rule in isolation: `TandemScheduler._update_request_with_output` per sampled token on
-real vLLM `Request`s and real `TandemScheduler`s (built as `sched_step.py` builds them), Qwen3's vocabulary size
+real vLLM `Request`s and real `TandemScheduler`s (built as `tandem/rollout/vllm/stepbench.py` builds them), Qwen3's vocabulary size
 against a small one, interleaved in one process.
 
 What it measures: the scheduler's per-token work for a tandem chunk (vLLM's own `append_output_token_ids` with
@@ -24,14 +24,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # sched_step's scheduler builder
 
 WORD_SHARE = 53021 / 151936
 
 
-def _tables(V: int, seed: int) -> str:
+def _tables(V: int, seed: int, root: str) -> str:
     rng = random.Random(seed)
-    path = tempfile.mktemp(prefix=f"tandem-stop-rule-{V}-")
+    path = str(Path(root, f"tables-{V}"))
     Path(path).write_bytes(bytes(int(rng.random() < WORD_SHARE) for _ in range(V)) + bytes(4 * V))
     return path
 
@@ -55,11 +54,11 @@ def main() -> None:
     init_none_hash(sha256_cbor)
     hasher = get_request_block_hasher(32, sha256_cbor)
 
-    from sched_step import _model_dir, _scheduler
+    from tandem.rollout.vllm.stepbench import _model_dir, _scheduler
 
     root = tempfile.mkdtemp(prefix="tandem-stop-rule-")
     scheds = {V: _scheduler(_model_dir(root, V), a.rows, a.tokens + 1000, 32) for V in a.vocab}  # real ones
-    tables = {V: _tables(V, V) for V in a.vocab}
+    tables = {V: _tables(V, V, root) for V in a.vocab}
 
     def args(V: int, row: int) -> dict:
         return {"kind": "word", "role": 1, "row": row, "seed": 7, "p": 1.0, "gap_cap": 32, "rounds_cap": 150,
@@ -93,8 +92,6 @@ def main() -> None:
     print(json.dumps({"us_per_token_" + str(large): best[large], "us_per_token_" + str(small): best[small],
                       "large_over_small": best[large] / best[small], "chunk_rule_us": chunk_us,
                       "rows": a.rows, "tokens": a.tokens}))
-    for p in tables.values():
-        Path(p).unlink(missing_ok=True)
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -455,7 +455,7 @@ def bench_rollout(o: BenchRolloutOptions) -> None:
                              max_new_tokens=o.max_new_tokens, repeats=o.repeats)
         res = bench_rollout_vllm(model_dir, o.url, work, VLLMBenchOptions(
             vocab=o.vocab, gpu=o.gpu, gpu_rows=o.gpu_rows, compare_stream=o.compare_stream,
-            compare_vocab=o.compare_vocab))
+            compare_vocab=o.compare_vocab, compare_isolated=o.compare_isolated))
         _print_bench(res, o.as_json)
         if o.vocab == "model" and not (res["weights_synced"] and res["logprob_max_abs_diff"] <= 0.1):
             raise typer.Exit(code=1)

@@ -142,3 +142,6 @@ class BenchRolloutOptions:
                                              "engine-core message per chunk (single_*)")
     compare_vocab: bool = option(True, help="vllm, qwen3: also run the same rollout relabelled into a "
                                             "334-token vocabulary on the same body (small_vocab_*)")
+    compare_isolated: bool = option(True, help="vllm, qwen3: also step the engine core's scheduler alone "
+                                               "at a short and the long history, both vocabularies "
+                                               "(isolated_*)")

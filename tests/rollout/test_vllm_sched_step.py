@@ -1,34 +1,39 @@
-"""`benchmarks/sched_step.py`: two real `TandemScheduler`s stepped as a tandem rollout's engine cores, in vLLM's
-environment. Every chunk the stop rule ends must be where the frontend's schedule switches authors, every row
-must end at its budget (the harness raises otherwise), and the four cases (two vocabulary sizes x two history
-lengths) must run the same schedule token by token; the figures must be there and finite."""
+"""The scheduler step in isolation (`tandem/rollout/vllm/stepbench.py`), run as `tandem bench rollout --vocab
+qwen3` runs it (`bench._isolated`: vLLM's environment, a subprocess): two real `TandemScheduler`s stepped as a
+tandem rollout's engine cores. Every chunk the stop rule ends must be where the frontend's schedule switches
+authors and every row must end at its budget (the harness raises otherwise), the four cases (two vocabulary
+sizes x two history lengths) must run the same schedule token by token, and the figures must be there and
+finite. Impossible settings are refused before vLLM is imported."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
 
-from tandem.rollout.vllm.client import REPO_ROOT
-from vllm_fixtures import VLLM_PY, need_vllm
+import pytest
+
+from tandem.rollout.vllm import stepbench
+from tandem.rollout.vllm.bench import _isolated
+from tandem.rollout.vllm.client import LaunchOptions
+from vllm_fixtures import need_vllm
 
 
-def test_sched_step_bench_runs_one_schedule_in_every_case():
+def test_isolated_step_runs_one_schedule_in_every_case():
     need_vllm()
-    cmd = [str(VLLM_PY), str(REPO_ROOT / "benchmarks" / "sched_step.py"), "--rows", "6", "--tokens", "120",
-           "--history", "16", "400", "--repeats", "1"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
-                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    assert res["schedules_equal"] is True
-    assert 0.3 < res["senior_share"] < 0.7 and 0.1 < res["chunks_per_token"] < 0.5
-    for vocab in ("qwen3", "small"):
-        for role in ("senior", "junior"):
-            for what in ("step", "row"):
-                x = res[f"{vocab}_long_over_short_{role}_{what}"]
-                assert math.isfinite(x) and x > 0
+    res: dict = {}
+    _isolated(res, LaunchOptions(), rows=6, tokens=120, long_history=400)
+    out = res["isolated_step"]
+    assert res["isolated_schedules_equal"] is True and out["history"] == [16, 400]
+    assert 0.3 < out["senior_share"] < 0.7 and 0.1 < out["chunks_per_token"] < 0.5
+    for role in ("senior", "junior"):
+        for key in (f"isolated_sched_cpu_long_over_short_{role}", f"isolated_sched_cpu_qwen3_over_small_vocab_{role}"):
+            assert math.isfinite(res[key]) and res[key] > 0
+        for vocab in ("qwen3", "small"):
             for hist in ("short", "long"):
-                assert res[f"{vocab}_{hist}_{role}_us_per_step"] > 0
-                assert res[f"{vocab}_{hist}_{role}_rows_per_step"] >= 1
+                assert out[f"{vocab}_{hist}_{role}_us_per_step"] > 0
+                assert out[f"{vocab}_{hist}_{role}_rows_per_step"] >= 1
+
+
+@pytest.mark.parametrize("kw", [{"history": (400, 16)}, {"rows": 0}, {"tokens": 1}, {"repeats": 0}])
+def test_stepbench_refuses_impossible_settings(kw):
+    with pytest.raises(ValueError, match="stepbench needs"):
+        stepbench.measure(**kw)

@@ -30,6 +30,11 @@ that the per-step CPU can be compared; no log-prob or sync check there (the toke
 the same rollout relabelled into it (`relabel`: word starts onto word starts, so every redraw, chunk and handoff
 is the same), interleaved with the others: `small_vocab_*` and `sched_cpu_per_{row,step}_qwen3_over_small_vocab_*`
 compare the engine-core CPU across vocabulary sizes with nothing else changed but the model's output rows.
+With `compare_isolated` (qwen3 only), once the services have stopped, `stepbench.py` steps two real
+`TandemScheduler`s alone (`rows` x `short_tokens` after 16 and after `max_new_tokens - short_tokens` tokens of
+history, both table sizes, interleaved): `isolated_sched_cpu_long_over_short_*` and
+`isolated_sched_cpu_qwen3_over_small_vocab_*` are the engine-core CPU per step across history and vocabulary
+without the machine's other tenants (`isolated_step`: all its figures).
 """
 
 from __future__ import annotations
@@ -223,7 +228,8 @@ class VLLMBenchOptions:
     """What the vllm benchmark measures besides the workload: `vocab` (model: the model's tokenizer; qwen3:
     Qwen3's real vocabulary, replayed real text), the GPU and row count the prediction prices (`gpu`,
     `gpu_rows`), the short history of the qwen3 counters (`short_tokens`), the streaming-session A/B
-    (`compare_stream`) and, with qwen3, the vocabulary A/B (`compare_vocab`)."""
+    (`compare_stream`) and, with qwen3, the vocabulary A/B (`compare_vocab`) and the scheduler step in isolation
+    (`compare_isolated`: `stepbench.py`)."""
 
     vocab: str = "model"
     gpu: str = "h200"
@@ -231,6 +237,7 @@ class VLLMBenchOptions:
     short_tokens: int = 500
     compare_stream: bool = True
     compare_vocab: bool = True
+    compare_isolated: bool = True
 
 
 def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
@@ -380,8 +387,38 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
             shutil.rmtree(small[1], ignore_errors=True)
         if str(path).startswith(tempfile.gettempdir()) and path.name.startswith("tandem-bench-"):
             shutil.rmtree(path, ignore_errors=True)  # the model this benchmark built for itself
+    if replay and options.compare_isolated and short_tokens and budget - short_tokens > 16:
+        # after the services have stopped: the scheduler step alone, the history and vocabulary questions
+        # without the machine's other tenants
+        _isolated(res, launch, len(prompts), short_tokens, budget - short_tokens)
     res["seconds"] = time.perf_counter() - t_start
     return res
+
+
+def _isolated(res: dict, launch: LaunchOptions, rows: int, tokens: int, long_history: int) -> None:
+    """`stepbench.py` in vLLM's environment (`rows` x `tokens` after 16 and `long_history` tokens of history);
+    its figures under `isolated_step`, its two flatness ratios per engine (CPU per step, Qwen3's table at the
+    long history over the short one, and over the small table at the long history) as `isolated_*`."""
+    import json
+    import subprocess
+
+    from tandem.rollout.vllm.client import DEFAULT_PYTHON, REPO_ROOT
+
+    py = Path(launch.python or DEFAULT_PYTHON)
+    py = py if py.is_absolute() else REPO_ROOT / py
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    cmd = [str(py), "-m", "tandem.rollout.vllm.stepbench", "--rows", str(rows), "--tokens", str(tokens),
+           "--history", "16", str(long_history)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=3600)
+    if r.returncode != 0:
+        raise RuntimeError(f"the isolated scheduler step ({' '.join(cmd)}) failed: {r.stderr.strip()[-2000:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    res["isolated_step"] = out
+    res["isolated_schedules_equal"] = out["schedules_equal"]
+    for role in ("senior", "junior"):
+        res[f"isolated_sched_cpu_long_over_short_{role}"] = out[f"qwen3_long_over_short_{role}_step"]
+        res[f"isolated_sched_cpu_qwen3_over_small_vocab_{role}"] = out[f"qwen3_over_small_long_{role}_step"]
 
 
 def _variant(res: dict, run: tuple, prefix: str, b_t: Any) -> None:
