@@ -360,8 +360,13 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
                                              / max(st_s["engines"]["senior"]["steps"], 1))
         gpu_shape = ModelShape(**KNOWN_SHAPES["Qwen/Qwen3-4B-Instruct-2507"], source="Qwen3-4B")
         pred = predict(st_t, st_s, gpu_shape, gpu=gpu, rows=gpu_rows)
+        per_row = predict(st_t, st_s, gpu_shape, gpu=gpu, rows=gpu_rows, cpu_per_row=True)
         res.update({"predicted_gpu_tandem_over_solo": pred["predicted_gpu_tandem_over_solo"],
                     "predicted_gpu_tandem_over_solo_two_gpus": pred["predicted_gpu_tandem_over_solo_two_gpus"],
+                    # the scheduler CPU per step scaled to the predicted rows (cost.py, `cpu_per_row`)
+                    "predicted_gpu_cpu_per_row_tandem_over_solo": per_row["predicted_gpu_tandem_over_solo"],
+                    "predicted_gpu_cpu_per_row_tandem_over_solo_two_gpus":
+                        per_row["predicted_gpu_tandem_over_solo_two_gpus"],
                     "predicted_gpu": {k: v for k, v in pred.items() if not k.startswith("predicted")},
                     "service_stats": {"tandem": st_t, "solo": st_s}})
         for name, prefix, keys in (("tandem_single", "single_", ("", "_two_gpus")),

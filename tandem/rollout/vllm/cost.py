@@ -13,7 +13,10 @@ the frontend spend. Decoding is memory-bound, so each step of an engine costs (a
 with the shape of the target model from `tandem/plan.py` (Qwen3-4B by default) and the GPU's bandwidth BW
 and dense bf16 throughput P (`GPUS`: achieved, not peak figures). The counts are scaled from the measured
 rows to `rows` (per-step rows, contexts and computed tokens scale; the number of steps does not: every row
-runs concurrently).
+runs concurrently). The scheduler CPU per step is the measured one, at the measured rows per step; with
+`cpu_per_row` it scales with the rows too, at this machine's CPU speed (the scheduler's work is per scheduled
+row: `stepbench.py`), which prices a GPU host's CPU no faster than the measuring one, and solo's CPU as
+exposed as tandem's (a custom scheduler turns vLLM's asynchronous scheduling off for both).
 
 - One GPU for both engines: the two engines' kernels share the GPU, so their memory and compute times add,
   while one engine's per-step CPU gap hides behind the other's kernels: T = sum over both engines' steps of
@@ -44,28 +47,33 @@ GPUS = {
 }
 
 
-def engine_time(c: dict, shape, gpu: GPU, scale: float, rows_split: float = 1.0) -> tuple[float, float]:
+def engine_time(c: dict, shape, gpu: GPU, scale: float, rows_split: float = 1.0,
+                cpu_per_row: bool = False) -> tuple[float, float]:
     """(GPU seconds excluding the per-step gap, per-step gap seconds) of one engine's counted rollout.
 
     Uses the step-level means: the counts are sums over steps, and both terms of the roofline are linear in
-    them, so the mean step is priced (a step of twice the context reads twice the KV)."""
+    them, so the mean step is priced (a step of twice the context reads twice the KV). The scheduler CPU per
+    step is taken as measured (`cpu_per_row` False) or scaled with the step's rows like the other per-step
+    counts (True: the scheduler's work is per scheduled row, `stepbench.py`), at this machine's CPU speed."""
     steps = c.get("steps", 0.0)
     if not steps:
         return 0.0, 0.0
+    k = scale / rows_split
     W = shape.n_params * 2 / gpu.bandwidth
-    ctx = c.get("context_tokens", 0.0) * scale / rows_split / steps
-    comp = c.get("computed_tokens", 0.0) * scale / rows_split / steps
+    ctx = c.get("context_tokens", 0.0) * k / steps
+    comp = c.get("computed_tokens", 0.0) * k / steps
     K = ctx * shape.kv_bytes_per_token(2) / gpu.bandwidth
     C = 2 * shape.n_params * comp / gpu.flops
-    gap = gpu.launch_gap + c.get("sched_cpu_seconds", 0.0) / steps
+    gap = gpu.launch_gap + c.get("sched_cpu_seconds", 0.0) / steps * (k if cpu_per_row else 1.0)
     return steps * max(W + K, C), steps * gap
 
 
-def predict(tandem: dict, solo: dict, shape, gpu: str = "h200", rows: int = 128) -> dict:
+def predict(tandem: dict, solo: dict, shape, gpu: str = "h200", rows: int = 128, cpu_per_row: bool = False) -> dict:
     """Predicted tandem/solo throughput ratios on one GPU and on one GPU per engine, with the terms.
 
     `tandem` / `solo`: the service stats of one rollout each ({"engines": {"senior": counts, "junior": ...},
-    "kept", "rows", "frontend_cpu_seconds"}).
+    "kept", "rows", "frontend_cpu_seconds"}); `cpu_per_row`: the scheduler CPU per step scaled to `rows` with the
+    other per-step counts (`engine_time`).
     """
     g = GPUS[gpu]
     ts, tj, ss = tandem["engines"]["senior"], tandem["engines"]["junior"], solo["engines"]["senior"]
@@ -73,14 +81,15 @@ def predict(tandem: dict, solo: dict, shape, gpu: str = "h200", rows: int = 128)
     k_s = rows / max(solo["rows"], 1)
     front_t = tandem.get("frontend_cpu_seconds", 0.0) * k_t
     front_s = solo.get("frontend_cpu_seconds", 0.0) * k_s
-    a_s, f_s = engine_time(ts, shape, g, k_t)
-    a_j, f_j = engine_time(tj, shape, g, k_t)
-    a_solo, f_solo = engine_time(ss, shape, g, k_s)
+    a_s, f_s = engine_time(ts, shape, g, k_t, cpu_per_row=cpu_per_row)
+    a_j, f_j = engine_time(tj, shape, g, k_t, cpu_per_row=cpu_per_row)
+    a_solo, f_solo = engine_time(ss, shape, g, k_s, cpu_per_row=cpu_per_row)
     T_solo = max(a_solo + f_solo, front_s)
     gap_1 = max(f_s, f_j)
     T_1 = max(a_s + a_j + gap_1, front_t)
     T_2 = max(a_s + f_s, a_j + f_j, front_t)
-    a_solo2, f_solo2 = engine_time(ss, shape, g, k_s, rows_split=2.0)  # solo, data parallel 2: half the rows
+    # solo, data parallel 2: half the rows
+    a_solo2, f_solo2 = engine_time(ss, shape, g, k_s, rows_split=2.0, cpu_per_row=cpu_per_row)
     T_solo2 = max(a_solo2 + f_solo2, front_s / 2)
     tok_t, tok_s = tandem["kept"] * k_t, solo["kept"] * k_s
     gpu_1 = (tok_t / (a_s + a_j + gap_1)) / (tok_s / (a_solo + f_solo))  # the GPU work alone, no frontend floor
