@@ -2,8 +2,8 @@
 qwen3` runs it (`bench._isolated`: vLLM's environment, a subprocess): two real `TandemScheduler`s stepped as a
 tandem rollout's engine cores. Every chunk the stop rule ends must be where the frontend's schedule switches
 authors and every row must end at its budget (the harness raises otherwise), the four cases (two vocabulary
-sizes x two history lengths) must run the same schedule token by token, and the figures must be there and
-finite. Impossible settings are refused before vLLM is imported."""
+sizes x two history lengths) must run the same schedule token by token, paused sessions must wait outside
+vLLM's waiting queue, and the figures must be there and finite. Impossible settings are refused before vLLM is imported."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def test_isolated_step_runs_one_schedule_in_every_case():
     out = res["isolated_step"]
     assert res["isolated_schedules_equal"] is True and out["history"] == [16, 400]
     assert 0.3 < out["senior_share"] < 0.7 and 0.1 < out["chunks_per_token"] < 0.5
+    # paused sessions wait outside vLLM's waiting queue (sched.TandemScheduler's parking), and there were some
+    assert out["parked_max"] > 0 and out["parked_in_waiting_queue_max"] == 0
     for role in ("senior", "junior"):
         for key in (f"isolated_sched_cpu_long_over_short_{role}", f"isolated_sched_cpu_qwen3_over_small_vocab_{role}"):
             assert math.isfinite(res[key]) and res[key] > 0

@@ -21,10 +21,14 @@ emits one merged output when the chunk stops: all its tokens, the sampled log-pr
 finish and stop reason of its last step, and two `events` whose timestamps are the engine-core times of the
 chunk's first and last token (`time.perf_counter`, CLOCK_MONOTONIC on Linux: the frontend's clock too), so the
 frontend still measures handoff latency at token resolution. An aborted request's held outputs are dropped.
+
+Paused sessions wait outside vLLM's waiting queue (`_parked`; see `_enqueue_waiting_request`), so a step does not
+walk every row that waits for its partner.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -112,6 +116,8 @@ class TandemScheduler(Scheduler):
         self._rows = 0
         self._hold: set[str] = set()  # requests whose chunks are emitted once, at their end
         self._held: dict[str, tuple[float, list]] = {}  # request -> (time of its chunk's first token, outputs)
+        self._parked: dict[str, object] = {}  # paused tandem sessions, outside the waiting queue (see below)
+        self._park = os.environ.get("TANDEM_VLLM_PARK", "1") != "0"
 
     # -- counters around a step --------------------------------------------------------------------
     def schedule(self, *args, **kwargs):
@@ -204,15 +210,45 @@ class TandemScheduler(Scheduler):
         for req in done:  # aborted (a closed session, a cancelled row): its held tokens go nowhere
             self._hold.discard(req.request_id)
             self._held.pop(req.request_id, None)
+            self._parked.pop(req.request_id, None)
         return done
 
     def add_request(self, request):
         c = time.thread_time()
+        parked = self._parked.pop(request.request_id, None) if self._park else None
         super().add_request(request)
+        if parked is not None:
+            if parked.status == RequestStatus.WAITING:  # this chunk resumed it: queued as vLLM queues a request
+                super()._enqueue_waiting_request(parked)
+            elif parked.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+                self._parked[parked.request_id] = parked
         sp = request.sampling_params
         if request.resumable and tandem_args(sp) is not None:
             self.tandem_counters.put("chunks", 1)  # a session's chunk (its closing request is not resumable)
         self.tandem_counters.put("add_cpu_seconds", time.thread_time() - c)
+
+    # -- parked sessions out of the waiting queue -------------------------------------------------------
+    # vLLM 0.32 keeps a paused streaming session (WAITING_FOR_STREAMING_REQ) in its waiting queue, and every
+    # step's scheduling loop peeks, skips and re-queues each one: O(parked sessions) per step, and in a tandem
+    # rollout about half of all rows are parked on each engine (waiting for the partner). A tandem session is
+    # parked in `_parked` instead and queued again when its next chunk resumes it; the counts vLLM derives
+    # from its queues include the parked sessions as before. TANDEM_VLLM_PARK=0 leaves vLLM's queueing alone.
+    def _enqueue_waiting_request(self, request):
+        if self._park and request.status == RequestStatus.WAITING_FOR_STREAMING_REQ \
+                and tandem_args(request.sampling_params) is not None:
+            self._parked[request.request_id] = request
+            return
+        super()._enqueue_waiting_request(request)
+
+    def get_request_counts(self):
+        running, waiting = super().get_request_counts()
+        return running, waiting + len(self._parked)
+
+    def get_num_unfinished_requests(self):
+        n = super().get_num_unfinished_requests()
+        if getattr(getattr(self, "_pause_state", None), "name", "") == "PAUSED_NEW":
+            n += len(self._parked)  # that count reads the KV-holding queue alone, where they would be
+        return n
 
     # -- the stop rule -----------------------------------------------------------------------------
     def _update_request_with_output(self, request, new_token_ids, is_stale=False):

@@ -115,6 +115,7 @@ class Rollout:
         self.add_cpu = {0: 0.0, 1: 0.0}
         self.chunks = {0: 0, 1: 0}
         self.done = 0
+        self.parked_max = self.queued_parked_max = 0
         for b in range(len(pattern)):
             self.pending.append((b, self.state[b].author))
 
@@ -186,6 +187,16 @@ class Rollout:
                 for o in client_out.outputs:
                     if o.finish_reason is not None:
                         self._chunk_done(o, role)
+            self._count_parked(s)
+
+    def _count_parked(self, s) -> None:
+        """Paused sessions, and how many of them sit in vLLM's waiting queues (none: `sched`'s parking)."""
+        from vllm.v1.request import RequestStatus
+
+        paused = RequestStatus.WAITING_FOR_STREAMING_REQ
+        queued = sum(r.status == paused for q in (s.waiting, s.kv_holding_waiting) for r in q)
+        self.parked_max = max(self.parked_max, s.num_waiting_for_streaming_input)
+        self.queued_parked_max = max(self.queued_parked_max, queued)
 
     def _chunk_done(self, o, role: int) -> None:
         from tandem.rollout.vllm.turns import STOP_SWITCH
@@ -259,6 +270,7 @@ def measure(rows: int = 32, tokens: int = 500, history: tuple[int, int] = (16, 2
     best: dict = {}
     owners: dict = {}
     chunks: dict = {}
+    parked = [0, 0]  # most paused sessions on one engine at once; most of them in vLLM's waiting queues
     try:
         dirs = {V: _model_dir(root, V) for V in vocab}
         for rep in range(repeats):
@@ -273,6 +285,8 @@ def measure(rows: int = 32, tokens: int = 500, history: tuple[int, int] = (16, 2
             for c in cases:
                 ros[c].check()
                 owners[c], chunks[c] = ros[c].owner, ros[c].chunks
+                parked[0] = max(parked[0], ros[c].parked_max)
+                parked[1] = max(parked[1], ros[c].queued_parked_max)
                 for name, v in _measure(ros[c]).items():
                     k = (c, name)
                     if k not in best or v["us_per_step"] < best[k]["us_per_step"]:
@@ -281,7 +295,9 @@ def measure(rows: int = 32, tokens: int = 500, history: tuple[int, int] = (16, 2
                   f"{sum(ros[cases[0]].chunks.values())} chunks per rollout", file=sys.stderr)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return _figures(best, owners, chunks, cases, (rows, tokens, tuple(history), tuple(vocab), repeats, block_size))
+    res = _figures(best, owners, chunks, cases, (rows, tokens, tuple(history), tuple(vocab), repeats, block_size))
+    res["parked_max"], res["parked_in_waiting_queue_max"] = parked
+    return res
 
 
 def _figures(best: dict, owners: dict, chunks: dict, cases: list, run: tuple) -> dict:
