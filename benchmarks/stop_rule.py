@@ -1,6 +1,7 @@
 """The vLLM engine core's stop rule in isolation: `TandemScheduler._update_request_with_output` per sampled token on
-real vLLM `Request`s and real `TandemScheduler`s (built as `tandem/rollout/vllm/stepbench.py` builds them), Qwen3's vocabulary size
-against a small one, interleaved in one process.
+real vLLM `Request`s and real `TandemScheduler`s (built, with their token tables, as
+`tandem/rollout/vllm/stepbench.py` builds them), Qwen3's vocabulary size against a small one, interleaved in one
+process.
 
 What it measures: the scheduler's per-token work for a tandem chunk (vLLM's own `append_output_token_ids` with
 the prefix-cache block hasher and `check_stop`, then the word schedule's byte-table lookup and, at a word start,
@@ -25,15 +26,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-WORD_SHARE = 53021 / 151936
-
-
-def _tables(V: int, seed: int, root: str) -> str:
-    rng = random.Random(seed)
-    path = str(Path(root, f"tables-{V}"))
-    Path(path).write_bytes(bytes(int(rng.random() < WORD_SHARE) for _ in range(V)) + bytes(4 * V))
-    return path
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -54,11 +46,11 @@ def main() -> None:
     init_none_hash(sha256_cbor)
     hasher = get_request_block_hasher(32, sha256_cbor)
 
-    from tandem.rollout.vllm.stepbench import _model_dir, _scheduler
+    from tandem.rollout.vllm.stepbench import _model_dir, _scheduler, _tables
 
     root = tempfile.mkdtemp(prefix="tandem-stop-rule-")
     scheds = {V: _scheduler(_model_dir(root, V), a.rows, a.tokens + 1000, 32) for V in a.vocab}  # real ones
-    tables = {V: _tables(V, V, root) for V in a.vocab}
+    tables = {V: _tables(V, V, root)[0] for V in a.vocab}
 
     def args(V: int, row: int) -> dict:
         return {"kind": "word", "role": 1, "row": row, "seed": 7, "p": 1.0, "gap_cap": 32, "rounds_cap": 150,

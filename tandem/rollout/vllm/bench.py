@@ -407,10 +407,9 @@ def _isolated(res: dict, launch: LaunchOptions, rows: int, tokens: int, long_his
     import json
     import subprocess
 
-    from tandem.rollout.vllm.client import DEFAULT_PYTHON, REPO_ROOT
+    from tandem.rollout.vllm.client import REPO_ROOT
 
-    py = Path(launch.python or DEFAULT_PYTHON)
-    py = py if py.is_absolute() else REPO_ROOT / py
+    py = launch.vllm_python()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
     env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
     cmd = [str(py), "-m", "tandem.rollout.vllm.stepbench", "--rows", str(rows), "--tokens", str(tokens),

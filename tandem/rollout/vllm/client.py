@@ -102,6 +102,16 @@ class LaunchOptions:
         return cls(python=rollout.vllm_python, host=rollout.vllm_host, port=rollout.vllm_port, knobs=knobs,
                    cpu_kv_cache_gb=rollout.vllm_cpu_kv_cache_gb, start_timeout=rollout.vllm_start_timeout)
 
+    def vllm_python(self) -> Path:
+        """vLLM's Python (`python`, else `.venv-vllm`; relative paths from the repository root); a clear error
+        when it is missing."""
+        py = Path(self.python or DEFAULT_PYTHON)
+        py = py if py.is_absolute() else REPO_ROOT / py
+        if not py.exists():
+            raise FileNotFoundError(f"vllm backend: no Python at {py}; create vLLM's environment with "
+                                    f"`make vllm-env` (or set rollout.vllm_python)")
+        return py
+
 
 class VLLMService:
     """A running rollout service: its URL and token and, when this process started it, its process."""
@@ -123,11 +133,7 @@ class VLLMService:
         """Start the service from vLLM's environment and wait until its engines answer /health; it may load
         weights only under `roots`; `options` (a `LaunchOptions`) say how it is started."""
         o = options if options is not None else LaunchOptions()
-        py = Path(o.python or DEFAULT_PYTHON)
-        py = py if py.is_absolute() else REPO_ROOT / py
-        if not py.exists():
-            raise FileNotFoundError(f"vllm backend: no Python at {py}; create vLLM's environment with "
-                                    f"`make vllm-env` (or set rollout.vllm_python)")
+        py = o.vllm_python()
         host, port = o.host, o.port or free_port(o.host)
         run_dir = Path(tempfile.mkdtemp(prefix="tandem-vllm-"))
         log = Path(o.log_path) if o.log_path else run_dir / "service.log"

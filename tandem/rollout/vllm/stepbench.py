@@ -110,8 +110,8 @@ class Rollout:
         self.opened = [set() for _ in pattern]
         self.unopened = 2 * len(pattern)  # sessions not opened yet: steps before all are open carry prefills
         self.pending: list[tuple[int, int]] = []  # (row, role) chunks to send before the next step
-        self.log: list[tuple] = []
-        self.warm = self._prefilled = False  # per step: role, thread CPU, rows, mean history
+        self.log: list[tuple] = []  # per measured step: role, thread CPU, rows
+        self.warm = self._prefilled = False
         self.add_cpu = {0: 0.0, 1: 0.0}
         self.chunks = {0: 0, 1: 0}
         self.done = 0
@@ -125,8 +125,7 @@ class Rollout:
 
         from tandem.rollout.vllm.turns import chunk_args, session_seed
 
-        hist = self.tokens[b][:self.prompt + self.comp[b]]
-        toks = hist[self.seen[b][role]:]
+        toks = self.tokens[b][self.seen[b][role]:self.prompt + self.comp[b]]  # what the row's session there lacks
         t0 = self.comp[b]
         a = {**chunk_args(self.state[b], role, t0, self.budget, self.path), "hold": True}
         sp = SamplingParams(temperature=1.0, seed=session_seed(self.seed, b, role), max_tokens=max(1, self.budget - t0),
@@ -174,15 +173,14 @@ class Rollout:
                                     np.zeros(n, dtype=np.int64), None)
             mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                     sampled_token_ids=sampled, logprobs=lps)
-            ctx = sum(s.requests[r].num_computed_tokens for r in ids) / max(len(ids), 1)
-            outs[role] = (so, mro, cpu, len(ids), ctx)
-        for role, (so, mro, cpu, rows, ctx) in outs.items():
+            outs[role] = (so, mro, cpu, len(ids))
+        for role, (so, mro, cpu, rows) in outs.items():
             s = self.scheds[role]
             c = time.thread_time()
             eco = s.update_from_output(so, mro)
             cpu += time.thread_time() - c
             if rows and self.warm:
-                self.log.append((role, cpu, rows, ctx))
+                self.log.append((role, cpu, rows))
             for client_out in eco.values():
                 for o in client_out.outputs:
                     if o.finish_reason is not None:
@@ -199,6 +197,8 @@ class Rollout:
         self.queued_parked_max = max(self.queued_parked_max, queued)
 
     def _chunk_done(self, o, role: int) -> None:
+        from vllm.v1.request import RequestStatus
+
         from tandem.rollout.vllm.turns import STOP_SWITCH
 
         b = int(o.request_id[1:].split("-")[0])
@@ -219,7 +219,6 @@ class Rollout:
             self.done += 1
             for r, s in self.scheds.items():
                 if f"r{b}-{r}" in s.requests:
-                    from vllm.v1.request import RequestStatus
                     s.finish_requests(f"r{b}-{r}", RequestStatus.FINISHED_ABORTED)
 
     def finished(self) -> bool:
@@ -246,7 +245,7 @@ def _model_dir(root: str, V: int) -> str:
 def _measure(ro: Rollout) -> dict:
     out = {}
     for role, name in ((1, "senior"), (0, "junior")):
-        sel = [(cpu, rows) for r, cpu, rows, _ in ro.log if r == role]
+        sel = [(cpu, rows) for r, cpu, rows in ro.log if r == role]
         cpu = sum(c for c, _ in sel)
         out[name] = {"us_per_step": 1e6 * cpu / max(len(sel), 1),
                      "us_per_row": 1e6 * cpu / max(sum(r for _, r in sel), 1),
