@@ -302,7 +302,9 @@ def test_a_killed_rank_or_launcher_is_one_line(base_src, tmp_path, victim):
     out, err = stage.communicate(timeout=120)
     assert stage.returncode == 1, err[-3000:]
     assert "Traceback" not in out + err, err[-3000:]
-    (line,) = [ln for ln in err.splitlines() if ln.startswith("stage train failed:")]
+    lines = [ln for ln in err.splitlines() if ln.startswith("stage train failed:")]
+    assert len(lines) == 1, err[-3000:]
+    (line,) = lines
     who = "rank 1" if victim == "1" else "the launcher (accelerate launch"
     assert f"{who}" in line and f"pid {target}" in line and "killed by SIGKILL" in line, line
     assert "rerun the stage: training resumes from the last complete checkpoint" in line

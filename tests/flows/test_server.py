@@ -55,6 +55,29 @@ def _ignore(directory: str, names: list[str]) -> set[str]:
     return out
 
 
+def _flow_runs_below(pid: int) -> list[int]:
+    """The flow-run processes (`python -m prefect.engine`) a worker started and that still run (Linux /proc)."""
+    from train_fixtures import descendants
+
+    out = []
+    for p in descendants(pid):
+        try:
+            if b"prefect.engine" in Path(f"/proc/{p}/cmdline").read_bytes():
+                out.append(p)
+        except OSError:
+            continue
+    return out
+
+
+def _let_flow_runs_exit(worker: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait until the worker's flow-run processes have exited. A flow run reports its final state before its
+    process ships its last log batch; stopping the worker's process group at once would kill it mid-flush
+    (a loaded machine widens that window) and lose the run's last log lines."""
+    deadline = time.monotonic() + timeout
+    while worker.poll() is None and _flow_runs_below(worker.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def _stop(proc: subprocess.Popen, timeout: float = 60) -> None:
     """SIGTERM the process group we created, wait, SIGKILL what is left."""
     if proc.poll() is not None:
@@ -205,6 +228,7 @@ def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api)
                 assert time.monotonic() < deadline, f"{deployment}: not finished in 600 s ({state['type']})"
                 time.sleep(3)
         finally:
+            _let_flow_runs_exit(worker)
             _stop(worker)
         assert state["type"] == "COMPLETED", f"{deployment}: {state}\n{log.read_text()[-6000:]}"
         assert not any(workdir.iterdir()), "the worker keeps nothing in its directory"
