@@ -135,7 +135,8 @@ keys = ("vocab", "rows", "max_new_tokens", "tandem_over_solo", "stream_tandem_ov
         "predicted_gpu_tandem_over_solo", "chunks_per_token", "computed_per_token", "handoff_latency_steps_p50",
         "handoff_latency_steps_p90", "idle_row_step_fraction", "logprob_max_abs_diff", "weights_synced",
         "isolated_sched_cpu_long_over_short_senior", "isolated_sched_cpu_long_over_short_junior",
-        "isolated_sched_cpu_qwen3_over_small_vocab_senior", "isolated_sched_cpu_qwen3_over_small_vocab_junior")
+        "isolated_sched_cpu_qwen3_over_small_vocab_senior", "isolated_sched_cpu_qwen3_over_small_vocab_junior",
+        "isolated_sched_cpu_per_row_tandem_over_solo_senior", "isolated_sched_cpu_per_row_tandem_over_solo_junior")
 print(json.dumps({"check": "vllm bench summary", **{k: r.get(k) for k in keys}}))'; }
 "$PY" -m cli bench rollout --backend vllm --json "${model_arg[@]}" > /tmp/gpu-check-bench-vllm.json \
   || fail "tandem bench rollout --backend vllm"

@@ -194,6 +194,38 @@ def test_chunk_rule_resumes_the_schedule_state_across_chunks():
     assert got == [s for s in switches if s < 149]
 
 
+@pytest.mark.parametrize("kind", ["word", "token", "step", "solo", "junior"])
+def test_chunk_rule_stops_where_the_row_schedule_switches(kind):
+    """The rule's flat path (word and token schedules) and its `RowSchedule` path stop every chunk where a naive
+    walk of one `RowSchedule` first changes author (or completes the last round), over random tokens, gap caps,
+    probabilities and budgets, and report the budget's end as "length"."""
+    from tandem.rollout.vllm.turns import STOP_ROUNDS, STOP_SWITCH, chunk_args
+
+    rng = random.Random(hash(kind) & 0xFFFF)
+    for trial in range(60):
+        cap, p, budget = rng.choice([1, 2, 3, 32]), rng.choice([0.0, 0.3, 0.5, 1.0]), rng.randrange(1, 120)
+        seed, row = rng.randrange(1 << 40), rng.randrange(1 << 33)
+        tokens = [rng.randrange(len(TEXTS)) for _ in range(budget)]
+        st = RowSchedule(kind, TABLES, seed, row, p, max_gap_tokens=cap, max_rounds=rng.choice([2, 150]))
+        t = 0
+        while t < budget:
+            role = st.author
+            rule = ChunkRule(chunk_args(st, role, t, budget, "x"), LOOKUP)
+            i = 0
+            while True:
+                rounds = st.advance(tokens[t + i], t + i)
+                want = ("length" if t + i + 1 >= budget else STOP_ROUNDS if rounds
+                        else STOP_SWITCH if st.author != role else None)
+                got = rule.step(tokens[t + i], i)
+                assert got == want, (kind, trial, t, i)
+                if got is not None:
+                    break
+                i += 1
+            t += i + 1
+            if got == STOP_ROUNDS:
+                break
+
+
 def test_session_seeds_are_deterministic_and_spread():
     seeds = {session_seed(1, r, m) for r in range(50) for m in (0, 1)}
     assert len(seeds) == 100 and all(0 <= s < 2**31 for s in seeds)

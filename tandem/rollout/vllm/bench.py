@@ -34,7 +34,8 @@ With `compare_isolated` (qwen3 only), once the services have stopped, `stepbench
 `TandemScheduler`s alone (`rows` x `short_tokens` after 16 and after `max_new_tokens - short_tokens` tokens of
 history, both table sizes, interleaved): `isolated_sched_cpu_long_over_short_*` and
 `isolated_sched_cpu_qwen3_over_small_vocab_*` are the engine-core CPU per step across history and vocabulary
-without the machine's other tenants (`isolated_step`: all its figures).
+without the machine's other tenants, `isolated_sched_cpu_per_row_tandem_over_solo_*` the CPU per scheduled row
+against a solo decode on the same scheduler (`isolated_step`: all its figures).
 """
 
 from __future__ import annotations
@@ -403,7 +404,8 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
 def _isolated(res: dict, launch: LaunchOptions, rows: int, tokens: int, long_history: int) -> None:
     """`stepbench.py` in vLLM's environment (`rows` x `tokens` after 16 and `long_history` tokens of history);
     its figures under `isolated_step`, its two flatness ratios per engine (CPU per step, Qwen3's table at the
-    long history over the short one, and over the small table at the long history) as `isolated_*`."""
+    long history over the short one, and over the small table at the long history) and its CPU per scheduled row
+    over solo's (the same scheduler, plain requests) as `isolated_*`."""
     import json
     import subprocess
 
@@ -423,6 +425,8 @@ def _isolated(res: dict, launch: LaunchOptions, rows: int, tokens: int, long_his
     for role in ("senior", "junior"):
         res[f"isolated_sched_cpu_long_over_short_{role}"] = out[f"qwen3_long_over_short_{role}_step"]
         res[f"isolated_sched_cpu_qwen3_over_small_vocab_{role}"] = out[f"qwen3_over_small_long_{role}_step"]
+        # per scheduled row against solo's at about the same rows per step: the cost of the chunks themselves
+        res[f"isolated_sched_cpu_per_row_tandem_over_solo_{role}"] = out[f"qwen3_long_{role}_over_solo_row"]
 
 
 def _variant(res: dict, run: tuple, prefix: str, b_t: Any) -> None:

@@ -56,6 +56,8 @@ FIELDS = ("steps", "busy_seconds", "sched_cpu_seconds", "computed_tokens", "gene
 # steps binned by the mean KV context of their rows (< 1,000, 1,000-2,000, >= 2,000 tokens): the scheduler CPU
 # per step and per scheduled row at short and long histories, compared inside one rollout
 CONTEXT_BINS = (1000, 2000)
+_I = {k: j for j, k in enumerate(FIELDS)}  # a counter's slot in `Counters.pending` (the per-token path indexes it)
+_I_GEN, _I_RULED, _I_RULE_CPU = _I["generated_tokens"], _I["rule_tokens"], _I["rule_cpu_seconds"]
 _TABLES: dict[str, LookupTables] = {}
 
 
@@ -74,13 +76,13 @@ class Counters:
     """Cumulative counters in a shared file (or in memory when no file is named).
 
     `add` accumulates in a Python list and `flush` writes the list once per engine step: a scalar add to the
-    shared numpy array costs ~0.8 us, and the stop rule counts every sampled token (`put` writes at once, for
-    what happens between steps)."""
+    shared numpy array costs ~0.8 us, and the stop rule counts every sampled token (it adds to `pending` by
+    index). Chunk adds between steps are written with the next step."""
 
     def __init__(self, path: str | None):
         import numpy as np
 
-        self.i = {k: j for j, k in enumerate(FIELDS)}
+        self.i = _I
         if path:
             self.a = np.memmap(path, dtype=np.float64, mode="r+", shape=(len(FIELDS),))
         else:
@@ -93,9 +95,6 @@ class Counters:
     def flush(self) -> None:
         self.a += self.pending
         self.pending = [0.0] * len(self.pending)
-
-    def put(self, key: str, v: float) -> None:
-        self.a[self.i[key]] += v
 
     def max(self, key: str, v: float) -> None:
         j = self.i[key]
@@ -224,8 +223,10 @@ class TandemScheduler(Scheduler):
                 self._parked[parked.request_id] = parked
         sp = request.sampling_params
         if request.resumable and tandem_args(sp) is not None:
-            self.tandem_counters.put("chunks", 1)  # a session's chunk (its closing request is not resumable)
-        self.tandem_counters.put("add_cpu_seconds", time.thread_time() - c)
+            self.tandem_counters.add("chunks", 1)  # a session's chunk (its closing request is not resumable)
+        # written with the next step's counters: every chunk is scheduled, so its step follows (only a streaming
+        # session's closing request, counted in no chunk, may fall to the next rollout's figures)
+        self.tandem_counters.add("add_cpu_seconds", time.thread_time() - c)
 
     # -- parked sessions out of the waiting queue -------------------------------------------------------
     # vLLM 0.32 keeps a paused streaming session (WAITING_FOR_STREAMING_REQ) in its waiting queue, and every
@@ -252,45 +253,47 @@ class TandemScheduler(Scheduler):
 
     # -- the stop rule -----------------------------------------------------------------------------
     def _update_request_with_output(self, request, new_token_ids, is_stale=False):
+        # once per scheduled row and step: the chunk's rule is cached on the request with the sampling
+        # parameters it was built from (a new chunk brings new ones), so a decode step costs one getattr
         sp = request.sampling_params
-        args = tandem_args(sp)
-        if args is None:
-            return super()._update_request_with_output(request, new_token_ids, is_stale)
-        # wall clock, not thread CPU: a call is a few microseconds (a preemption inside one is rare), and
-        # time.thread_time is a system call of ~1 us, twice per row and step
-        c = time.perf_counter()
         rule = getattr(request, "_tandem_rule", None)
-        if rule is None or rule[0] is not sp:  # a new chunk: its sampling parameters replaced the last ones
-            rule = (sp, ChunkRule(args, load_tables(args["tables"])))
-            request._tandem_rule = rule
+        if rule is None or rule[0] is not sp:
+            args = tandem_args(sp)
+            if args is None:
+                return super()._update_request_with_output(request, new_token_ids, is_stale)
+            rule = request._tandem_rule = (sp, ChunkRule(args, load_tables(args["tables"])))
             request.stop_reason = None  # the last chunk's "tandem_switch" must not label this chunk's EOS
             if args.get("hold"):
                 self._hold.add(request.request_id)
-        k = self.tandem_counters
+        # wall clock, not thread CPU: a call is a few microseconds (a preemption inside one is rare), and
+        # time.thread_time is a system call of ~1 us, twice per row and step
+        c = time.perf_counter()
+        step = rule[1].step
+        pend = self.tandem_counters.pending
         stopped = False
         n = ruled = 0
-        for num_new, tok in enumerate(new_token_ids, 1):
+        for tok in new_token_ids:
             request.append_output_token_ids(tok)
             n += 1
             stopped = check_stop(request, self.max_model_len)
             if not stopped:
-                why = rule[1].step(int(tok), request.num_output_tokens - 1)
+                why = step(int(tok), request.num_output_tokens - 1)
                 ruled += 1
-                if why == "length":
-                    request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-                    k.add("length_stops", 1)
+                if why is not None:
                     stopped = True
-                elif why is not None:
-                    request.status = RequestStatus.FINISHED_STOPPED
-                    request.stop_reason = why
-                    k.add("switch_stops" if why == STOP_SWITCH else "rounds_stops", 1)
-                    stopped = True
+                    if why == "length":
+                        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                        pend[_I["length_stops"]] += 1
+                    else:
+                        request.status = RequestStatus.FINISHED_STOPPED
+                        request.stop_reason = why
+                        pend[_I["switch_stops" if why == STOP_SWITCH else "rounds_stops"]] += 1
             if stopped:
-                del new_token_ids[num_new:]
+                del new_token_ids[n:]
                 break
-        k.add("generated_tokens", n)
-        k.add("rule_tokens", ruled)
-        k.add("rule_cpu_seconds", time.perf_counter() - c)
+        pend[_I_GEN] += n
+        pend[_I_RULED] += ruled
+        pend[_I_RULE_CPU] += time.perf_counter() - c
         return new_token_ids, stopped
 
 

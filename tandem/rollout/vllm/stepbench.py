@@ -20,9 +20,14 @@ prefills the whole history) until the first row ends, plus the chunk adds (`add_
 `repeats`. Nothing else shares the process (no workers, no frontend, no second service), so a growth here is
 the scheduler's own.
 
+A solo reference takes its turns too (`SoloRollout`, one per history): the same scheduler class with plain
+requests (vLLM's own per-token path, no chunks), half the rows (a tandem engine schedules about half of them per
+step), decoding the Qwen3 case's streams to the budget.
+
 `measure()` returns one flat dict: per case and engine the CPU per step and per row, their ratios
-(`<vocab>_long_over_short_<role>_<step|row>`, target within 10%) and the vocabulary ratios
-(`qwen3_over_small_<history>_<role>_<step|row>`). Run in vLLM's environment: `python -m
+(`<vocab>_long_over_short_<role>_<step|row>`, target within 10%), the vocabulary ratios
+(`qwen3_over_small_<history>_<role>_<step|row>`) and the CPU per scheduled row over solo's
+(`qwen3_<history>_<role>_over_solo_row`: what the chunks themselves cost, per row). Run in vLLM's environment: `python -m
 tandem.rollout.vllm.stepbench` or `benchmarks/sched_step.py` (the same options); `tandem bench rollout --backend
 vllm --vocab qwen3` runs it beside the service (`isolated_*`).
 """
@@ -230,6 +235,68 @@ class Rollout:
             raise RuntimeError(f"rows ended at {sorted(set(self.comp))} tokens, not the budget {self.budget}")
 
 
+class SoloRollout:
+    """The solo reference on the same scheduler class: each row one plain request (no tandem arguments, so
+    vLLM's own per-token path), decoding its completion of the same token stream to the budget on one engine
+    with a log-prob row per token (the senior's sampling parameters). Measured over its decode steps, until
+    the rows end."""
+
+    def __init__(self, model_dir: str, tokens: list[list[int]], prompt: int, budget: int, seed: int, block: int):
+        from vllm import SamplingParams
+        from vllm.utils.hashing import sha256_cbor
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.request import Request
+
+        init_none_hash(sha256_cbor)
+        hasher = get_request_block_hasher(block, sha256_cbor)
+        self.tokens, self.prompt, self.budget = tokens, prompt, budget
+        self.sched = _scheduler(model_dir, len(tokens), prompt + budget + 64, block)
+        for b, row in enumerate(tokens):
+            sp = SamplingParams(temperature=1.0, seed=seed + b, max_tokens=budget, logprobs=0, ignore_eos=True,
+                                detokenize=False)
+            self.sched.add_request(Request(f"s{b}", list(row[:prompt]), sp, None, block_hasher=hasher))
+        self.log: list[tuple] = []
+        self.comp = [0] * len(tokens)
+
+    def step(self) -> None:
+        import numpy as np
+        from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
+
+        s = self.sched
+        c = time.thread_time()
+        so = s.schedule()
+        cpu = time.thread_time() - c
+        ids = list(so.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            req = s.requests[rid]
+            b = int(rid[1:])
+            sampled.append([] if req.num_computed_tokens < req.num_tokens else [self.tokens[b][req.num_tokens]])
+        n = sum(map(len, sampled))
+        lps = LogprobsLists(np.zeros((n, 1), dtype=np.int64), np.full((n, 1), -1.0, dtype=np.float32),
+                            np.zeros(n, dtype=np.int64), None) if n else None
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=sampled, logprobs=lps)
+        c = time.thread_time()
+        eco = s.update_from_output(so, mro)
+        cpu += time.thread_time() - c
+        ended = False
+        for client_out in eco.values():
+            for o in client_out.outputs:
+                self.comp[int(o.request_id[1:])] += len(o.new_token_ids)
+                ended = ended or o.finish_reason is not None
+        # decode steps only (the prefill of a long history takes several steps at the token budget)
+        if ids and so.total_num_scheduled_tokens == len(ids) and not ended and min(self.comp) < self.budget:
+            self.log.append((1, cpu, len(ids)))
+
+    def finished(self) -> bool:
+        return not self.sched.requests
+
+    def check(self) -> None:
+        if self.comp != [self.budget] * len(self.tokens):
+            raise RuntimeError(f"solo rows ended at {sorted(set(self.comp))} tokens, not the budget {self.budget}")
+
+
 def _model_dir(root: str, V: int) -> str:
     """A config-only model directory of the tiny Qwen3 body with V output rows (the scheduler reads no weights)."""
     cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "intermediate_size": 256,
@@ -242,15 +309,16 @@ def _model_dir(root: str, V: int) -> str:
     return str(d)
 
 
-def _measure(ro: Rollout) -> dict:
+def _measure(ro: "Rollout | SoloRollout") -> dict:
     out = {}
-    for role, name in ((1, "senior"), (0, "junior")):
+    roles = ((1, "solo"),) if isinstance(ro, SoloRollout) else ((1, "senior"), (0, "junior"))
+    for role, name in roles:
         sel = [(cpu, rows) for r, cpu, rows in ro.log if r == role]
         cpu = sum(c for c, _ in sel)
         out[name] = {"us_per_step": 1e6 * cpu / max(len(sel), 1),
                      "us_per_row": 1e6 * cpu / max(sum(r for _, r in sel), 1),
                      "rows_per_step": sum(r for _, r in sel) / max(len(sel), 1), "steps": len(sel),
-                     "add_us_per_chunk": 1e6 * ro.add_cpu[role] / max(ro.chunks[role], 1)}
+                     "add_us_per_chunk": 1e6 * ro.add_cpu[role] / max(ro.chunks[role], 1) if name != "solo" else 0.0}
     return out
 
 
@@ -275,20 +343,28 @@ def measure(rows: int = 32, tokens: int = 500, history: tuple[int, int] = (16, 2
         for rep in range(repeats):
             ros = {c: Rollout(dirs[c[0]], c[0], tables[c[0]], [p + q for p, q in zip(prompts[c[1]], completion)],
                               c[1], tokens, seed, block_size) for c in cases}
+            # the solo reference: the Qwen3-vocabulary rows' streams, half the rows (a tandem engine schedules
+            # about half of them per step: per row the two are compared at about the same rows per step)
+            solos = {("solo", H): SoloRollout(dirs[vocab[0]], ros[(vocab[0], H)].tokens[:max(1, rows // 2)], H, tokens,
+                                              seed, block_size) for H in history}
+            runs = {**ros, **solos}
             t = time.perf_counter()
-            live = list(cases)
-            while live:  # the four rollouts step in turn
+            live = list(runs)
+            while live:  # the rollouts step in turn
                 for c in live:
-                    ros[c].step()
-                live = [c for c in live if not ros[c].finished()]
+                    runs[c].step()
+                live = [c for c in live if not runs[c].finished()]
             for c in cases:
                 ros[c].check()
                 owners[c], chunks[c] = ros[c].owner, ros[c].chunks
                 parked[0] = max(parked[0], ros[c].parked_max)
                 parked[1] = max(parked[1], ros[c].queued_parked_max)
-                for name, v in _measure(ros[c]).items():
+            for c in solos:
+                solos[c].check()
+            for c, ro in runs.items():
+                for name, v in _measure(ro).items():
                     k = (c, name)
-                    if k not in best or v["us_per_step"] < best[k]["us_per_step"]:
+                    if v["steps"] and (k not in best or v["us_per_step"] < best[k]["us_per_step"]):
                         best[k] = v
             print(f"# repeat {rep}: {time.perf_counter() - t:.1f} s, "
                   f"{sum(ros[cases[0]].chunks.values())} chunks per rollout", file=sys.stderr)
@@ -310,9 +386,17 @@ def _figures(best: dict, owners: dict, chunks: dict, cases: list, run: tuple) ->
                  "chunks_per_token": sum(chunks[cases[0]].values()) / (rows * tokens),
                  "senior_share": sum(map(sum, owners[cases[0]])) / (rows * tokens)}
     tag = {large: "qwen3", small: "small", short: "short", long_: "long"}
-    for ((V, H), name), v in sorted(best.items()):
+    for ((V, H), name), v in sorted(best.items(), key=str):
+        if V == "solo":
+            for k in ("us_per_step", "us_per_row", "rows_per_step"):
+                res[f"solo_{tag[H]}_{k}"] = round(v[k], 2)
+            continue
         for k in ("us_per_step", "us_per_row", "rows_per_step", "add_us_per_chunk"):
             res[f"{tag[V]}_{tag[H]}_{name}_{k}"] = round(v[k], 2)
+    for H in history:  # the tandem engines' CPU per scheduled row over solo's, Qwen3's table (target: near 1)
+        solo = best[(("solo", H), "solo")]["us_per_row"]
+        for name in ("senior", "junior"):
+            res[f"qwen3_{tag[H]}_{name}_over_solo_row"] = round(best[((large, H), name)]["us_per_row"] / solo, 3)
     for name in ("senior", "junior"):
         for w in ("step", "row"):
             for V in vocab:
