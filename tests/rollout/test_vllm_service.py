@@ -34,6 +34,7 @@ from vllm_fixtures import need_vllm, tiny_dirs
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 KV_BLOCKS = 48
+STEP_TOKENS = 64  # per engine step: prompts are split over steps (chunked prefill) with seeded rows
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,9 @@ def setup(tmp_path_factory):
     tok = toy.byte_bpe_tokenizer()
     dirs = tiny_dirs(root, tok)
     svc = VLLMService.start(dirs["senior"], dirs["junior"], roots=[root], options=LaunchOptions(
-        knobs=EngineKnobs(dtype="float32", max_model_len=512, kv_blocks=KV_BLOCKS), log_path=root / "service.log",
+        knobs=EngineKnobs(dtype="float32", max_model_len=512, kv_blocks=KV_BLOCKS, max_num_batched_tokens=STEP_TOKENS,
+                          max_num_seqs=STEP_TOKENS),
+        log_path=root / "service.log",
         start_timeout=1500))
     yield {"svc": svc, "tok": tok, "dirs": dirs, "root": root}
     svc.stop()
@@ -142,12 +145,15 @@ def test_logprobs_match_the_transformers_model(setup):
 def test_replay_is_exact_and_independent_of_the_batch_split_and_of_kv_pressure(setup):
     """24 rows of up to 120 tokens need about twice the KV the engines hold (48 blocks of 32 tokens each):
     the service admits as many rows as fit and the rest wait, with the tokens of the same rows generated in
-    calls of 6 rows (each fits), i.e. a replay independent of the split."""
+    calls of 6 rows (each fits), i.e. a replay independent of the split. The prompts of either call exceed one
+    step's token budget (`STEP_TOKENS`), so some are split over steps, differently in the two: a split prefill
+    must not move a seeded row's random stream (on the CPU build `worker.install_cpu_generator_rewind`)."""
     tok = setup["tok"]
     eng = engine(setup)
     prompts = toy.prompts(tok, 24)
     rows = list(range(40, 64))
     sp = SamplingParams(max_new_tokens=120)
+    assert min(sum(map(len, prompts[i:i + 6])) for i in range(0, 24, 6)) > 2 * STEP_TOKENS
     need = sum(-(-(len(p) + 120) // 32) for p in prompts)
     assert need > 1.6 * KV_BLOCKS  # the engines hold at most ~60% of the rows at their full length
     full = rollout(eng, prompts, "word", sp, seed=7, row_ids=rows)

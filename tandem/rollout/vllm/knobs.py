@@ -19,6 +19,7 @@ HELP = {
     "kv_blocks": "KV-cache blocks per engine (0 = vLLM's sizing)",
     "max_num_seqs": "rows each engine batches at most",
     "block_size": "KV block size (0 = 32 on the CPU build, else vLLM's)",
+    "max_num_batched_tokens": "tokens each engine computes per step at most (0 = vLLM's); a longer prefill is split",
     "replay": "benchmark: engines that can be made to emit given text",
 }
 
@@ -34,12 +35,13 @@ class EngineKnobs:
     kv_blocks: int = 0
     max_num_seqs: int = 256
     block_size: int = 0
+    max_num_batched_tokens: int = 0
     replay: bool = False
 
     def __post_init__(self):
         if not 0.0 < self.gpu_memory <= 1.0:
             raise ValueError(f"gpu_memory is a share of one GPU's memory per engine, in (0, 1]: got {self.gpu_memory}")
-        for name in ("max_model_len", "kv_blocks", "block_size"):
+        for name in ("max_model_len", "kv_blocks", "block_size", "max_num_batched_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0: vLLM's choice), got {getattr(self, name)}")
         if self.max_num_seqs < 1:

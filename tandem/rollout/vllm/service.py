@@ -404,6 +404,8 @@ class Service:
                 kw["max_model_len"] = knobs.max_model_len
             if knobs.kv_blocks:
                 kw["num_gpu_blocks_override"] = knobs.kv_blocks
+            if knobs.max_num_batched_tokens:
+                kw["max_num_batched_tokens"] = knobs.max_num_batched_tokens
             if knobs.replay:  # the benchmark's replayed real text (replay.py)
                 kw["logits_processors"] = ["tandem.rollout.vllm.replay:ReplayLogitsProcessor"]
             if knobs.block_size:

@@ -15,7 +15,8 @@ history, and `InputBatch.add_request` converts that Python list into the batch's
 chunk: ~57 us at 1,500 tokens, ~95 us at 3,000 on the CPU build, O(history) per chunk. A session's history only
 grows by appending (vLLM's `_update_request_as_session` extends it), so `RowArrays` keeps each tandem session's
 tokens as an int32 array, converts only the tokens added since its last chunk, and hands the batch that array
-(a memory copy, ~1 us). Dropped when the request finishes.
+(a memory copy, ~1 us). Dropped when the request finishes. It also installs `install_cpu_generator_rewind`:
+on the CPU build a seeded request whose prompt is split over steps otherwise kills the engine.
 """
 
 from __future__ import annotations
@@ -135,4 +136,53 @@ def install_row_arrays() -> RowArrays | None:
     return rows
 
 
+def install_cpu_generator_rewind() -> bool:
+    """Make vLLM's rewind of a seeded request's generator work on the CPU build; once per process.
+
+    A step that computes only part of a prompt (chunked prefill: the step's token budget ends inside it) still
+    samples for that request and discards the token; vLLM then rewinds the request's generator so that the
+    seeded stream does not depend on how prefills were split (`_bookkeeping_sync`: `gen.set_offset(
+    gen.get_offset() - 4)`, the Philox offset of a CUDA generator). A CPU generator has no offset (torch raises
+    "CPU Generator does not use offset") and the engine dies. Here the state of every CPU generator whose sample
+    will be discarded is saved before `_sample` and restored after it, the same rewind by the generator's own
+    state, and vLLM's offset rewind skips those generators. CUDA generators are left to vLLM."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError:  # the pipeline's environment
+        return False
+    if getattr(GPUModelRunner, "_tandem_cpu_rewind", False):
+        return True
+    sample, bookkeeping = GPUModelRunner._sample, GPUModelRunner._bookkeeping_sync
+
+    def _sample(self, *args, **kwargs):
+        import numpy as np
+
+        gens = self.input_batch.generators
+        saved = {}
+        if gens:
+            for i in np.nonzero(self.discard_request_mask.np[:self.input_batch.num_reqs])[0]:
+                g = gens.get(int(i))
+                if g is not None and g.device.type == "cpu":
+                    saved[int(i)] = g.get_state()
+        out = sample(self, *args, **kwargs)
+        for i, state in saved.items():
+            gens[i].set_state(state)
+        self._tandem_rewound = tuple(saved)
+        return out
+
+    def _bookkeeping_sync(self, *args, **kwargs):
+        gens, done = self.input_batch.generators, getattr(self, "_tandem_rewound", ())
+        hidden = {i: gens.pop(i) for i in done if i in gens}
+        try:
+            return bookkeeping(self, *args, **kwargs)
+        finally:
+            gens.update(hidden)
+            self._tandem_rewound = ()
+
+    GPUModelRunner._sample, GPUModelRunner._bookkeeping_sync = _sample, _bookkeeping_sync
+    GPUModelRunner._tandem_cpu_rewind = True
+    return True
+
+
 install_row_arrays()
+install_cpu_generator_rewind()
