@@ -381,6 +381,7 @@ def test_flow_graph_is_dvc_yamls_graph_and_logs_hold_no_warning(project, monkeyp
     that computes every stage and on one that skips them all; a healthy run logs nothing at WARNING."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
 
     from flows.dvc_sync import pipeline_stages
     from tandem.config import params_from_dict
@@ -395,6 +396,8 @@ def test_flow_graph_is_dvc_yamls_graph_and_logs_hold_no_warning(project, monkeyp
         run_id = state.state_details.flow_run_id
         assert _stage_edges(run_id, expected) == expected
         ids = [run_id] + [r.id for r in _subflow_runs(run_id)]
+        # the run's log records reach the API in batches, the last after the run has returned: send them first
+        APILogWorker.drain_all(timeout=60, at_exit=False)
         with get_client(sync_client=True) as client:
             logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
         assert logs and not [(lg.level, lg.message) for lg in logs if lg.level >= 30]
