@@ -88,8 +88,35 @@ def _scheduler(model_dir: str, rows: int, max_len: int, block: int):
                            block_size=block, log_stats=False)
 
 
+def _row_of(request_id: str) -> int:
+    """The row of a harness request id (`r<row>-<role>`)."""
+    return int(request_id[1:].split("-")[0])
+
+
+def _runner_output(s, ids: list[str], tokens: list[list[int]], logprobs: bool):
+    """What the model runner would return for the scheduled requests `ids` of scheduler `s`: per request the
+    next token of its row's stream (nothing for a prefill that ends inside the prompt), and with `logprobs` a
+    log-prob row per sampled token (the senior's sampling parameters)."""
+    import numpy as np
+    from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
+
+    sampled = []
+    for rid in ids:
+        req = s.requests[rid]
+        sampled.append([] if req.num_computed_tokens < req.num_tokens else [tokens[_row_of(rid)][req.num_tokens]])
+    n = sum(map(len, sampled))
+    lps = None
+    if logprobs and n:
+        lps = LogprobsLists(np.zeros((n, 1), dtype=np.int64), np.full((n, 1), -1.0, dtype=np.float32),
+                            np.zeros(n, dtype=np.int64), None)
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                             sampled_token_ids=sampled, logprobs=lps)
+
+
 class Rollout:
     """One tandem rollout over two schedulers, stepped in lock-step; see the module docstring."""
+
+    roles = ((1, "senior"), (0, "junior"))  # (role, name) of each engine measured
 
     def __init__(self, model_dir: str, V: int, tables: tuple[str, list[int], list[int]], pattern: list[list[bool]],
                  prompt: int, budget: int, seed: int, block: int):
@@ -146,9 +173,6 @@ class Rollout:
         self.chunks[role] += 1
 
     def step(self) -> None:
-        import numpy as np
-        from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
-
         for b, role in self.pending:
             self._send(b, role)
         self.pending = []
@@ -162,22 +186,7 @@ class Rollout:
             so = s.schedule()
             cpu = time.thread_time() - c
             ids = list(so.num_scheduled_tokens)
-            sampled = []
-            for rid in ids:
-                req = s.requests[rid]
-                b = int(rid[1:].split("-")[0])
-                # a prefill that ends inside the prompt samples nothing; otherwise the next token of the stream
-                if req.num_computed_tokens < req.num_tokens:
-                    sampled.append([])
-                else:
-                    sampled.append([self.tokens[b][req.num_tokens]])  # the next token of its stream
-            n = sum(map(len, sampled))
-            lps = None
-            if role == 1 and n:
-                lps = LogprobsLists(np.zeros((n, 1), dtype=np.int64), np.full((n, 1), -1.0, dtype=np.float32),
-                                    np.zeros(n, dtype=np.int64), None)
-            mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                    sampled_token_ids=sampled, logprobs=lps)
+            mro = _runner_output(s, ids, self.tokens, role == 1)
             outs[role] = (so, mro, cpu, len(ids))
         for role, (so, mro, cpu, rows) in outs.items():
             s = self.scheds[role]
@@ -206,7 +215,7 @@ class Rollout:
 
         from tandem.rollout.vllm.turns import STOP_SWITCH
 
-        b = int(o.request_id[1:].split("-")[0])
+        b = _row_of(o.request_id)
         toks = o.new_token_ids
         st = self.state[b]
         t0 = self.comp[b]
@@ -241,6 +250,8 @@ class SoloRollout:
     with a log-prob row per token (the senior's sampling parameters). Measured over its decode steps, until
     the rows end."""
 
+    roles = ((1, "solo"),)  # (role, name) of each engine measured: the senior's engine alone
+
     def __init__(self, model_dir: str, tokens: list[list[int]], prompt: int, budget: int, seed: int, block: int):
         from vllm import SamplingParams
         from vllm.utils.hashing import sha256_cbor
@@ -254,36 +265,25 @@ class SoloRollout:
         for b, row in enumerate(tokens):
             sp = SamplingParams(temperature=1.0, seed=seed + b, max_tokens=budget, logprobs=0, ignore_eos=True,
                                 detokenize=False)
-            self.sched.add_request(Request(f"s{b}", list(row[:prompt]), sp, None, block_hasher=hasher))
+            self.sched.add_request(Request(f"r{b}-1", list(row[:prompt]), sp, None, block_hasher=hasher))
         self.log: list[tuple] = []
         self.comp = [0] * len(tokens)
+        self.add_cpu, self.chunks = {1: 0.0}, {1: 0}  # no chunks: every row is one request
 
     def step(self) -> None:
-        import numpy as np
-        from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
-
         s = self.sched
         c = time.thread_time()
         so = s.schedule()
         cpu = time.thread_time() - c
         ids = list(so.num_scheduled_tokens)
-        sampled = []
-        for rid in ids:
-            req = s.requests[rid]
-            b = int(rid[1:])
-            sampled.append([] if req.num_computed_tokens < req.num_tokens else [self.tokens[b][req.num_tokens]])
-        n = sum(map(len, sampled))
-        lps = LogprobsLists(np.zeros((n, 1), dtype=np.int64), np.full((n, 1), -1.0, dtype=np.float32),
-                            np.zeros(n, dtype=np.int64), None) if n else None
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=sampled, logprobs=lps)
+        mro = _runner_output(s, ids, self.tokens, True)
         c = time.thread_time()
         eco = s.update_from_output(so, mro)
         cpu += time.thread_time() - c
         ended = False
         for client_out in eco.values():
             for o in client_out.outputs:
-                self.comp[int(o.request_id[1:])] += len(o.new_token_ids)
+                self.comp[_row_of(o.request_id)] += len(o.new_token_ids)
                 ended = ended or o.finish_reason is not None
         # decode steps only (the prefill of a long history takes several steps at the token budget)
         if ids and so.total_num_scheduled_tokens == len(ids) and not ended and min(self.comp) < self.budget:
@@ -311,14 +311,13 @@ def _model_dir(root: str, V: int) -> str:
 
 def _measure(ro: "Rollout | SoloRollout") -> dict:
     out = {}
-    roles = ((1, "solo"),) if isinstance(ro, SoloRollout) else ((1, "senior"), (0, "junior"))
-    for role, name in roles:
+    for role, name in ro.roles:
         sel = [(cpu, rows) for r, cpu, rows in ro.log if r == role]
         cpu = sum(c for c, _ in sel)
         out[name] = {"us_per_step": 1e6 * cpu / max(len(sel), 1),
                      "us_per_row": 1e6 * cpu / max(sum(r for _, r in sel), 1),
                      "rows_per_step": sum(r for _, r in sel) / max(len(sel), 1), "steps": len(sel),
-                     "add_us_per_chunk": 1e6 * ro.add_cpu[role] / max(ro.chunks[role], 1) if name != "solo" else 0.0}
+                     "add_us_per_chunk": 1e6 * ro.add_cpu[role] / max(ro.chunks[role], 1)}
     return out
 
 

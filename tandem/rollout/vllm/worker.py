@@ -152,11 +152,11 @@ def install_cpu_generator_rewind() -> bool:
         return False
     if getattr(GPUModelRunner, "_tandem_cpu_rewind", False):
         return True
+    import numpy as np
+
     sample, bookkeeping = GPUModelRunner._sample, GPUModelRunner._bookkeeping_sync
 
     def _sample(self, *args, **kwargs):
-        import numpy as np
-
         gens = self.input_batch.generators
         saved = {}
         if gens:
