@@ -94,6 +94,9 @@ def test_owners_follow_the_schedule_and_each_run_is_one_chunk(setup, schedule):
     eng_st = st["engines"].values()
     assert sum(e["sent_outputs"] for e in eng_st) == st["chunks"]  # one engine-core output per chunk
     assert sum(e["sent_outputs"] + e["held_outputs"] for e in eng_st) == kept  # the others were held back
+    # every chunk went in a batched submission, a message carrying one or more, its encode and send counted
+    assert st["submit_requests"] == st["chunks"] and 0 < st["submit_messages"] <= st["chunks"]
+    assert st["submit_cpu_seconds"] > 0
     n_sen = sum(map(sum, b.owner))
     if schedule in ("word", "token"):
         assert 0 < n_sen < kept and sum(b.handoffs) > 0

@@ -13,7 +13,8 @@ warm-up:
   its ratio, latency, idle and frontend counters, GPU prediction, and whether its tokens are the same;
 - `single_*` (with `compare_stream`): the direct sessions with one engine-core message per chunk instead of
   the batched submissions (`submit.py`), interleaved likewise; `submit_requests_per_message`: the chunks one
-  batched message carried on average;
+  batched message carried on average; `submit_cpu_us_per_token` / `_per_message`: the frontend thread's CPU
+  in encoding and sending them;
 - `predicted_gpu_tandem_over_solo` (and `_two_gpus`): the counts of both rollouts priced on a GPU by the cost
   model of `cost.py` (Qwen3-4B on an H200 at 128 rows by default);
 - `logprob_max_abs_diff`: the service's log-probs against the transformers model's on the same tokens
@@ -356,6 +357,10 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
         if "tandem_small_vocab" in best:
             _vocab_ab(res, best["tandem_small_vocab"][1:], b_t)
         res["submit_requests_per_message"] = st_t.get("submit_requests", 0) / max(st_t.get("submit_messages", 0), 1)
+        # the frontend's CPU in encoding and sending those messages, per generated token and per message
+        res["submit_cpu_us_per_token"] = 1e6 * st_t.get("submit_cpu_seconds", 0.0) / max(st_t["kept"], 1)
+        res["submit_cpu_us_per_message"] = (1e6 * st_t.get("submit_cpu_seconds", 0.0)
+                                            / max(st_t.get("submit_messages", 0), 1))
         res["solo_engine_steps"] = int(st_s["engines"]["senior"]["steps"])
         res["solo_sched_cpu_us_per_step"] = (1e6 * st_s["engines"]["senior"]["sched_cpu_seconds"]
                                              / max(st_s["engines"]["senior"]["steps"], 1))

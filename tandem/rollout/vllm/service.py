@@ -617,7 +617,7 @@ class Service:
             return cls(self, role, f"{call}-{rows[b]}-{role}", make_sp, extra, **kw)
 
         before = self.counters()
-        sub0 = {r: (s.messages, s.requests) for r, s in self.submitters.items()}
+        sub0 = {r: (s.messages, s.requests, s.send_cpu_seconds) for r, s in self.submitters.items()}
         t0, c0 = time.perf_counter(), time.thread_time()
         ctx = RolloutContext(kind, self.lookup[key], self.tables[key], seed, p, gap, rounds, budget, frozenset(eos))
         batch, records, extra = await run_rows(prompts, rows, ctx, open_session, self.kv_blocks, self.block_size)
@@ -638,6 +638,7 @@ class Service:
         # batched submissions: messages sent and chunk requests they carried (0 with one message per chunk)
         stats["submit_messages"] = sum(s.messages - sub0[r][0] for r, s in self.submitters.items())
         stats["submit_requests"] = sum(s.requests - sub0[r][1] for r, s in self.submitters.items())
+        stats["submit_cpu_seconds"] = sum(s.send_cpu_seconds - sub0[r][2] for r, s in self.submitters.items())
         return {"completion_ids": batch.completion_ids, "owner": batch.owner,
                 "senior_logprobs": batch.senior_logprobs, "handoffs": batch.handoffs,
                 "finish_reason": batch.finish_reason, "stats": stats}

@@ -23,6 +23,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 
 LOG = logging.getLogger("tandem.vllm.submit")
 ADD, ABORT = b"A", b"X"
@@ -45,10 +46,11 @@ def open_submissions(self, address: str) -> bool:
 
     def loop() -> None:
         while True:
-            kind, *data = sock.recv_multipart(copy=False)
-            kind = bytes(kind.buffer)
+            frames = sock.recv_multipart(copy=False)
+            head = frames[0].buffer  # the kind byte, then the payload (`Submitter._send`)
+            kind, body = bytes(head[:1]), head[1:]
             if kind == ADD:
-                for req in decoder.decode(data):
+                for req in decoder.decode([body, *frames[1:]] if len(frames) > 1 else body):
                     try:
                         item = self.preprocess_add_request(req)
                     except Exception:  # noqa: BLE001 - what vLLM's input thread does: an error output for it
@@ -56,7 +58,7 @@ def open_submissions(self, address: str) -> bool:
                         continue
                     self.input_queue.put_nowait((EngineCoreRequestType.ADD, item))
             elif kind == ABORT:
-                ids = json.loads(bytes(data[0].buffer))
+                ids = json.loads(bytes(body))
                 self.aborts_queue.put_nowait(ids)  # as vLLM's input thread: eager, and in order in the queue
                 self.input_queue.put_nowait((EngineCoreRequestType.ABORT, ids))
 
@@ -92,6 +94,8 @@ class Submitter:
         self.flush_due = False
         self.messages = 0
         self.requests = 0
+        self.frames = 0  # ZMQ frames those messages took (one each unless a payload carries a large tensor)
+        self.send_cpu_seconds = 0.0  # this thread's CPU in the encode and the send, both kinds of message
 
     async def start(self) -> None:
         await self.client.call_utility_async(UTILITY, self.address)
@@ -106,16 +110,31 @@ class Submitter:
 
     def abort(self, request_ids: list[str]) -> None:
         self._flush()  # the row's last chunk goes first
-        self.sock.send_multipart([ABORT, json.dumps(request_ids).encode()])
+        c0 = time.thread_time()
+        self._send(ABORT, [json.dumps(request_ids).encode()])
+        self.send_cpu_seconds += time.thread_time() - c0
 
     def _flush(self) -> None:
         self.flush_due = False
         if not self.pending:
             return
         reqs, self.pending = self.pending, []
-        self.sock.send_multipart([ADD, *self.client.encoder.encode(reqs)], copy=False)
+        c0 = time.thread_time()
+        self._send(ADD, self.client.encoder.encode(reqs))
+        self.send_cpu_seconds += time.thread_time() - c0
         self.messages += 1
         self.requests += len(reqs)
+
+    def _send(self, kind: bytes, bufs) -> None:
+        """One ZMQ message whose first frame is the kind byte and the payload's first buffer: each extra frame
+        costs the sender's CPU (`benchmarks/submit_frames.py`), and a chunk request's payload is one buffer
+        (vLLM's encoder adds frames only for large tensors, which chunks do not carry)."""
+        head = kind + bytes(bufs[0])
+        if len(bufs) == 1:
+            self.sock.send(head, copy=False)
+        else:
+            self.sock.send_multipart([head, *bufs[1:]], copy=False)
+        self.frames += len(bufs)
 
     def close(self) -> None:
         self.sock.close(0)
