@@ -97,6 +97,9 @@ def test_owners_follow_the_schedule_and_each_run_is_one_chunk(setup, schedule):
     # every chunk went in a batched submission, a message carrying one or more, its encode and send counted
     assert st["submit_requests"] == st["chunks"] and 0 < st["submit_messages"] <= st["chunks"]
     assert st["submit_cpu_seconds"] > 0
+    # and every chunk came back on the chunk returns, a message carrying one or more
+    assert st["return_chunks"] == st["chunks"] and 0 < st["return_messages"] <= st["chunks"]
+    assert st["return_cpu_seconds"] > 0
     n_sen = sum(map(sum, b.owner))
     if schedule in ("word", "token"):
         assert 0 < n_sen < kept and sum(b.handoffs) > 0
@@ -173,6 +176,11 @@ def test_replay_is_exact_and_independent_of_the_batch_split_and_of_kv_pressure(s
     stream = eng._backend._generate(req, sessions="stream")
     assert stream.completion_ids == full.completion_ids[:6] and stream.owner == full.owner[:6]
     assert max(abs(a - b) for x, y in zip(stream.senior_logprobs, full.senior_logprobs) for a, b in zip(x, y)) < 1e-5
+    # and the chunks back through vLLM's output path instead of the chunk returns: the same rollout, exactly
+    out = eng._backend._generate(req, sessions="direct-vllm-out")
+    assert eng._backend.last_stats["return_chunks"] == 0
+    assert out.completion_ids == full.completion_ids[:6] and out.owner == full.owner[:6]
+    assert out.senior_logprobs == full.senior_logprobs[:6] and out.finish_reason == full.finish_reason[:6]
 
 
 def test_a_resumed_session_is_not_reseeded(setup):

@@ -12,9 +12,13 @@ warm-up:
   sessions instead of the direct engine-core sessions (`service.DirectSession`), interleaved with the others:
   its ratio, latency, idle and frontend counters, GPU prediction, and whether its tokens are the same;
 - `single_*` (with `compare_stream`): the direct sessions with one engine-core message per chunk instead of
-  the batched submissions (`submit.py`), interleaved likewise; `submit_requests_per_message`: the chunks one
-  batched message carried on average; `submit_cpu_us_per_token` / `_per_message`: the frontend thread's CPU
-  in encoding and sending them;
+  the batched submissions (`submit.py`), and their chunks back through vLLM's output path, interleaved
+  likewise; `submit_requests_per_message`: the chunks one batched message carried on average;
+  `submit_cpu_us_per_token` / `_per_message`: the frontend thread's CPU in encoding and sending them;
+- `vllm_out_*` (with `compare_stream`): the direct sessions with batched submissions, their chunks back through
+  vLLM's output path (`Router`) instead of the chunk returns (`returns.py`), interleaved likewise;
+  `return_chunks_per_message`, `return_cpu_us_per_token` / `_per_message`: the chunks one returns message
+  carried, and the frontend thread's CPU in receiving, decoding and handing them out;
 - `predicted_gpu_tandem_over_solo` (and `_two_gpus`): the counts of both rollouts priced on a GPU by the cost
   model of `cost.py` (Qwen3-4B on an H200 at 128 rows by default);
 - `logprob_max_abs_diff`: the service's log-probs against the transformers model's on the same tokens
@@ -322,7 +326,8 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
 
         variants = [("solo", "solo", "direct"), ("tandem", "word", "direct")]
         if compare_stream:
-            variants += [("tandem_stream", "word", "stream"), ("tandem_single", "word", "direct-single")]
+            variants += [("tandem_stream", "word", "stream"), ("tandem_single", "word", "direct-single"),
+                         ("tandem_vllm_out", "word", "direct-vllm-out")]
         sides = {}
         if small is not None:  # the same rollout relabelled into the small vocabulary, on its own service
             be_v, prompts_v, text_v = _small_vocab_side(small[0], small[1], be, prompts, text)
@@ -350,8 +355,9 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
                     "handoffs": sum(b_t.handoffs)})
         res.update(_counters(st_t))
         # the same rollout through AsyncLLM.generate's streaming sessions; the same direct sessions with one
-        # engine-core message per chunk
-        for name, prefix in (("tandem_stream", "stream_"), ("tandem_single", "single_")):
+        # engine-core message per chunk each way; the same with batched submissions but vLLM's output path
+        for name, prefix in (("tandem_stream", "stream_"), ("tandem_single", "single_"),
+                             ("tandem_vllm_out", "vllm_out_")):
             if name in best:
                 _variant(res, best[name], prefix, b_t)
         if "tandem_small_vocab" in best:
@@ -361,6 +367,11 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
         res["submit_cpu_us_per_token"] = 1e6 * st_t.get("submit_cpu_seconds", 0.0) / max(st_t["kept"], 1)
         res["submit_cpu_us_per_message"] = (1e6 * st_t.get("submit_cpu_seconds", 0.0)
                                             / max(st_t.get("submit_messages", 0), 1))
+        # the chunk returns (returns.py): chunks per message, and the frontend's CPU in taking them
+        res["return_chunks_per_message"] = st_t.get("return_chunks", 0) / max(st_t.get("return_messages", 0), 1)
+        res["return_cpu_us_per_token"] = 1e6 * st_t.get("return_cpu_seconds", 0.0) / max(st_t["kept"], 1)
+        res["return_cpu_us_per_message"] = (1e6 * st_t.get("return_cpu_seconds", 0.0)
+                                            / max(st_t.get("return_messages", 0), 1))
         res["solo_engine_steps"] = int(st_s["engines"]["senior"]["steps"])
         res["solo_sched_cpu_us_per_step"] = (1e6 * st_s["engines"]["senior"]["sched_cpu_seconds"]
                                              / max(st_s["engines"]["senior"]["steps"], 1))
@@ -376,6 +387,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
                     "predicted_gpu": {k: v for k, v in pred.items() if not k.startswith("predicted")},
                     "service_stats": {"tandem": st_t, "solo": st_s}})
         for name, prefix, keys in (("tandem_single", "single_", ("", "_two_gpus")),
+                                   ("tandem_vllm_out", "vllm_out_", ("", "_two_gpus")),
                                    ("tandem_stream", "stream_", ("",))):
             if name in best:
                 other = predict(best[name][2], st_s, gpu_shape, gpu=gpu, rows=gpu_rows)
@@ -436,12 +448,14 @@ def _isolated(res: dict, launch: LaunchOptions, rows: int, tokens: int, long_his
 
 def _variant(res: dict, run: tuple, prefix: str, b_t: Any) -> None:
     """One A/B variant of the tandem rollout (best (seconds, batch, stats)): its ratio to solo, whether its
-    tokens equal the reference rollout's, and its latency, idle and frontend counters, under `prefix`."""
+    tokens equal the reference rollout's, and its latency, idle, frontend and scheduler-CPU-per-step counters,
+    under `prefix`."""
     t, b, st = run
     res[f"{prefix}tandem_over_solo"] = b.stats()["tokens"] / t / res["solo_tok_s"]
     res[f"{prefix}tokens_equal"] = b.completion_ids == b_t.completion_ids
     res.update({k: v for k, v in _counters(st, prefix=prefix).items()
-                if "latency" in k or "idle" in k or "frontend" in k})
+                if "latency" in k or "idle" in k or "frontend" in k
+                or k in (f"{prefix}sched_cpu_us_per_step_senior", f"{prefix}sched_cpu_us_per_step_junior")})
 
 
 def _cpu_counters(st: dict, prefix: str) -> dict:

@@ -21,6 +21,9 @@ emits one merged output when the chunk stops: all its tokens, the sampled log-pr
 finish and stop reason of its last step, and two `events` whose timestamps are the engine-core times of the
 chunk's first and last token (`time.perf_counter`, CLOCK_MONOTONIC on Linux: the frontend's clock too), so the
 frontend still measures handoff latency at token resolution. An aborted request's held outputs are dropped.
+Once the frontend has opened the chunk returns (`returns.py`), the chunks whose `hold` is "returns" that stop
+in a step leave in one message of their own on that socket instead of vLLM's output path, and the step's
+`EngineCoreOutputs` is not sent when nothing else is left in it.
 
 Paused sessions wait outside vLLM's waiting queue (`_parked`; see `_enqueue_waiting_request`), so a step does not
 walk every row that waits for its partner.
@@ -43,10 +46,11 @@ except ImportError:  # the pipeline's environment has no vLLM: the module import
     check_stop = RequestStatus = EngineCoreEvent = EngineCoreEventType = LogprobsLists = None
 
 from tandem.rollout.schedule import LookupTables
-from tandem.rollout.vllm import submit
+from tandem.rollout.vllm import returns, submit
 from tandem.rollout.vllm.turns import STOP_SWITCH, ChunkRule, tandem_args
 
 submit.install()  # the engine core's utility for batched chunk submissions (submit.py)
+returns.install()  # and for the chunks' returns (returns.py)
 
 FIELDS = ("steps", "busy_seconds", "sched_cpu_seconds", "computed_tokens", "generated_tokens", "chunks",
           "add_cpu_seconds", "switch_stops", "scheduled_rows_sum", "max_scheduled_rows", "rule_cpu_seconds",
@@ -113,10 +117,12 @@ class TandemScheduler(Scheduler):
         self._cpu_step = 0.0
         self._bin = 0
         self._rows = 0
-        self._hold: set[str] = set()  # requests whose chunks are emitted once, at their end
+        # requests whose chunks are emitted once, at their end -> whether to the chunk returns (returns.py)
+        self._hold: dict[str, bool] = {}
         self._held: dict[str, tuple[float, list]] = {}  # request -> (time of its chunk's first token, outputs)
         self._parked: dict[str, object] = {}  # paused tandem sessions, outside the waiting queue (see below)
         self._park = os.environ.get("TANDEM_VLLM_PARK", "1") != "0"
+        self.tandem_returns = None  # the chunk returns' socket, once the frontend opens it (returns.py)
 
     # -- counters around a step --------------------------------------------------------------------
     def schedule(self, *args, **kwargs):
@@ -145,8 +151,7 @@ class TandemScheduler(Scheduler):
     def update_from_output(self, scheduler_output, model_runner_output):
         c = time.thread_time()
         out = super().update_from_output(scheduler_output, model_runner_output)
-        if self._hold:
-            self._hold_back(out)
+        ret = self._hold_back(out) if self._hold else None
         k = self.tandem_counters
         cpu = self._cpu_step + time.thread_time() - c
         k.add("sched_cpu_seconds", cpu)
@@ -162,12 +167,18 @@ class TandemScheduler(Scheduler):
             k.add("row_seconds", dt * len(scheduler_output.num_scheduled_tokens))
             self._t_step = None
         k.flush()
+        if ret:  # after the counters: the service reads them once a rollout's last chunk has come back
+            c = time.thread_time()
+            self.tandem_returns.send(ret)
+            k.add("sched_cpu_seconds", time.thread_time() - c)  # the busy loop's too: written with the next step
         return out
 
-    def _hold_back(self, out: dict) -> None:
-        """Take the held requests' outputs out of this step's `EngineCoreOutputs`; put back one merged output
-        per chunk that stopped. Messages left with nothing to say are not sent."""
+    def _hold_back(self, out: dict) -> list:
+        """Take the held requests' outputs out of this step's `EngineCoreOutputs`; one merged output per chunk
+        that stopped goes back in, or to the chunk returns when they are open (all of this step's in one
+        message: the records returned, sent by the caller). Messages left with nothing to say are not sent."""
         hold, held, k = self._hold, self._held, self.tandem_counters
+        rt, ret = self.tandem_returns, []
         now = time.perf_counter()
         n_held = n_sent = 0
         for client in list(out):
@@ -188,13 +199,17 @@ class TandemScheduler(Scheduler):
                 if part is not None:
                     del held[rid]
                     o = merge_outputs(part[1] + [o])
-                o.events = [EngineCoreEvent(EngineCoreEventType.SCHEDULED, part[0] if part else now),
-                            EngineCoreEvent(EngineCoreEventType.SCHEDULED, now)]
-                keep.append(o)
+                t_first = part[0] if part else now
+                if rt is not None and hold[rid]:
+                    ret.append(rt.record(o, t_first, now))
+                else:
+                    o.events = [EngineCoreEvent(EngineCoreEventType.SCHEDULED, t_first),
+                                EngineCoreEvent(EngineCoreEventType.SCHEDULED, now)]
+                    keep.append(o)
                 n_sent += 1
                 req = self.requests.get(rid)
                 if req is None or req.is_finished():  # not resumable any more: nothing further to hold
-                    hold.discard(rid)
+                    hold.pop(rid, None)
             eco.outputs = keep
             if not keep and eco.finished_requests is None and eco.scheduler_stats is None \
                     and eco.utility_output is None and eco.wave_complete is None and eco.start_wave is None:
@@ -203,11 +218,12 @@ class TandemScheduler(Scheduler):
             k.add("held_outputs", n_held)
         if n_sent:
             k.add("sent_outputs", n_sent)
+        return ret
 
     def finish_requests(self, request_ids, finished_status):
         done = super().finish_requests(request_ids, finished_status)
         for req in done:  # aborted (a closed session, a cancelled row): its held tokens go nowhere
-            self._hold.discard(req.request_id)
+            self._hold.pop(req.request_id, None)
             self._held.pop(req.request_id, None)
             self._parked.pop(req.request_id, None)
         return done
@@ -264,7 +280,7 @@ class TandemScheduler(Scheduler):
             rule = request._tandem_rule = (sp, ChunkRule(args, load_tables(args["tables"])))
             request.stop_reason = None  # the last chunk's "tandem_switch" must not label this chunk's EOS
             if args.get("hold"):
-                self._hold.add(request.request_id)
+                self._hold[request.request_id] = args["hold"] == "returns"
         # wall clock, not thread CPU: a call is a few microseconds (a preemption inside one is rare), and
         # time.thread_time is a system call of ~1 us, twice per row and step
         c = time.perf_counter()

@@ -72,9 +72,16 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from tandem.rollout.vllm.knobs import EngineKnobs
+from tandem.rollout.vllm.returns import Returns
 from tandem.rollout.vllm.submit import Submitter
+from tandem.rollout.vllm.turns import STOP_ROUNDS, STOP_SWITCH, Chunk
 
 ROLES = {"senior": 1, "junior": 0}
+# how a rollout's rows reach the engines: direct engine-core sessions with batched submissions and the chunk
+# returns; the same with vLLM's output path; one message per chunk each way; AsyncLLM's streaming sessions
+SESSION_KINDS = ("direct", "direct-vllm-out", "direct-single", "stream")
+_STOPS = {STOP_SWITCH: "switch", STOP_ROUNDS: "rounds"}  # a chunk's stop: the engine core's stop reason, else
+_FINISHES = {"length": "length", "stop": "eos"}  # vLLM's finish reason (EOS is vLLM's own stop)
 ROLE_NAMES = {1: "senior", 0: "junior"}
 MAX_VOCAB = 1 << 22
 LOG = logging.getLogger("tandem.vllm.service")
@@ -180,6 +187,25 @@ class Session:
             self.svc.open_sessions -= 1
 
 
+PROFILE_ENV = "TANDEM_VLLM_PROFILE_DIR"
+
+
+def _profiler():
+    """A running cProfile of the event-loop thread (the rows, the submissions and the output handler all run
+    there) when $TANDEM_VLLM_PROFILE_DIR names a folder, else None: each rollout's profile is written there
+    (`rollout-<call>.prof`, for `python -m pstats`). It times with the thread's CPU clock: on shared cores a
+    wall clock charges the thread's preemptions to whatever call it was in (a socket send, a clock read). It
+    slows the thread, so its rollouts are not timed ones."""
+    if not os.environ.get(PROFILE_ENV):
+        return None
+    import cProfile
+
+    Path(os.environ[PROFILE_ENV]).mkdir(parents=True, exist_ok=True)
+    prof = cProfile.Profile(time.thread_time_ns, 1e-9)  # this thread's CPU, not the wall clock
+    prof.enable()  # this thread only
+    return prof
+
+
 class Router:
     """Engine-core outputs of the direct sessions of one engine, taken before `AsyncLLM`'s output processor.
 
@@ -225,15 +251,17 @@ class DirectSession:
     (`submit.Submitter`; `batched=False`: one `add_request_async` per chunk): the engine core resumes the parked
     session (`_update_request_as_session`).
     Its chunks carry `hold`: the engine core sends one output per chunk, with the engine-core times of the
-    chunk's first and last tokens (`sched.TandemScheduler`). Closing aborts the request, which frees its KV
-    blocks."""
+    chunk's first and last tokens (`sched.TandemScheduler`), on the engine's chunk returns (`returns.Returns`,
+    `on_chunk`; `returns=False`: through vLLM's output path, `Router`, `on_output`). Closing aborts the request,
+    which frees its KV blocks."""
 
     def __init__(self, svc: "Service", role: int, request_id: str, make_sp, extra: dict | None = None,
-                 batched: bool = True):
+                 batched: bool = True, returns: bool = True):
         self.svc, self.role, self.rid, self.make_sp = svc, role, request_id, make_sp
         self.extra = extra or {}
         self.router: Router = svc.routers[role]
         self.submitter: Submitter | None = svc.submitters.get(role) if batched else None
+        self.hold = "returns" if returns and role in svc.returns else True
         self.first = None  # the processed first chunk: the template of the later ones
         self.fut: asyncio.Future | None = None
         self.toks: list[int] = []
@@ -257,21 +285,29 @@ class DirectSession:
             t_last = o.events[-1].timestamp if o.events else time.perf_counter()
             self.fut.set_result((o.finish_reason, o.stop_reason, t_last))
 
+    def on_chunk(self, toks: list[int], lps: list[float] | None, finish: str, stop, t_first: float,
+                 t_last: float) -> None:
+        """A whole chunk from the chunk returns (`returns.Returns`): its tokens, the sampled log-probs (None
+        unless the engine computed them), vLLM's finish reason as text, the stop reason, the engine-core times
+        of its first and last tokens."""
+        if self.fut is None or self.fut.done():
+            return
+        self.toks, self.t_first = toks, t_first
+        if self.lps is not None:
+            self.lps = lps if lps is not None and len(lps) == len(toks) else [float("nan")] * len(toks)
+        self.fut.set_result((finish, stop, t_last))
+
     def fail(self, e: Exception) -> None:
         if self.fut is not None and not self.fut.done():
             self.fut.set_exception(e)
 
     async def send(self, tokens, args):
-        import copy
-
-        from vllm.inputs import TokensPrompt
-
-        from tandem.rollout.vllm.turns import STOP_ROUNDS, STOP_SWITCH, Chunk
-
         eng = self.svc.engines[self.role]
-        a = {**args, **self.extra, "hold": True}  # one engine-core output per chunk (`TandemScheduler`)
+        a = {**args, **self.extra, "hold": self.hold} if self.extra else {**args, "hold": self.hold}
         t_sub = time.perf_counter()
         if self.first is None:
+            from vllm.inputs import TokensPrompt
+
             req = eng.input_processor.process_inputs(
                 request_id=self.rid, prompt=TokensPrompt(prompt_token_ids=list(tokens)),
                 params=self.make_sp(self.role, a), supported_tasks=await eng.get_supported_tasks(),
@@ -281,11 +317,11 @@ class DirectSession:
             self.router.sessions[self.rid] = self
             self.svc.open_sessions += 1
         else:
-            sp = copy.copy(self.first.sampling_params)
+            sp = self.first.sampling_params.__copy__()  # msgspec structs: a shallow copy, as copy.copy makes
             sp.extra_args = {"tandem": a}
             sp.max_tokens = max(1, a["budget"] - a["t0"])
-            req = copy.copy(self.first)
-            req.prompt_token_ids = list(tokens)
+            req = self.first.__copy__()
+            req.prompt_token_ids = tokens
             req.sampling_params = sp
             req.arrival_time = time.time()
         self.toks, self.lps = [], ([] if self.role == 1 else None)
@@ -296,12 +332,7 @@ class DirectSession:
             await eng.engine_core.add_request_async(req)
         finish, reason, t_last = await self.fut
         self.fut = None
-        if reason == STOP_SWITCH:
-            stop = "switch"
-        elif reason == STOP_ROUNDS:
-            stop = "rounds"
-        else:
-            stop = {"length": "length", "stop": "eos"}.get(str(finish), str(finish))
+        stop = _STOPS.get(reason) or _FINISHES.get(str(finish), str(finish))
         return Chunk(self.toks, self.lps, stop, t_sub, self.t_first or t_last, t_last)
 
     async def close(self):
@@ -361,11 +392,21 @@ class Service:
         self.kv_blocks = min(int(e.vllm_config.cache_config.num_gpu_blocks or 0) for e in self.engines.values())
         self.max_model_len = min(int(e.vllm_config.model_config.max_model_len) for e in self.engines.values())
         self.vocab_size = int(self.engines[1].vllm_config.model_config.get_vocab_size())
+        self.returns: dict[int, Returns] = {}
         self.routers = self._run(self._routers())
         self.submitters = self._run(self._submitters())
+        self.returns = self._run(self._returns())
 
     async def _routers(self) -> dict:
         return {r: Router(e) for r, e in self.engines.items()}
+
+    async def _returns(self) -> dict:
+        out = {}
+        for r, e in self.engines.items():
+            ret = Returns(e, f"ipc://{self.inbox}/returns-{ROLE_NAMES[r]}", self.routers[r].sessions)
+            await ret.start()
+            out[r] = ret
+        return out
 
     async def _submitters(self) -> dict:
         out = {}
@@ -424,7 +465,7 @@ class Service:
         return {1: s, 0: j}
 
     def shutdown(self) -> None:
-        for s in getattr(self, "submitters", {}).values():
+        for s in [*getattr(self, "submitters", {}).values(), *getattr(self, "returns", {}).values()]:
             s.close()
         for e in getattr(self, "engines", {}).values():
             try:
@@ -592,10 +633,11 @@ class Service:
             return VSP(**kw)
 
         sessions = str(req.get("sessions", "direct"))
-        if sessions not in ("direct", "direct-single", "stream"):
-            raise Refused(400, "sessions must be direct, direct-single or stream")
+        if sessions not in SESSION_KINDS:
+            raise Refused(400, f"sessions must be one of {', '.join(SESSION_KINDS)}")
         cls = Session if sessions == "stream" else DirectSession
-        kw = {"batched": sessions == "direct"} if cls is DirectSession else {}
+        kw = ({"batched": sessions != "direct-single", "returns": sessions == "direct"}
+              if cls is DirectSession else {})
         replay_path = None
         if req.get("replay") is not None:
             if not self.replay:
@@ -618,10 +660,17 @@ class Service:
 
         before = self.counters()
         sub0 = {r: (s.messages, s.requests, s.send_cpu_seconds) for r, s in self.submitters.items()}
+        ret0 = {r: (x.messages, x.chunks, x.cpu_seconds) for r, x in self.returns.items()}
         t0, c0 = time.perf_counter(), time.thread_time()
         ctx = RolloutContext(kind, self.lookup[key], self.tables[key], seed, p, gap, rounds, budget, frozenset(eos))
-        batch, records, extra = await run_rows(prompts, rows, ctx, open_session, self.kv_blocks, self.block_size)
-        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        prof = _profiler()
+        try:
+            batch, records, extra = await run_rows(prompts, rows, ctx, open_session, self.kv_blocks, self.block_size)
+        finally:
+            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            if prof is not None:
+                prof.disable()
+                prof.dump_stats(str(Path(os.environ[PROFILE_ENV]) / f"rollout-{call}.prof"))
         if replay_path is not None:
             replay_path.unlink(missing_ok=True)
         after = self.counters()
@@ -639,6 +688,10 @@ class Service:
         stats["submit_messages"] = sum(s.messages - sub0[r][0] for r, s in self.submitters.items())
         stats["submit_requests"] = sum(s.requests - sub0[r][1] for r, s in self.submitters.items())
         stats["submit_cpu_seconds"] = sum(s.send_cpu_seconds - sub0[r][2] for r, s in self.submitters.items())
+        # chunk returns: messages and chunks received, and the frontend's CPU in taking them (0 on vLLM's path)
+        stats["return_messages"] = sum(x.messages - ret0[r][0] for r, x in self.returns.items())
+        stats["return_chunks"] = sum(x.chunks - ret0[r][1] for r, x in self.returns.items())
+        stats["return_cpu_seconds"] = sum(x.cpu_seconds - ret0[r][2] for r, x in self.returns.items())
         return {"completion_ids": batch.completion_ids, "owner": batch.owner,
                 "senior_logprobs": batch.senior_logprobs, "handoffs": batch.handoffs,
                 "finish_reason": batch.finish_reason, "stats": stats}
