@@ -13,8 +13,10 @@ temperature, what trl recomputes) and the frozen junior, both with `TandemSchedu
 (`tandem/rollout/vllm/sched.py`: the O(1) stop at authorship switches and the counters) and `TandemWorker`
 (`worker.py`: weights reloaded in place). A rollout runs one asyncio task per row over one streaming-input
 session per model (`turns.run_rows`, design D1 in docs/rollout.md), each driven through the engine-core client
-(`DirectSession`, `Router`: no per-token Python in `AsyncLLM`'s output processor); the chunks the rows send one
-engine in one event-loop turn travel as one message (`submit.py`, over an `ipc://` socket in the private inbox).
+(`DirectSession`: no per-token Python in `AsyncLLM`'s output processor); the chunks the rows send one engine in
+one event-loop turn travel as one message (`submit.py`, over an `ipc://` socket in the private inbox), and the
+chunks that stop in one engine step come back as one message (`returns.py`, likewise; `Router` when a
+rollout asks for vLLM's output path instead).
 Weights are pushed only while no session
 is open (requests are served one at a time); after every load the engine's prefix cache is reset and the
 reset must succeed (it is refused while any block is in use).
@@ -32,7 +34,7 @@ Security: it serves the pipeline that started it, nobody else on the machine.
 - Errors answer with one short line; details and tracebacks go to the service log (stderr).
 - A watchdog stops the service when the process that started it dies (`--parent-pid`), and every exit
   removes its inbox (`/dev/shm/tandem-vllm-*`, which holds pushed weights, the engines' counters and the
-  submission sockets) and its
+  submission and return sockets) and its
   run directory (`--run-dir`, the client's `/tmp/tandem-vllm-*` with the log) unless it exits on an error.
 
 Endpoints (JSON in and out; served one at a time, except /health):
@@ -42,8 +44,8 @@ Endpoints (JSON in and out; served one at a time, except /health):
 - POST /weights {"role", "tag", "dir" | "file" | (an uploaded tag)}
 - POST /upload?role=R&tag=T (octet-stream body): weights for role R, loaded by a later /weights or /generate
 - POST /generate {"tables", "senior", "junior", "prompts", "rows", "schedule", "sampling", "seed", "eos",
-  "p_senior", "max_gap_tokens", "max_rounds"[, "sessions": "direct" | "direct-single" | "stream", "replay"]}: a `RolloutBatch` as
-  JSON plus {"stats": counters}
+  "p_senior", "max_gap_tokens", "max_rounds"[, "sessions": one of SESSION_KINDS, "replay"]}: a `RolloutBatch`
+  as JSON plus {"stats": counters}
 - POST /score {"role", "weights", "sequences", "starts"}: teacher-forced log-probs (temperature 1)
 - POST /shutdown
 Unknown tables or weights answer 409 so that the client re-sends them (a restarted service starts empty).
@@ -213,7 +215,9 @@ class Router:
     consumer's generator: Python per generated token per row (measured ~300 us of frontend CPU per token with
     two engines). A direct session only needs to know when its chunk ends: the router appends each output's
     token ids (and the senior's sampled log-probs) to the session and wakes the row once, at the chunk's end.
-    Outputs of other requests (`/score`) go on to the output processor unchanged."""
+    Outputs of other requests (`/score`) go on to the output processor unchanged. With the chunk returns
+    (`returns.py`, the default) a direct session's chunks bypass this path; the router still fails every
+    session when vLLM's output handler reports an engine error."""
 
     def __init__(self, engine):
         self.engine = engine
