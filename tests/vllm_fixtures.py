@@ -1,8 +1,10 @@
-"""Helpers of the vLLM service tests: the environment check and two steered tiny models saved to directories."""
+"""Helpers of the vLLM service tests: the environment check, a script run in vLLM's environment, and two steered tiny
+models saved to directories."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 import torch
@@ -19,6 +21,16 @@ def need_vllm() -> None:
         if os.environ.get("TANDEM_REQUIRE_VLLM"):
             pytest.fail(msg)
         pytest.skip(msg)
+
+
+def run_in_vllm(script: str, timeout: int = 600) -> None:
+    """Run `script` with vLLM's interpreter (the repository on its path); it must exit 0 and print "ok" last."""
+    need_vllm()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    r = subprocess.run([str(VLLM_PY), "-c", script], env=env, capture_output=True, text=True, timeout=timeout,
+                       cwd=str(REPO_ROOT))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
 
 
 def steer(model, tok, newline: float = 0.6, eos: float = 0.1, shared: float = 50.0, shrink: float = 0.2):

@@ -8,19 +8,14 @@ and compare it with vLLM's output path (`direct-vllm-out`)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
-from vllm_fixtures import VLLM_PY, need_vllm
-
-from tandem.rollout.vllm.client import REPO_ROOT
+from vllm_fixtures import run_in_vllm
 
 pytestmark = [pytest.mark.integration]
 
 SCRIPT = r"""
-import asyncio, math, tempfile, time
+import asyncio, tempfile, time
 import numpy as np
 from vllm.v1.engine import EngineCoreOutput, FinishReason
 from vllm.v1.outputs import LogprobsLists
@@ -90,9 +85,4 @@ asyncio.run(main())
 
 
 def test_chunk_returns_reach_their_sessions():
-    need_vllm()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    r = subprocess.run([str(VLLM_PY), "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600,
-                       cwd=str(REPO_ROOT))
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
+    run_in_vllm(SCRIPT)

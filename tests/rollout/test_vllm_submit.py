@@ -7,14 +7,9 @@ not stop the others. The service tests (test_vllm_service.py) run the same path 
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
-from vllm_fixtures import VLLM_PY, need_vllm
-
-from tandem.rollout.vllm.client import REPO_ROOT
+from vllm_fixtures import run_in_vllm
 
 pytestmark = [pytest.mark.integration]
 
@@ -99,9 +94,4 @@ asyncio.run(main())
 
 
 def test_batched_submissions_in_order():
-    need_vllm()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    r = subprocess.run([str(VLLM_PY), "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600,
-                       cwd=str(REPO_ROOT))
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
+    run_in_vllm(SCRIPT)

@@ -44,8 +44,8 @@ class Returner:
         token's)."""
         lp = o.new_logprobs
         lps = None if lp is None else lp.logprobs[:, 0].tolist()
-        stop = o.stop_reason if isinstance(o.stop_reason, (str, int)) or o.stop_reason is None else str(o.stop_reason)
-        return (o.request_id, list(o.new_token_ids), lps, str(o.finish_reason), stop, t_first, t_last)
+        # stop_reason is vLLM's int | str | None: msgpack-ready as it is
+        return (o.request_id, list(o.new_token_ids), lps, str(o.finish_reason), o.stop_reason, t_first, t_last)
 
     def send(self, records: list[tuple]) -> None:
         self.sock.send(self.encode(records), copy=True)
@@ -62,12 +62,9 @@ def open_returns(self, address: str) -> bool:
 
 def install() -> None:
     """Make `open_returns` an engine-core utility method (in the engine-core process)."""
-    try:
-        from vllm.v1.engine.core import EngineCore
-    except ImportError:  # the pipeline's environment
-        return
-    if not hasattr(EngineCore, UTILITY):
-        setattr(EngineCore, UTILITY, open_returns)
+    from tandem.rollout.vllm.submit import install_utility
+
+    install_utility(UTILITY, open_returns)
 
 
 class Returns:

@@ -68,14 +68,19 @@ def open_submissions(self, address: str) -> bool:
     return True
 
 
-def install() -> None:
-    """Make `open_submissions` an engine-core utility method (in the engine-core process)."""
+def install_utility(name: str, fn) -> None:
+    """Make `fn` the engine-core utility method `name` (in the engine-core process; a no-op without vLLM)."""
     try:
         from vllm.v1.engine.core import EngineCore
     except ImportError:  # the pipeline's environment
         return
-    if not hasattr(EngineCore, UTILITY):
-        setattr(EngineCore, UTILITY, open_submissions)
+    if not hasattr(EngineCore, name):
+        setattr(EngineCore, name, fn)
+
+
+def install() -> None:
+    """Make `open_submissions` an engine-core utility method (in the engine-core process)."""
+    install_utility(UTILITY, open_submissions)
 
 
 class Submitter:
