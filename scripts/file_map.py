@@ -46,6 +46,7 @@ OTHER_FILES = {
     "docs/architecture.md": "layers, stage contract, artifact layout, the axis-letter glossary",
     "docs/metrics.md": "every metric's formula, units and direction; JSON/CSV schemas",
     "docs/rollout.md": "the tandem rollout engine: definition, catch-up, noise, exactness, performance",
+    "docs/vllm-measurements.md": "every measurement of the vLLM tandem path, with the code each ran on",
     "docs/training.md": "the train stage: arms, loss mask, the GRPO objective, logging, checkpoints, resume",
     "dvc.lock": "DVC's record of the last reproduced pipeline (hashes of every input and output)",
     "dvc.yaml": "the pipeline as DVC stages (train: one stage per arm) with every input declared",
