@@ -595,6 +595,16 @@ class Service:
             out[r] = dict(zip(FIELDS, (float(x) for x in a)))
         return out
 
+    def socket_counters(self) -> dict[str, float]:
+        """The frontend's own sockets, summed over both engines: the batched submissions (messages sent, the chunk
+        requests they carried, the CPU of sending them; no messages with one message per chunk) and the chunk
+        returns (messages and chunks taken, the CPU of taking them; none through vLLM's output path)."""
+        subs, rets = list(self.submitters.values()), list(self.returns.values())
+        return {"submit_messages": sum(s.messages for s in subs), "submit_requests": sum(s.requests for s in subs),
+                "submit_cpu_seconds": sum(s.send_cpu_seconds for s in subs),
+                "return_messages": sum(x.messages for x in rets), "return_chunks": sum(x.chunks for x in rets),
+                "return_cpu_seconds": sum(x.cpu_seconds for x in rets)}
+
     def generate(self, req: dict) -> dict:
         key = self._table_key(str(req["tables"]))
         self.ensure(1, req.get("senior"))
@@ -662,9 +672,7 @@ class Service:
             extra = {"replay": str(replay_path), "replay_row": b} if replay_path else None
             return cls(self, role, f"{call}-{rows[b]}-{role}", make_sp, extra, **kw)
 
-        before = self.counters()
-        sub0 = {r: (s.messages, s.requests, s.send_cpu_seconds) for r, s in self.submitters.items()}
-        ret0 = {r: (x.messages, x.chunks, x.cpu_seconds) for r, x in self.returns.items()}
+        before, sockets0 = self.counters(), self.socket_counters()
         t0, c0 = time.perf_counter(), time.thread_time()
         ctx = RolloutContext(kind, self.lookup[key], self.tables[key], seed, p, gap, rounds, budget, frozenset(eos))
         prof = _profiler()
@@ -688,14 +696,7 @@ class Service:
                  "rows": len(prompts), "engines": eng, **extra,
                  **rollout_counters(records, step_s, eng["senior"]["row_seconds"] + eng["junior"]["row_seconds"])}
         stats["decoded"] = int(sum(e["generated_tokens"] for e in eng.values()))
-        # batched submissions: messages sent and chunk requests they carried (0 with one message per chunk)
-        stats["submit_messages"] = sum(s.messages - sub0[r][0] for r, s in self.submitters.items())
-        stats["submit_requests"] = sum(s.requests - sub0[r][1] for r, s in self.submitters.items())
-        stats["submit_cpu_seconds"] = sum(s.send_cpu_seconds - sub0[r][2] for r, s in self.submitters.items())
-        # chunk returns: messages and chunks received, and the frontend's CPU in taking them (0 on vLLM's path)
-        stats["return_messages"] = sum(x.messages - ret0[r][0] for r, x in self.returns.items())
-        stats["return_chunks"] = sum(x.chunks - ret0[r][1] for r, x in self.returns.items())
-        stats["return_cpu_seconds"] = sum(x.cpu_seconds - ret0[r][2] for r, x in self.returns.items())
+        stats.update({k: v - sockets0[k] for k, v in self.socket_counters().items()})
         return {"completion_ids": batch.completion_ids, "owner": batch.owner,
                 "senior_logprobs": batch.senior_logprobs, "handoffs": batch.handoffs,
                 "finish_reason": batch.finish_reason, "stats": stats}
