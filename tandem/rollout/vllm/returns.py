@@ -103,9 +103,10 @@ class Returns:
         # ZMQ_EVENTS, not recv until zmq.Again: raising and catching that error cost more than the receive
         while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             buf = sock.recv(zmq.NOBLOCK)
+            recs = self.decode(buf)
             self.messages += 1
-            for rec in self.decode(buf):
-                self.chunks += 1
+            self.chunks += len(recs)
+            for rec in recs:
                 s = sessions.get(rec[0])
                 if s is not None:
                     s.on_chunk(*rec[1:])
