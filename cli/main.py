@@ -27,17 +27,20 @@ from typing import Callable, Iterator, Optional
 
 import typer
 
-from cli.options import PARAMS_OPT, WAIT_OPT, BenchRolloutOptions, RunOptions, StudyOptions, takes
+from cli.options import (PARAMS_OPT, WAIT_OPT, BenchRolloutOptions, ControlRunOptions, RunOptions, StudyOptions,
+                         takes)
 from tandem.config import ParamsError
 from tandem.errors import as_user_error, is_expected
 
-STAGES = ("prepare", "base", "train", "evaluate", "analyze", "report")
+STAGES = ("prepare", "base", "junior", "train", "evaluate", "analyze", "report")
 
 # pretty_exceptions_show_locals stays off: a traceback must never print local values (tokens, env copies)
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Tandem RL as a reproducible pipeline: stages, the full flow, params checks, benchmarks.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print ratios measured in one process.")
 app.add_typer(bench_app, name="bench")
+control_app = typer.Typer(no_args_is_help=True, help="The registered junior positive control (studies/junior-control/).")
+app.add_typer(control_app, name="control")
 
 
 def debug_enabled() -> bool:
@@ -167,7 +170,7 @@ def _direct_stages(p, wanted: list[str] | None) -> list[tuple[str, str | None]]:
     if not wanted:
         return pairs
     keep: list[tuple[str, str | None]] = []
-    groups = {"training": ("prepare", "base", "train"), "evaluation": ("evaluate", "analyze", "report")}
+    groups = {"training": ("prepare", "base", "junior", "train"), "evaluation": ("evaluate", "analyze", "report")}
     for name in STAGES:
         for w in wanted:
             if w == "all" or name in groups.get(w, ()) or w == name:
@@ -287,6 +290,9 @@ def study(o: StudyOptions) -> None:
     (`<out>/claims.json`, `<out>/report.md`). Rerun after an interruption: it continues where it stopped."""
     _offline_defaults()
     out = o.out or ("studies" if (o.recompute or o.registered) else "studies/first-study")
+    if o.recompute and _is_control(Path(out)):  # the junior positive control: its own registration and results
+        control_claims(out)
+        return
     if o.recompute:  # the committed per-problem CSVs and the registration are all it reads: no params, no models
         with expected_failures("study"):
             from tasks import claims as cl
@@ -382,6 +388,69 @@ def pilot(registration: str = typer.Option("studies/registration.yaml", "--regis
     typer.echo(f"  result   {Path(registration).resolve().parent / 'pilot' / 'result.md'}")
 
 
+CONTROL_OUT = typer.Option("studies/junior-control", "--out", help="the control's folder (its registration.yaml)")
+
+
+def _is_control(out: Path) -> bool:
+    """Whether `out` holds the junior positive control's registration (kind: junior-control)."""
+    import yaml
+
+    f = out / "registration.yaml"
+    try:
+        return f.is_file() and (yaml.safe_load(f.read_text()) or {}).get("kind") == "junior-control"
+    except (OSError, yaml.YAMLError):
+        return False
+
+
+@control_app.command("gate")
+def control_gate(out: str = CONTROL_OUT) -> None:
+    """Build S and J for each registered dialect in order and measure the base-only gate (G1-G5); writes
+    gate.json and gate.md. Rerun: dialects already measured are kept."""
+    _offline_defaults()
+    with expected_failures("control gate"):
+        from flows import control as ctl
+
+        t0 = time.perf_counter()
+        doc = ctl.gate(Path(out))
+    typer.secho(f"gate finished in {time.perf_counter() - t0:.0f}s: "
+                + (f"passed with dialect {doc['dialect']!r}" if doc["passed"] else "no dialect passed"), bold=True)
+    typer.echo(f"  gate   {Path(out) / 'gate.md'}")
+
+
+@control_app.command("run")
+@takes(ControlRunOptions)
+def control_run(o: ControlRunOptions) -> None:
+    """Train, evaluate and analyse every registered seed x arm that has no result yet (resumable), writing
+    results/seed-<S>/<arm>.json as each finishes."""
+    _offline_defaults()
+    with expected_failures("control run"):
+        from flows import control as ctl
+
+        if o.show_status:
+            for row in ctl.status(Path(o.out)):
+                typer.echo(f"seed {row['seed']} {row['arm']:<13} {row['state']}")
+            return
+        pick = (lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None)
+        t0 = time.perf_counter()
+        seeds = pick(o.seeds)
+        if seeds and not all(x.isdigit() for x in seeds):
+            raise typer.BadParameter(f"{o.seeds!r}: comma-separated seeds, e.g. 0,1,2", param_hint="--seeds")
+        done = ctl.run(Path(o.out), seeds=[int(x) for x in seeds] if seeds else None, arms=pick(o.arms),
+                       jobs=o.jobs, commit=o.commit, log=typer.echo)
+    typer.secho(f"control runs finished in {time.perf_counter() - t0:.0f}s: {len(done)} result(s) written", bold=True)
+
+
+@control_app.command("claims")
+def control_claims(out: str = CONTROL_OUT) -> None:
+    """Rebuild claims.json and the report (HTML + Markdown) from the committed results alone."""
+    with expected_failures("control claims"):
+        from flows import control as ctl
+
+        doc = ctl.claims(Path(out))
+    typer.echo(ctl.claims_summary(doc))
+    typer.echo(f"  claims   {Path(out) / 'claims.json'}\n  report   {Path(out) / 'report.md'}")
+
+
 @app.command("check-params")
 def check_params(file: str = typer.Argument("params.yaml", help="params file to validate"),
                  explain: bool = typer.Option(False, "--explain", help="print every setting with its value, rule "
@@ -395,7 +464,7 @@ def check_params(file: str = typer.Argument("params.yaml", help="params file to 
         for key, value, rule, help_text in explain_settings(p):
             typer.echo(f"  {key} = {show(value)}" + (f"  [{rule}]" if rule else "") + f"\n      {help_text}")
         return
-    for section in ("data", "model", "rollout", "train", "evaluate", "analyze", "report"):
+    for section in ("data", "model", "junior", "rollout", "train", "evaluate", "analyze", "report"):
         typer.echo(f"  {section}: {json.dumps(getattr(p, section).__dict__, default=str)}")
 
 

@@ -119,6 +119,19 @@ class StudyOptions:
 
 
 @dataclass(frozen=True)
+class ControlRunOptions:
+    """`tandem control run`."""
+
+    out: str = option("studies/junior-control", "--out", help="the control's folder (its registration.yaml)")
+    seeds: Optional[str] = option(None, "--seeds", help="comma-separated seeds (default: the registration's, "
+                                  "in order)")
+    arms: Optional[str] = option(None, "--arms", help="comma-separated control arms (default: every arm)")
+    jobs: int = option(2, "--jobs", help="seed x arm runs side by side (each a one-thread stage process)")
+    commit: bool = option(False, "--commit", help="git-commit each finished run's result file as it lands")
+    show_status: bool = option(False, "--status", help="print where each seed x arm stands and exit")
+
+
+@dataclass(frozen=True)
 class BenchRolloutOptions:
     """`tandem bench rollout`."""
 

@@ -45,7 +45,7 @@ from tasks.common import atomic_path, load_params, read_json, read_jsonl, read_m
 from tasks.measures import final_steps, run_measures, stack_seeds
 
 CODE_ROOT = Path(__file__).resolve().parents[1]
-SHARED = ("data/prepared", "models/base")
+SHARED = ("data/prepared", "models/base", "models/junior")
 
 
 @dataclass(frozen=True)
@@ -111,6 +111,8 @@ def _stage_module(name: str):
         from tasks import prepare as mod
     elif name == "base":
         from tasks import base as mod
+    elif name == "junior":
+        from tasks import junior as mod
     elif name == "train":
         from tasks import train as mod
     elif name == "evaluate":
@@ -118,7 +120,7 @@ def _stage_module(name: str):
     elif name == "analyze":
         from tasks import analyze as mod
     else:
-        raise BadInputError(f"study: no stage {name!r} (prepare, base, train, evaluate, analyze)")
+        raise BadInputError(f"study: no stage {name!r} (prepare, base, junior, train, evaluate, analyze)")
     return mod
 
 
@@ -176,7 +178,7 @@ def shared_inputs(s: StudySettings) -> Path:
     """The study file's root with its prepared data and base model (built by the prepare and base stages when
     missing); every seed links them."""
     main_root = s.main_root
-    for rel, name in zip(SHARED, ("prepare", "base")):
+    for rel, name in zip(SHARED, ("prepare", "base", "junior")):
         if not (main_root / rel).exists():
             _stage(s.params_file, name, s.out / "logs" / f"{name}.log")
     return main_root

@@ -61,7 +61,7 @@ HOUR = 3600
 # the flow's main thread carry one (Prefect cannot enforce a timeout in a worker thread, and says so at WARNING
 # level): the evaluation units run on the task runner's threads, so their limit is the evaluation subflow's
 # (`evaluate-unit` per unit).
-TIMEOUTS = {"prepare": 2 * HOUR, "base": 12 * HOUR, "train": 72 * HOUR, "evaluate-unit": 12 * HOUR,
+TIMEOUTS = {"prepare": 2 * HOUR, "base": 12 * HOUR, "junior": 12 * HOUR, "train": 72 * HOUR, "evaluate-unit": 12 * HOUR,
             "evaluate": 2 * HOUR, "analyze": 12 * HOUR, "report": 2 * HOUR, "promote": 600, "sync": 4 * HOUR}
 FLOW_TIMEOUT = 7 * 24 * HOUR
 

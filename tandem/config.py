@@ -127,7 +127,7 @@ MAX_STR = 4096     # characters of a string setting (paths, ids, titles) unless 
 MAX_ENTRIES = 256  # entries of a list or mapping setting unless its rule says otherwise
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # The synthetic reference-solution styles (tandem/data/synthetic.py renders them), in the order a share draw cuts.
-SOLUTION_STYLES = ("verbose", "terse", "compact")
+SOLUTION_STYLES = ("verbose", "terse", "compact", "coded")
 
 
 def _num(x: float) -> str:
@@ -461,7 +461,7 @@ class DataConfig(_Section):
     solution_styles: dict[str, float] = _f(
         {"verbose": 0.7, "terse": 0.3},
         "synthetic reference solutions (pretraining corpus and prepared data): style -> share, summing to 1; "
-        "styles verbose, terse, compact (tandem/data/synthetic.py)",
+        "styles verbose, terse, compact, coded (tandem/data/synthetic.py)",
         nonempty=True, max_len=len(SOLUTION_STYLES), check=_style_shares)
     train_file: str = _f("data/raw/math_train/train.jsonl", "jsonl source: training problems (id, problem, answer)")
     eval_files: dict[str, str] = _f(
@@ -559,6 +559,48 @@ class ModelConfig(_Section):
         if self.source == "gguf":
             self._rule(p, bool(self.gguf_file), "gguf_file",
                        "source 'gguf' needs a file path, 'wheel:<name>==<version>/<file>' or 'package:<import name>/<file>'")
+        return p
+
+
+JUNIOR_SOURCES = ("base", "tiny", "path", "hub", "gguf")
+
+
+@dataclass(frozen=True)
+class JuniorConfig(_Section):
+    """The frozen partner of every tandem rollout, of the handoff evaluation and of the legibility measures.
+
+    `base` (the paper's self-pairing) uses the senior's base itself; any other source builds a junior of its own
+    with the `junior` stage. A junior must share the senior's tokenizer (one token history serves both)."""
+
+    SECTION: ClassVar[str] = "junior"
+
+    source: Literal["base", "tiny", "path", "hub", "gguf"] = _f(
+        "base", "base: the senior's base is the junior (the paper); tiny: pretrain one here with the base's recipe "
+        "and tokenizer but its own styles and seed; path: a local HF directory; hub: snapshot hub_id at revision; "
+        "gguf: import gguf_file")
+    seed: int = _f(1, "tiny: the junior's pretraining seed (corpus draw and initialisation)", ge=0, le=2**32 - 1)
+    solution_styles: dict[str, float] = _f(
+        {"verbose": 0.7, "terse": 0.3},
+        "tiny: reference-solution styles of the junior's pretraining corpus, style -> share summing to 1 (a style "
+        "the senior writes and the junior never saw is a dialect it cannot read)",
+        nonempty=True, max_len=len(SOLUTION_STYLES), check=_style_shares)
+    path: str = _f("", "path source: a local Hugging Face model directory")
+    hub_id: str = _f("Qwen/Qwen3-4B-Instruct-2507", "hub source: the model id to snapshot", max_len=256)
+    revision: str = _f("main", "hub source: the revision (pin a commit hash for reproducibility)", max_len=256)
+    gguf_file: str = _f("", "gguf source: a GGUF file (forms as model.gguf_file)")
+
+    @property
+    def is_base(self) -> bool:
+        return self.source == "base"
+
+    def cross_problems(self) -> list[str]:
+        p: list[str] = []
+        if self.source == "path":
+            self._rule(p, bool(self.path), "path", "source 'path' needs a directory")
+        if self.source == "hub":
+            self._rule(p, bool(self.hub_id), "hub_id", "source 'hub' needs a model id")
+        if self.source == "gguf":
+            self._rule(p, bool(self.gguf_file), "gguf_file", "source 'gguf' needs a file")
         return p
 
 
@@ -732,6 +774,7 @@ class ReportConfig(_Section):
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "model": ModelConfig,
+    "junior": JuniorConfig,
     "rollout": RolloutConfig,
     "train": TrainConfig,
     "evaluate": EvaluateConfig,
@@ -755,6 +798,7 @@ class Params(_Section):
                        "temporary directory or the working directory; never a system directory")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    junior: JuniorConfig = field(default_factory=JuniorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tandem.evaluation import content_hash
 
-JUNIOR = "junior"  # pseudo-arm name of the junior floor (the base model alone)
+JUNIOR = "junior"  # pseudo-arm name of the junior floor (the junior model alone)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -67,12 +67,12 @@ class ResultCache:
 # Units
 # --------------------------------------------------------------------------------------------------
 
-def plan_units(checkpoints: dict[str, Sequence[Any]], modes: Sequence[str], base: Path) -> list[dict]:
+def plan_units(checkpoints: dict[str, Sequence[Any]], modes: Sequence[str], junior: Path) -> list[dict]:
     """Units to compute, as plain dicts {arm, step, path, mode}; one per distinct (weights, mode).
 
     `checkpoints` maps each arm to its checkpoints (objects with `step` and `path`). The junior floor is the
-    base in solo mode, so it shares step 0's unit when solo is evaluated and is a unit of its own otherwise;
-    identical weights under two names (every arm's step 0) are listed once.
+    junior in solo mode: when the junior is the base it shares step 0's unit (if solo is evaluated), otherwise
+    it is a unit of its own; identical weights under two names (every arm's step 0) are listed once.
     """
     seen: set[tuple[str, str]] = set()
     units = []
@@ -83,8 +83,8 @@ def plan_units(checkpoints: dict[str, Sequence[Any]], modes: Sequence[str], base
                 if (h, mode) not in seen:
                     seen.add((h, mode))
                     units.append({"arm": arm, "step": c.step, "path": str(c.path), "mode": mode})
-    if "solo" not in modes:
-        units.append({"arm": JUNIOR, "step": 0, "path": str(base), "mode": "solo"})
+    if (content_hash(junior), "solo") not in seen:
+        units.append({"arm": JUNIOR, "step": 0, "path": str(junior), "mode": "solo"})
     return units
 
 

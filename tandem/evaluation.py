@@ -219,3 +219,22 @@ def teacher_forced_stats(senior, base, prompt_ids: Sequence[Sequence[int]], comp
             for b, i in enumerate(ch.rows):
                 out[i][name][ch.t0:ch.t0 + n_B[b]] = v_BT[b, :n_B[b]]
     return out
+
+
+
+def teacher_forced_pair_stats(senior, base, junior, prompt_ids: Sequence[Sequence[int]],
+                              completion_ids: Sequence[Sequence[int]], batch_size: int = 32, pad_id: int = 0,
+                              progress: Callable[[int], None] | None = None) -> list[dict[str, np.ndarray]]:
+    """`teacher_forced_stats` when the junior is a model of its own (`junior` not None): legibility
+    (`junior_nll`, `overlap`) against the junior, drift (`kl`, `logratio`) against the senior's base, and
+    `kl_junior` = KL(p_s || p_junior). With `junior` None (the junior is the base) it is `teacher_forced_stats`.
+    Naive: the two calls, with the junior's columns taken from the second."""
+    drift = teacher_forced_stats(senior, base, prompt_ids, completion_ids, batch_size=batch_size, pad_id=pad_id,
+                                 progress=progress)
+    if junior is None:
+        return drift
+    leg = teacher_forced_stats(senior if senior is not None else base, junior, prompt_ids, completion_ids,
+                               batch_size=batch_size, pad_id=pad_id)
+    for d, j in zip(drift, leg):
+        d["junior_nll"], d["overlap"], d["kl_junior"] = j["junior_nll"], j["overlap"], j["kl"]
+    return drift

@@ -772,3 +772,56 @@ if __name__ == "__main__":  # pragma: no cover
     import sys
 
     sys.exit(main())
+
+
+# --------------------------------------------------------------------------------------------------
+# The junior: the senior's base, or a model of its own that shares the senior's tokenizer
+# --------------------------------------------------------------------------------------------------
+
+JUNIOR_FILE = "tandem_junior.json"  # in the junior stage's output when the junior is the base itself
+
+
+def write_base_junior(dest: str | os.PathLike) -> None:
+    """Mark `dest` (the junior stage's output directory) as "the junior is the senior's base": nothing is
+    copied or rebuilt, and `resolve_junior` answers the base's directory."""
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    (Path(dest) / JUNIOR_FILE).write_text(json.dumps({"source": "base"}, indent=2) + "\n")
+
+
+def resolve_junior(junior_dir: str | os.PathLike | None, base_dir: str | os.PathLike, is_base: bool) -> Path:
+    """The directory the junior loads from: the base's when the junior is the base (`is_base`, or the junior
+    stage's output marks it so), else the junior stage's output, which must hold a model."""
+    if is_base:
+        return Path(base_dir)
+    d = Path(junior_dir) if junior_dir is not None else None
+    if d is None or not d.is_dir() or (d / JUNIOR_FILE).exists():
+        raise MissingInputError(f"junior: no junior model at {d} (junior.source is not 'base': run the junior "
+                                f"stage, `tandem stage junior`)")
+    return d
+
+
+def tokenizers_differ(a, b) -> str | None:
+    """Why tokenizers `a` and `b` cannot serve one shared token history (None when they can): the same
+    vocabulary (token -> id) and the same special tokens are required."""
+    va, vb = a.get_vocab(), b.get_vocab()
+    if va != vb:
+        only_a, only_b = len(set(va) - set(vb)), len(set(vb) - set(va))
+        moved = sum(1 for t in set(va) & set(vb) if va[t] != vb[t])
+        return (f"vocabularies differ ({len(va)} vs {len(vb)} tokens; {only_a} only in the first, {only_b} only "
+                f"in the second, {moved} with another id)")
+    if (a.eos_token, a.pad_token) != (b.eos_token, b.pad_token):
+        return f"special tokens differ (eos/pad {a.eos_token!r}/{a.pad_token!r} vs {b.eos_token!r}/{b.pad_token!r})"
+    return None
+
+
+def check_junior_tokenizer(senior_dir: str | os.PathLike, junior_dir: str | os.PathLike,
+                           trust_remote_code: bool = False) -> None:
+    """Refuse, in one line, a junior whose tokenizer is not the senior's: tandem rollouts share one token
+    history, so both models must read the same ids (a cross-tokenizer junior is not supported)."""
+    if Path(senior_dir).resolve() == Path(junior_dir).resolve():
+        return
+    why = tokenizers_differ(load_tokenizer(senior_dir, trust_remote_code), load_tokenizer(junior_dir, trust_remote_code))
+    if why:
+        raise ModelFileError(f"junior: {junior_dir} does not share the senior's tokenizer ({senior_dir}): {why}. "
+                             f"A tandem rollout is one token history read by both models, so the junior must use "
+                             f"the senior's tokenizer (a cross-tokenizer junior is not supported)")

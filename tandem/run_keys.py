@@ -57,7 +57,8 @@ RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 # what else the train stage reads: the seed (fingerprinted), where outputs live, and how the base is loaded
-TRAIN_STAGE_OTHER_KEYS = ("seed", "out_root", "model.dtype", "model.source", "model.trust_remote_code")
+TRAIN_STAGE_OTHER_KEYS = ("seed", "out_root", "model.dtype", "model.source", "model.trust_remote_code",
+                          "junior.source")
 
 TRAIN_KEY_GROUPS = {"trajectory": TRAJECTORY_KEYS, "resumable": RESUMABLE_KEYS,
                     "arm definition": ARM_DEFINITION_KEYS, "runtime": RUNTIME_KEYS}

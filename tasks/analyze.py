@@ -1,8 +1,9 @@
 """Stage `analyze`: legibility to the junior and drift from the base, per arm and checkpoint.
 
 Reads `metrics/eval.json` (which checkpoints exist, their paths and content hashes) and the saved solo
-generations, teacher-forces each checkpoint and the base (= the frozen junior) on the checkpoint's own solo
-completions, and reports junior cross-entropy, distribution overlap, per-token KL(senior || base) (mean,
+generations, teacher-forces each checkpoint, the junior and the base (the same model unless `junior.source` gives
+the junior a model of its own) on the checkpoint's own solo completions, and reports junior cross-entropy and
+distribution overlap (against the junior), per-token KL(senior || base) (mean,
 quantiles, histogram), and the mean log-ratio on the reference arm's most-drifted token types. Writes
 `metrics/analysis.json` and the CSV tables of docs/metrics.md, among them `per_problem.csv` (the values per
 problem, which a multi-seed study resamples) and `common_text.csv` (per-token KL(senior || base) and overlap
@@ -21,7 +22,7 @@ import torch
 
 from tandem.checkpoints import generations_file
 from tandem.config import Params
-from tandem.evaluation import content_hash, teacher_forced_stats
+from tandem.evaluation import content_hash, teacher_forced_pair_stats, teacher_forced_stats
 from tandem.threads import torch_threads
 from tandem.metrics.analysis import analyze_checkpoints, per_problem_counts, per_problem_means
 from tasks import headline
@@ -32,7 +33,7 @@ from tandem.errors import BadInputError
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     lay = Layout.of(params)
     inputs = {"eval": lay.metrics / "eval.json", "generations": lay.generations, "base_model": lay.base_model,
-              "checkpoints": lay.checkpoints, "eval_data": lay.prepared / "eval"}
+              "junior_model": lay.junior_model, "checkpoints": lay.checkpoints, "eval_data": lay.prepared / "eval"}
     outputs = {"metrics": lay.metrics / "analysis.json", "headline": lay.metrics / "headline" / "analysis.json",
                "plots": lay.plots / "analysis"}
     return inputs, outputs
@@ -54,17 +55,17 @@ def _solo_generations(gen_dir: Path, arm: str, step: int, benchmarks: list[str])
     return out
 
 
-def _checkpoint_stats(senior, base, gens: dict[str, list[dict]], batch_size: int, pad_id: int, progress: bool,
-                      desc: str) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list]]:
+def _checkpoint_stats(senior, base, junior, gens: dict[str, list[dict]], batch_size: int, pad_id: int,
+                      progress: bool, desc: str) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list]]:
     """Per benchmark, per completion: the per-token arrays of `teacher_forced_stats` plus `targets`; and per
     benchmark, the problem id of each completion (same order)."""
     from tqdm.auto import tqdm
 
     flat = [(b, r) for b, rows in gens.items() for r in rows]
     with tqdm(total=len(flat), desc=desc, unit="seq", disable=not progress, file=sys.stderr) as bar:
-        stats = teacher_forced_stats(senior, base, [r["prompt_ids"] for _, r in flat],
-                                     [r["completion_ids"] for _, r in flat], batch_size=batch_size,
-                                     pad_id=pad_id, progress=bar.update)
+        stats = teacher_forced_pair_stats(senior, base, junior, [r["prompt_ids"] for _, r in flat],
+                                          [r["completion_ids"] for _, r in flat], batch_size=batch_size,
+                                          pad_id=pad_id, progress=bar.update)
     out: dict[str, list[dict[str, np.ndarray]]] = {b: [] for b in gens}
     for (b, r), s in zip(flat, stats):
         s["targets"] = np.asarray(r["completion_ids"], dtype=np.int64)
@@ -119,8 +120,10 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
     ev = read_json(inputs["eval"])
     benchmarks = list(ev["settings"]["benchmarks"])
     gen_dir = Path(inputs["generations"])
-    base_path = _resolve(ev["junior"]["path"], root)
-    base_hash = ev["junior"]["hash"]
+    junior_path = _resolve(ev["junior"]["path"], root)
+    junior_hash = ev["junior"]["hash"]
+    base_path = Path(inputs["base_model"])
+    base_hash = content_hash(base_path)
     arms = [a for a in params.train.arms if a in ev["arms"]]
     if not arms:
         raise BadInputError(f"analyze: none of train.arms {params.train.arms} is in {inputs['eval']} "
@@ -135,6 +138,9 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
     tok = load_tokenizer(base_path, trust_remote_code=params.model.trust_remote_code)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     base = load_model(base_path, params.model.dtype, params.model.trust_remote_code).to(device).eval()
+    # a junior of its own: legibility against it, drift against the senior's base (and KL to the junior too)
+    junior = None if junior_hash == base_hash else load_model(
+        junior_path, params.model.dtype, params.model.trust_remote_code).to(device).eval()
     vocab = int(base.get_output_embeddings().weight.shape[0]) if base.get_output_embeddings() is not None \
         else int(base.config.vocab_size)
 
@@ -154,7 +160,7 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
                 senior = load_model(_resolve(c["path"], root), params.model.dtype,
                                     params.model.trust_remote_code).to(device).eval()
             by_hash[c["hash"]], ids_by_hash[c["hash"]] = _checkpoint_stats(
-                senior, base, gens, an.batch_size, pad_id, params.evaluate.progress, f"analyze {arm} step-{c['step']}")
+                senior, base, junior, gens, an.batch_size, pad_id, params.evaluate.progress, f"analyze {arm} step-{c['step']}")
             if refs is None:
                 refs = _reference_texts(inputs["eval_data"], {b: sorted(set(map(str, v)))
                                                               for b, v in ids_by_hash[c["hash"]].items()}, tok)
@@ -164,6 +170,9 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
     doc = {"settings": {"top_drift_tokens": an.top_drift_tokens, "min_type_count": an.min_type_count,
                         "kl_bins": an.kl_bins, "quantiles": list(an.quantiles), "reference_arm": an.reference_arm,
                         "benchmarks": benchmarks}}
+    if junior is not None:  # the default (junior = base) document keeps its shape
+        doc["junior"] = {"path": ev["junior"]["path"], "hash": junior_hash, "source": ev["junior"].get("source")}
+        doc["base"] = {"hash": base_hash}
     doc.update(analyze_checkpoints(
         {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, by_hash, benchmarks, vocab, an,
         tok.convert_ids_to_tokens))
@@ -175,7 +184,8 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
         write_csv(tmp / "drift_tokens.csv", *_tokens_table(doc["reference"], out_arms))
         write_csv(tmp / "drift_hist.csv", *_hist_table(np.asarray(doc["kl_histogram_edges"]), out_arms))
         write_csv(tmp / "per_problem.csv", *_problem_table(
-            {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, by_hash, ids_by_hash, benchmarks))
+            {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, by_hash, ids_by_hash, benchmarks,
+            junior is not None))
         write_csv(tmp / "common_text.csv", *_common_table(
             {arm: ev["arms"][arm]["checkpoints"] for arm in arms}, common_by_hash))
     write_json(outputs["metrics"], doc)
@@ -205,15 +215,18 @@ def _arm_table(arm: dict, qs: list[float], benchmarks: list[str]):
 PER_PROBLEM = {"junior_ce": "junior_nll", "overlap": "overlap", "kl_mean": "kl"}  # column -> per-token array
 
 
-def _problem_table(arms: dict[str, list[dict]], by_hash: dict, ids_by_hash: dict, benchmarks: list[str]):
-    """One row per (arm, step, benchmark, problem): the per-problem means of `per_problem_means`."""
-    cols = ["arm", "step", "benchmark", "id", "n_completions"] + list(PER_PROBLEM)
+def _problem_table(arms: dict[str, list[dict]], by_hash: dict, ids_by_hash: dict, benchmarks: list[str],
+                   own_junior: bool = False):
+    """One row per (arm, step, benchmark, problem): the per-problem means of `per_problem_means` (with a junior
+    of its own also `kl_junior_mean`, KL to the junior)."""
+    cols_of = {**PER_PROBLEM, **({"kl_junior_mean": "kl_junior"} if own_junior else {})}
+    cols = ["arm", "step", "benchmark", "id", "n_completions"] + list(cols_of)
     rows = []
     for arm, cks in arms.items():
         for c in cks:
             for b in benchmarks:
                 st, ids = by_hash[c["hash"]][b], ids_by_hash[c["hash"]][b]
-                means = {col: per_problem_means(st, ids, name) for col, name in PER_PROBLEM.items()}
+                means = {col: per_problem_means(st, ids, name) for col, name in cols_of.items()}
                 for pid, n in per_problem_counts(st, ids).items():
                     rows.append({"arm": arm, "step": c["step"], "benchmark": b, "id": pid, "n_completions": n,
                                  **{col: m[pid] for col, m in means.items()}})

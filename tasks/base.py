@@ -25,6 +25,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.config import Params
@@ -76,34 +77,59 @@ def _prepared_problems(prepared: Path) -> set[str]:
 # Building the model directory
 # --------------------------------------------------------------------------------------------------
 
-def pretraining_corpus(params: Params, exclude: set[str]) -> list:
+@dataclass(frozen=True)
+class TinyRecipe:
+    """Who a tiny model is, within the base's recipe (`model.*`): the seed of its corpus and initialisation, the
+    styles of its reference solutions, and (a junior) the tokenizer directory it must share."""
+
+    seed: int
+    styles: dict | None = None          # None: data.solution_styles
+    tokenizer_from: Path | None = None  # None: train a tokenizer on the corpus (the base)
+
+
+def pretraining_corpus(params: Params, exclude: set[str], seed: int | None = None,
+                       styles: dict | None = None) -> list:
     """`model.n_pretrain` synthetic problems with reference solutions, none of whose texts is in `exclude`.
 
     Step counts span every count the run trains or evaluates on (the training range and each benchmark's), so a
-    run that trains RL on long problems only still has a base that has seen the short ones.
+    run that trains RL on long problems only still has a base that has seen the short ones. `seed` and `styles`
+    (a junior of its own) replace `seed` and `data.solution_styles`.
     """
+    import dataclasses
+
     from tandem.data.synthetic import ProblemShape, generate
 
     dc = params.data
     lo = min([dc.min_steps] + [r[0] for r in dc.benchmarks.values()]) if dc.source == "synthetic" else dc.min_steps
     hi = max([dc.max_steps] + [r[1] for r in dc.benchmarks.values()]) if dc.source == "synthetic" else dc.max_steps
-    return generate(params.model.n_pretrain, lo, hi, params.seed, ProblemShape.of(dc), exclude=exclude,
-                    prefix=PRETRAIN_PREFIX)
+    shape = ProblemShape.of(dc)
+    if styles is not None:
+        shape = dataclasses.replace(shape, styles=dict(styles))
+    return generate(params.model.n_pretrain, lo, hi, params.seed if seed is None else seed, shape,
+                    exclude=exclude, prefix=PRETRAIN_PREFIX)
 
 
-def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str, list[dict]]) -> dict:
-    """Corpus -> tokenizer -> model -> pretraining (with a learning curve) -> saved HF dir; returns a summary."""
+def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str, list[dict]],
+                recipe: TinyRecipe | None = None) -> dict:
+    """Corpus -> tokenizer -> model -> pretraining (with a learning curve) -> saved HF dir; returns a summary.
+
+    `recipe` (the junior stage) draws the corpus and initialisation from its own seed and styles and reuses the
+    base's tokenizer instead of training one."""
     from tandem import models as M
     from tandem.data.prompts import user_message
     from tandem.generation import SoloDecode, accuracy
 
     mc = params.model
+    recipe = recipe or TinyRecipe(params.seed)
     t0 = time.perf_counter()
-    corpus = pretraining_corpus(params, _prepared_problems(prepared))
+    corpus = pretraining_corpus(params, _prepared_problems(prepared), recipe.seed, recipe.styles)
     pairs = [(user_message(p.problem), p.solution) for p in corpus]
-    tokenizer = M.train_tokenizer([m + "\n\n" + s for m, s in pairs], mc.vocab_size,
-                                  model_max_length=mc.max_position)
-    model = M.build_tiny_model(tokenizer, mc, seed=params.seed)
+    if recipe.tokenizer_from is None:
+        tokenizer = M.train_tokenizer([m + "\n\n" + s for m, s in pairs], mc.vocab_size,
+                                      model_max_length=mc.max_position)
+    else:
+        tokenizer = M.load_tokenizer(recipe.tokenizer_from, mc.trust_remote_code)
+    model = M.build_tiny_model(tokenizer, mc, seed=recipe.seed)
     setup_s = time.perf_counter() - t0
 
     curve_sets = {name: rows[:mc.curve_problems] for name, rows in eval_sets.items()}
@@ -125,12 +151,13 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
 
     print(f"base: corpus {len(corpus)} problems, vocabulary {len(tokenizer)}, {M.n_params(model):,} parameters",
           file=sys.stderr, flush=True)
-    summary = M.pretrain(model, tokenizer, pairs, mc, progress=True, seed=params.seed,
+    summary = M.pretrain(model, tokenizer, pairs, mc, progress=True, seed=recipe.seed,
                          curve_fn=curve_fn if mc.curve_points > 0 else None, target_fn=target_fn)
     M.save_model(model, tokenizer, dest)
-    (dest / M.SOURCE_FILE).write_text(json.dumps(
-        {"source": "tiny", "seed": params.seed, "n_pretrain": len(corpus), "prefix": PRETRAIN_PREFIX}, indent=2)
-        + "\n")
+    source = {"source": "tiny", "seed": recipe.seed, "n_pretrain": len(corpus), "prefix": PRETRAIN_PREFIX}
+    if recipe.styles is not None:
+        source["solution_styles"] = dict(recipe.styles)
+    (dest / M.SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
     summary["setup_seconds"] = round(setup_s, 2)
     summary["vocab_size"] = len(tokenizer)
     summary["solution_tokens"] = _solution_tokens(tokenizer, corpus)

@@ -252,6 +252,8 @@ class Layout:
     @property
     def base_model(self) -> Path: return self.root / "models" / "base"
     @property
+    def junior_model(self) -> Path: return self.root / "models" / "junior"  # the junior stage's output
+    @property
     def checkpoints(self) -> Path: return self.root / "models" / "checkpoints"
     # results
     @property
@@ -270,6 +272,26 @@ class Layout:
     # cache): outputs stay plain DVC outs, so every stage is in DVC's run-cache
     @property
     def scratch(self) -> Path: return self.root / "scratch"
+
+
+def junior_of(params: Params, inputs: dict) -> Path:
+    """The junior's model directory: the base's when `junior.source` is base, else the junior stage's output,
+    checked to share the base's tokenizer (refused in one line otherwise)."""
+    from tandem.models import check_junior_tokenizer, check_model_dir, resolve_junior
+
+    base = Path(inputs["base_model"])
+    d = resolve_junior(inputs.get("junior_model"), base, params.junior.is_base)
+    if d != base:
+        check_model_dir(d)
+        check_junior_tokenizer(base, d, params.model.trust_remote_code)
+    return d
+
+
+def junior_record(params: Params, junior_dir: Path) -> dict:
+    """What a stage records of the junior it used: its source and content hash (equal across stages: B2)."""
+    from tandem.evaluation import content_hash
+
+    return {"source": params.junior.source, "hash": content_hash(junior_dir)}
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

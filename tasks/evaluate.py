@@ -30,8 +30,8 @@ from tandem.metrics.passk import macro_mean
 from tandem.rollout.factory import rollout_engine
 from tandem.run_keys import EVAL_RESULT_KEYS, EVAL_STREAM_KEYS, eval_estimate_fields, setting
 from tasks import headline, tracking
-from tasks.common import (Layout, read_jsonl, stage_outputs, timing_path, write_csv, write_json, write_jsonl,
-                          write_metrics)
+from tasks.common import (Layout, junior_of, read_jsonl, stage_outputs, timing_path, write_csv, write_json,
+                          write_jsonl, write_metrics)
 from tandem.errors import BadInputError
 
 MACRO_FIELDS = ("senior_share", "mean_tokens")
@@ -39,7 +39,8 @@ MACRO_FIELDS = ("senior_share", "mean_tokens")
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     lay = Layout.of(params)
-    inputs = {"eval_data": lay.prepared / "eval", "base_model": lay.base_model, "checkpoints": lay.checkpoints}
+    inputs = {"eval_data": lay.prepared / "eval", "base_model": lay.base_model, "junior_model": lay.junior_model,
+              "checkpoints": lay.checkpoints}
     outputs = {"metrics": lay.metrics / "eval.json", "headline": lay.metrics / "headline" / "eval.json",
                "generations": lay.generations, "plots": lay.plots / "eval", "cache": lay.scratch / "evaluate"}
     return inputs, outputs
@@ -114,6 +115,11 @@ def base_dir(params: Params, inputs: dict) -> Path:
                             f"and model.path to a Hugging Face model directory)")
 
 
+def junior_dir(params: Params, inputs: dict) -> Path:
+    """The junior: the partner of the step and word modes and the junior floor (`tasks.common.junior_of`)."""
+    return junior_of(params, {**inputs, "base_model": base_dir(params, inputs)})
+
+
 # --------------------------------------------------------------------------------------------------
 # Units
 # --------------------------------------------------------------------------------------------------
@@ -130,7 +136,7 @@ def _all_checkpoints(params: Params, inputs: dict) -> dict[str, list]:
 def plan(params: Params, inputs: dict | None = None) -> list[dict]:
     """Units to compute, as plain dicts {arm, step, path, mode}; one per distinct (weights, mode).
 
-    The junior floor is the base in solo mode, so it shares step 0's unit; identical weights under two
+    The junior floor is the junior in solo mode (step 0's unit when the junior is the base); identical weights under two
     names (every arm's step 0) are listed once.
     """
     inputs, _ = _io(params, inputs, None)
@@ -141,7 +147,7 @@ def plan(params: Params, inputs: dict | None = None) -> list[dict]:
     # the memory plan first (both models' KV caches for one engine call): refuse before any work, here because
     # both `run` and the Prefect flow start from the unit list
     check_fits(params, "evaluate", base_dir(params, inputs), "cuda" if torch.cuda.is_available() else "cpu")
-    return plan_units(_all_checkpoints(params, inputs), params.evaluate.modes, base_dir(params, inputs))
+    return plan_units(_all_checkpoints(params, inputs), params.evaluate.modes, junior_dir(params, inputs))
 
 
 def result_cache(outputs: dict) -> ResultCache:
@@ -167,13 +173,14 @@ def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: di
     settings = settings_of(params)
     benches = load_benchmarks(params, inputs)
     base = base_dir(params, inputs)
+    junior = junior_dir(params, inputs)
     senior_path = Path(unit["path"])
-    base_hash, senior_hash = content_hash(base), content_hash(senior_path)
+    junior_hash, senior_hash = content_hash(junior), content_hash(senior_path)
     cache = result_cache(outputs)
     todo = {}
     summaries = {}
     for b, rows in benches.items():
-        key = result_key(senior_hash, mode, b, rows_hash(rows), settings, None if mode == "solo" else base_hash)
+        key = result_key(senior_hash, mode, b, rows_hash(rows), settings, None if mode == "solo" else junior_hash)
         found = cache.summary(key)
         if found is not None:
             summaries[b] = found
@@ -191,12 +198,21 @@ def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: di
     if not todo:
         return summaries
     with torch_threads(ev.cpu_threads):
-        summaries.update(_compute(params, unit, todo, base, base_hash, senior_hash, cache, tick))
+        summaries.update(_compute(params, unit, todo, Partner(base, junior, junior_hash), senior_hash, cache, tick))
     return {b: summaries[b] for b in benches}
 
 
-def _compute(params: Params, unit: dict, todo: dict, base: Path, base_hash: str, senior_hash: str,
-             cache: ResultCache, tick: Callable[[int], None]) -> dict:
+@dataclass(frozen=True)
+class Partner:
+    """The models beside the unit's senior: the base (tokenizer, weight root) and the junior with its hash."""
+
+    base: Path
+    junior: Path
+    junior_hash: str
+
+
+def _compute(params: Params, unit: dict, todo: dict, partner: Partner, senior_hash: str, cache: ResultCache,
+             tick: Callable[[int], None]) -> dict:
     """Generate, score and cache the missing benchmarks of one unit."""
     from tqdm.auto import tqdm
 
@@ -206,11 +222,13 @@ def _compute(params: Params, unit: dict, todo: dict, base: Path, base_hash: str,
     ev, mode, settings = params.evaluate, unit["mode"], settings_of(params)
     senior_path = Path(unit["path"])
     summaries = {}
+    base, junior_path, junior_hash = partner.base, partner.junior, partner.junior_hash
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
-    junior = _load(base, params, keep={base_hash})
-    senior = _load(senior_path, params, keep={base_hash})
+    junior = _load(junior_path, params, keep={junior_hash})
+    senior = _load(senior_path, params, keep={junior_hash})
     # evaluate.cpu_threads already governs threads here, so the engine leaves them as they are
-    engine = rollout_engine(senior, junior, tokenizer, params.rollout, cpu_threads=0, roots=(params.out_root, base))
+    engine = rollout_engine(senior, junior, tokenizer, params.rollout, cpu_threads=0,
+                            roots=(params.out_root, base, junior_path))
     decoder = Decoder(engine, tokenizer, eos_token_ids(tokenizer, senior))
     for b, (key, rows) in todo.items():
         t0 = time.perf_counter()
@@ -223,7 +241,7 @@ def _compute(params: Params, unit: dict, todo: dict, base: Path, base_hash: str,
         summary = summarize_benchmark(records, ev.ks)
         summary["seconds"] = round(time.perf_counter() - t0, 3)
         cache.store(key, records, {"format": FORMAT_VERSION, "key": key, "model_hash": senior_hash, "mode": mode,
-                                   "benchmark": b, "junior_hash": None if mode == "solo" else base_hash,
+                                   "benchmark": b, "junior_hash": None if mode == "solo" else junior_hash,
                                    "settings": settings.key_fields(mode), "summary": summary})
         summaries[b] = summary
     return summaries
@@ -241,7 +259,7 @@ class _Collection:
     benches: dict[str, list[dict]]
     settings: EvalSettings
     cache: ResultCache
-    base_hash: str
+    junior_hash: str
     ks: list[int]
     copies: list[tuple[Path, str]]
 
@@ -249,7 +267,7 @@ class _Collection:
 def _mode_block(col: _Collection, h: str, mode: str, arm: str, step: int) -> dict:
     out_b = {}
     for b, rows in col.benches.items():
-        key = result_key(h, mode, b, rows_hash(rows), col.settings, None if mode == "solo" else col.base_hash)
+        key = result_key(h, mode, b, rows_hash(rows), col.settings, None if mode == "solo" else col.junior_hash)
         summary, gen_p = col.cache.require(key, f"{arm} step {step} {mode} {b}")
         out_b[b] = {"key": key, **summary}
         col.copies.append((gen_p, str(generations_file("", arm, step, mode, b))))
@@ -265,10 +283,10 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
     ev = params.evaluate
     settings = settings_of(params)
     benches = load_benchmarks(params, inputs)
-    base = base_dir(params, inputs)
-    base_hash = content_hash(base)
+    junior_path = junior_dir(params, inputs)
+    junior_hash = content_hash(junior_path)
     copies: list[tuple[Path, str]] = []
-    col = _Collection(benches, settings, result_cache(outputs), base_hash, list(ev.ks), copies)
+    col = _Collection(benches, settings, result_cache(outputs), junior_hash, list(ev.ks), copies)
     root = Path(params.out_root)
 
     def rel(p: Path) -> str:
@@ -277,8 +295,8 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
         except ValueError:
             return str(p)
 
-    junior = {"path": rel(base), "hash": base_hash,
-              "modes": {"solo": _mode_block(col, base_hash, "solo", JUNIOR, 0)}}
+    junior = {"path": rel(junior_path), "hash": junior_hash, "source": params.junior.source,
+              "modes": {"solo": _mode_block(col, junior_hash, "solo", JUNIOR, 0)}}
     arms: dict[str, Any] = {}
     for arm, ckpts in _all_checkpoints(params, inputs).items():
         rows = []

@@ -35,6 +35,14 @@ def base(doc: dict) -> dict:
             "sampled_accuracy": _num((acc.get("sampled") or {}).get("macro"))}
 
 
+def junior(doc: dict) -> dict:
+    """metrics/junior.json -> whether the junior is the base, and a built junior's greedy and sampled accuracy."""
+    acc = doc.get("accuracy") or {}
+    return {"is_base": 1 if doc.get("is_base") else 0,
+            "greedy_accuracy": _num((acc.get("greedy") or {}).get("macro")),
+            "sampled_accuracy": _num((acc.get("sampled") or {}).get("macro"))}
+
+
 def train(doc: dict) -> dict:
     """metrics/train_<arm>.json -> reward at the first and last step, its mean, drift and senior share."""
     return {k: _num(doc.get(k)) for k in TRAIN_KEYS}

@@ -42,14 +42,14 @@ from pathlib import Path
 from tandem.config import Params, apply_tool_env
 from tandem.timing import is_timing_key
 from tasks import headline, launch, tracking
-from tasks.common import (Layout, atomic_path, load_params, read_jsonl, stage_outputs, timing_path, write_json,
-                          write_metrics)
+from tasks.common import (Layout, atomic_path, junior_of, junior_record, load_params, read_jsonl, stage_outputs,
+                          timing_path, write_json, write_metrics)
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     lay = Layout.of(params)
     inputs = {"train_data": lay.prepared / "train.jsonl", "val_data": lay.prepared / "val.jsonl",
-              "base_model": lay.base_model}
+              "base_model": lay.base_model, "junior_model": lay.junior_model}
     outputs: dict[str, Path] = {"checkpoints": lay.checkpoints, "runs": lay.runs / "wandb",
                                 "scratch": lay.scratch / "train"}
     for arm in params.train.arms:  # dvc.yaml: one stage per arm (train@<arm>) declaring these four
@@ -175,15 +175,19 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
     trust = params.model.trust_remote_code
     # train.precision: the senior holds the optimizer's master weights (float32), the frozen junior model.dtype
     senior_dtype, junior_dtype = load_dtypes(params.train, params.model.dtype, device)
-    senior, junior = load_model(base, senior_dtype, trust), load_model(base, junior_dtype, trust)
+    junior_dir = junior_of(params, inputs)
+    senior, junior = load_model(base, senior_dtype, trust), load_model(junior_dir, junior_dtype, trust)
+    # a junior of its own: the senior's base stays the drift reference (KL diagnostic, kl_reg)
+    base_ref = None if junior_dir == base else load_model(base, junior_dtype, trust)
     tokenizer = load_tokenizer(base, trust)
     # the W&B run of this arm (rank 0 logs; the trainer's W&B callback logs into it)
-    tracked = (tracking.arm_run(params, arm, run_fingerprint_of(params, arm, junior))
+    tracked = (tracking.arm_run(params, arm, run_fingerprint_of(params, arm, junior, base_ref))
                if tracking.enabled(params) and int(os.environ.get("RANK", "0")) == 0 else nullcontext())
     with tracked:
         res = train_arm(ArmRun(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
                                Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows,
-                               weight_roots=(params.out_root,)))
+                               weight_roots=(params.out_root, junior_dir), base=base_ref))
+    res.summary["junior"] = junior_record(params, junior_dir)
     if int(os.environ.get("RANK", "0")) == 0:  # one writer; every rank holds the same history
         work, rows = Path(outputs["scratch"]) / arm, step_rows(res.log_history)
         if publish_to is not None:  # a launched worker: the launching stage commits what it writes there
@@ -194,18 +198,19 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
     return res.summary
 
 
-def run_fingerprint_of(params: Params, arm: str, junior) -> str:
+def run_fingerprint_of(params: Params, arm: str, junior, base=None) -> str:
     """The fingerprint the trainer gives this arm's run (its checkpoints carry it; resume needs it to match)."""
     from tandem.train import arm_spec, run_fingerprint
     from tandem.train.numerics import weights_hash
 
+    key = weights_hash(junior) if base is None else f"{weights_hash(junior)}:{weights_hash(base)}"
     return run_fingerprint(arm_spec(arm, params.train, params.rollout), params.train, params.rollout, params.seed,
-                           weights_hash(junior))
+                           key)
 
 
 KEEP = ("steps", "reward_first", "reward_last", "senior_fraction", "handoffs_per_completion", "kl_to_base_last",
         "zero_variance_groups", "val_accuracy_initial", "val_accuracy_last", "step_seconds", "phase_seconds",
-        "junior_unchanged", "checkpoints")
+        "junior_unchanged", "junior", "checkpoints")
 
 
 def collect(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:

@@ -19,10 +19,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 _FILES = ["data/raw/x.jsonl", "data/prepared/train.jsonl", "data/prepared/val.jsonl", "data/prepared/eval/b.jsonl",
-          "metrics/data.json", "models/base/config.json", "metrics/base.json", "results/generations/x.jsonl",
+          "metrics/data.json", "models/base/config.json", "metrics/base.json", "models/junior/tandem_junior.json",
+          "metrics/junior.json", "results/generations/x.jsonl",
           "metrics/eval.json", "metrics/plots/eval/x.csv", "metrics/analysis.json", "metrics/plots/analysis/x.csv",
           "reports/report.md", "reports/report.html", "reports/figures/x.png", "reports/data-docs/index.html"]
-_FILES += [f"metrics/headline/{s}.json" for s in ("data", "base", "eval", "analysis")]
+_FILES += [f"metrics/headline/{s}.json" for s in ("data", "base", "junior", "eval", "analysis")]
 
 
 def arm_files(arm: str) -> list[str]:

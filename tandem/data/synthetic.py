@@ -16,6 +16,9 @@ Solution styles (`STYLES`, drawn per problem with the shares `data.solution_styl
   counting lines, and the text is about half as long as verbose). Rare in a base's pretraining data, it is the
   toy analogue of a drifted reasoning dialect: shorter (it fits a tight budget) and harder for a model that
   mostly saw the keyed styles to continue.
+- `coded`: "c)45+5=50" (a letter key for the step's position, a, b, c, ..., then the compact equation): keyed for
+  a model that learned the letters, as opaque as compact to one that never saw them. The second dialect of the
+  junior positive control (studies/junior-control/registration.md).
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ def draw_style(rng: random.Random, shares: dict[str, float] | None = None) -> st
 
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
                 "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
+LETTER_KEYS = "abcdefghijklmnopqrst"  # the coded style's key of step i (as many as ORDINALS)
 ORDINALS = ["First", "Second", "Third", "Fourth", "Fifth", "Sixth", "Seventh", "Eighth", "Ninth", "Tenth",
             "Eleventh", "Twelfth", "Thirteenth", "Fourteenth", "Fifteenth", "Sixteenth", "Seventeenth",
             "Eighteenth", "Nineteenth", "Twentieth"]
@@ -162,6 +166,8 @@ def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_val
             steps.append(f"{ORDINALS[i]}, {_clauses(op, k, obj)[1]}: {eq}")
         elif style == "terse":
             steps.append(f"{ORDINALS[i]}: {eq}")
+        elif style == "coded":
+            steps.append(f"{LETTER_KEYS[i]}){before}{op}{k}={after}")
         else:
             steps.append(f"{before}{op}{k}={after}")
     answer = str(ops[-1][3])
@@ -173,11 +179,15 @@ def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_val
 
 def solution_style(text: str) -> str:
     """The style a solution is written in, read off its first step: "verbose" (an ordinal, then a comma),
-    "terse" (an ordinal, then a colon), "compact" (an equation with no ordinal) or "other"."""
+    "terse" (an ordinal, then a colon), "compact" (an equation with no ordinal), "coded" (a letter key and ")",
+    then an equation) or "other"."""
     first = text.lstrip().split("\n", 1)[0]
     head = first.split(" ", 1)[0]
     if head.rstrip(",:") in ORDINALS:
         return "verbose" if head.endswith(",") else "terse" if head.endswith(":") else "other"
+    if len(first) > 2 and first[0] in LETTER_KEYS and first[1] == ")":
+        rest = first[2:]
+        return "coded" if rest[:1].isdigit() and "=" in rest and " " not in rest else "other"
     return "compact" if first[:1].isdigit() and "=" in first and " " not in first else "other"
 
 

@@ -63,8 +63,8 @@ class TandemRollout:
     """trl `rollout_func`: one engine call per step over the repeated prompts; env_mask = owner mask.
 
     The run (`ArmRun`) gives the engine, the tokenizer, the arm's spec, the seed, the step clock and the
-    frozen junior, which is the base of the KL-to-base diagnostic on `train.kl_rows` rows per step (0 turns it
-    off). `run.engine` follows `tandem.rollout.engine.TandemEngine` (its senior is the very module trl trains,
+    frozen base of the KL-to-base diagnostic (`run.base`, else the junior, which is then the base) on
+    `train.kl_rows` rows per step (0 turns it off). `run.engine` follows `tandem.rollout.engine.TandemEngine` (its senior is the very module trl trains,
     so rollouts always use the current weights; `build_trainer` sets it when the run has none); `settings` is
     the arm's `RolloutSettings` (schedule, sampling, `p_senior`, gap and rounds caps, batch size), built once.
     The seed follows the rollout step (`geometry.step_of` trl's optimizer step).
@@ -78,7 +78,8 @@ class TandemRollout:
         self.engine, self.tokenizer, self.spec, self.settings = run.engine, run.tokenizer, spec, settings
         self.sampling = settings.sampling
         self.stats, self.seed, self.geometry = stats, run.seed, run.geometry
-        self.base, self.kl_rows = run.junior, run.train.kl_rows
+        self.base = run.base if run.base is not None else run.junior  # drift is measured from the senior's base
+        self.kl_rows = run.train.kl_rows
         self._prompt_cache: dict[str, list[int]] = {}
 
     def step_seed(self, step: int) -> int:
@@ -131,12 +132,25 @@ class TandemRollout:
             "tandem/senior_tokens": sum(map(sum, owner)) / len(prompts),
             "tandem/truncated": sum(r != "eos" for r in batch.finish_reason) / len(prompts),
         })
+        self.stats.values.update(self.first_styles(completion_ids, owner))
         if self.base is not None and self.kl_rows > 0:
             t1 = time.perf_counter()
             self.stats.values["tandem/kl_to_base"] = self.kl_to_base(prompt_ids, completion_ids, owner, logprobs)
             self.stats.add_time("kl", time.perf_counter() - t1)
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
                 "env_mask": owner}
+
+    def first_styles(self, completion_ids, owner) -> dict[str, float]:
+        """`style/<name>`: the share of senior-first rows whose first line is in each synthetic solution style
+        (`tandem.data.synthetic.solution_style`): the per-step dose curve of a dialect (none without such rows)."""
+        from tandem.config import SOLUTION_STYLES
+        from tandem.data.synthetic import solution_style
+
+        firsts = [solution_style(self.tokenizer.decode(ids, skip_special_tokens=True))
+                  for ids, own in zip(completion_ids, owner) if own and own[0] == 1]
+        if not firsts:
+            return {}
+        return {f"style/{name}": sum(f == name for f in firsts) / len(firsts) for name in SOLUTION_STYLES}
 
     def kl_to_base(self, prompt_ids, completion_ids, owner, logprobs) -> float:
         """k3 estimate of KL(senior || base) per senior token, on an even spread of `kl_rows` rows.

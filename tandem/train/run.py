@@ -31,6 +31,8 @@ class ArmRun:
     `engine` defaults to the factory's engine for `rollout`; `score_fn` replaces math-verify scoring (tests);
     `stop_after` ends the run after that many steps of this call (benchmarks); `weight_roots` are directories a
     vLLM rollout service started here may load weights from (the run's output root), besides the junior's.
+    `base` is the senior's frozen base when the junior is a model of its own (`junior.source` other than base):
+    the reference of the KL-to-base diagnostic and of kl_reg; None when the junior is the base itself.
     """
 
     arm: str
@@ -49,6 +51,7 @@ class ArmRun:
     progress: bool = True
     stop_after: int | None = None
     weight_roots: Sequence[str | os.PathLike] = ()
+    base: Any = None  # the senior's base when the junior is another model (the KL-to-base reference); None: the junior
 
     def __post_init__(self):
         object.__setattr__(self, "arm_dir", Path(self.arm_dir))

@@ -249,11 +249,14 @@ def _train_arm(run: ArmRun) -> ArmResult:
     shared = {p.data_ptr() for p in senior.parameters()} & {p.data_ptr() for p in junior.parameters()}
     if shared:
         raise ValueError("senior and junior share parameters: load the junior as a separate copy of the base")
-    for p in junior.parameters():
-        p.requires_grad_(False)
-    junior.eval()
+    for m in (junior,) if run.base is None else (junior, run.base):
+        for p in m.parameters():
+            p.requires_grad_(False)
+        m.eval()
     guard = JuniorGuard(junior)
-    fingerprint = run_fingerprint(spec, train, run.rollout, run.seed, guard.before)
+    # the run is its weights: the junior's, and the senior's base when that is another model
+    weights_key = guard.before if run.base is None else f"{guard.before}:{weights_hash(run.base)}"
+    fingerprint = run_fingerprint(spec, train, run.rollout, run.seed, weights_key)
     removed: list[str] = []
     resume_from = None
     if ranks.is_main:
@@ -335,7 +338,10 @@ def build_trainer(run: ArmRun, fingerprint: str, guard: JuniorGuard):
     junior.to(trainer.args.device)  # trl placed the senior; the junior decodes next to it
     if run.engine is None:  # built after trl moved the senior, so the engine sees both models on their device
         rollout_fn.engine = rollout_engine(run.senior, junior, tokenizer, rollout, live=True, roots=run.weight_roots)
-    if trainer.ref_model is not None and weights_hash(trainer.ref_model) != guard.before:
+    base_hash = guard.before if run.base is None else weights_hash(run.base)
+    if run.base is not None:
+        run.base.to(trainer.args.device)
+    if trainer.ref_model is not None and weights_hash(trainer.ref_model) != base_hash:
         # trl loads the KL reference from the senior's own path: it must be the base the junior copies
         raise RuntimeError("the kl_reg reference model differs from the frozen base: load the senior from the "
                            "base directory, so that trl's reference is the base")

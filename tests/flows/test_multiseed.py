@@ -21,6 +21,7 @@ def _study_file(tmp_path: Path) -> Path:
     main = tmp_path / "main"
     (main / "data" / "prepared").mkdir(parents=True)
     (main / "models" / "base").mkdir(parents=True)
+    (main / "models" / "junior").mkdir(parents=True)
     raw = yaml.safe_load((ROOT / "params.study.yaml").read_text())
     raw["out_root"] = str(main)  # a relative out_root is the project root's, as for the stages
     p = main / "params.study.yaml"

@@ -1,0 +1,117 @@
+"""The junior positive control's decision rules (studies/junior-control/registration.md), as pure functions.
+
+- `gate`: the base-only criteria G1-G4 (and G5, reported) of one dialect from its measured values;
+- `dose_slope`: the least-squares change of the dialect share per 100 training steps over the checkpoints;
+- `bug_indicators`: the registered checks B1-B7 from the study's numbers, each with its value and whether it
+  fired (a fired indicator points at the implementation, and is read before any claim).
+
+The measurements themselves (generation, scoring, training) are flows/control.py's; nothing here reads files.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class GateCriteria:
+    """The registered gate thresholds (registration.yaml `gate.criteria`)."""
+
+    share_range: tuple[float, float] = (0.5, 0.9)  # G1: S's dialect share of solo samples
+    solo_pass1_min: float = 0.30                   # G2: solo pass@1 of S and of J
+    cost_max: float = -0.15                        # G3: step pass@1 of (S, J), dialect-first minus keyed-first
+    solo_gap_abs_max: float = 0.10                 # G4: |S's solo pass@1, dialect-first minus keyed-first|
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "GateCriteria":
+        lo, hi = d["G1_share"]
+        return cls((float(lo), float(hi)), float(d["G2_solo_pass1_min"]), float(d["G3_cost_max"]),
+                   float(d["G4_solo_gap_abs_max"]))
+
+
+def _ok(x: float | None, test) -> bool:
+    return x is not None and math.isfinite(x) and bool(test(x))
+
+
+def gate(values: Mapping[str, float | None], c: GateCriteria) -> dict:
+    """The gate of one dialect: each criterion's value, rule and outcome, and `passed` (G1-G4 all hold).
+
+    `values`: `share` (S's solo dialect share), `solo_pass1_S`, `solo_pass1_J`, `cost_SJ` (G3's difference),
+    `solo_gap_S` (G4's difference) and `cost_SS` (G5, reported only)."""
+    lo, hi = c.share_range
+    rows = {
+        "G1": {"value": values.get("share"), "rule": f"in [{lo}, {hi}]",
+               "passed": _ok(values.get("share"), lambda x: lo <= x <= hi)},
+        "G2": {"value": {"S": values.get("solo_pass1_S"), "J": values.get("solo_pass1_J")},
+               "rule": f">= {c.solo_pass1_min} for S and for J",
+               "passed": all(_ok(values.get(k), lambda x: x >= c.solo_pass1_min) for k in ("solo_pass1_S", "solo_pass1_J"))},
+        "G3": {"value": values.get("cost_SJ"), "rule": f"<= {c.cost_max}",
+               "passed": _ok(values.get("cost_SJ"), lambda x: x <= c.cost_max)},
+        "G4": {"value": values.get("solo_gap_S"), "rule": f"within +-{c.solo_gap_abs_max}",
+               "passed": _ok(values.get("solo_gap_S"), lambda x: abs(x) <= c.solo_gap_abs_max)},
+        "G5": {"value": values.get("cost_SS"), "rule": "reported (expected about 0)", "passed": None},
+    }
+    return {"criteria": rows, "passed": all(rows[g]["passed"] for g in ("G1", "G2", "G3", "G4"))}
+
+
+def dose_slope(steps: Sequence[float], shares: Sequence[float]) -> float | None:
+    """Least-squares slope of `shares` against `steps`, per 100 steps (None with fewer than two distinct steps).
+    Naive: fit share = a + b * step by ordinary least squares; return 100 * b."""
+    pts = [(float(s), float(y)) for s, y in zip(steps, shares) if y is not None and math.isfinite(float(y))]
+    if len({s for s, _ in pts}) < 2:
+        return None
+    n = len(pts)
+    ms, my = sum(s for s, _ in pts) / n, sum(y for _, y in pts) / n
+    sxx = sum((s - ms) ** 2 for s, _ in pts)
+    sxy = sum((s - ms) * (y - my) for s, y in pts)
+    return 100.0 * sxy / sxx
+
+
+def bug_indicators(v: Mapping[str, float | bool | None], reg: Mapping) -> dict:
+    """The registered bug indicators B1-B7 from the study's numbers; each {value, rule, fired} (fired None when
+    its inputs are missing).
+
+    `v` keys: `senior_share` (arm -> mean senior token share of training), `junior_hashes_equal`,
+    `junior_unchanged`, `first_reward` / `first_reward_se` (tandem-naive, first steps), `gate_word_SJ`,
+    `gate_cost` (G3), `move` (arm -> final minus initial dialect share), `final_share` (arm -> final share),
+    `J1_holds`, `H1_estimate`."""
+    lo, hi = reg["B1_senior_share"]
+    out: dict[str, dict] = {}
+    shares = v.get("senior_share") or {}
+    out["B1"] = {"value": shares, "rule": f"every tandem arm's senior share in [{lo}, {hi}]",
+                 "fired": None if not shares else any(not (lo <= s <= hi) for s in shares.values())}
+    eq, unch = v.get("junior_hashes_equal"), v.get("junior_unchanged")
+    out["B2"] = {"value": {"hashes_equal": eq, "unchanged_by_training": unch},
+                 "rule": "one junior hash across gate, training, evaluation and analysis; unchanged by training",
+                 "fired": None if eq is None or unch is None else not (eq and unch)}
+    fr, se, gw = v.get("first_reward"), v.get("first_reward_se"), v.get("gate_word_SJ")
+    k = float(reg["B3_max_se"])
+    out["B3"] = {"value": {"first_reward": fr, "se": se, "gate_word_SJ": gw},
+                 "rule": f"tandem-naive's mean reward over its first {reg['B3_first_steps']} steps within {k} SE of "
+                         "the gate's word-schedule pass@1 of (S, J)",
+                 "fired": None if None in (fr, se, gw) else abs(fr - gw) > k * max(se, 1e-12)}
+    move, final = v.get("move") or {}, v.get("final_share") or {}
+    m = float(reg["B4_min_move"])
+    naive, grpo, self_ = move.get("tandem-naive"), move.get("grpo"), move.get("tandem-self")
+    out["B4"] = {"value": {"tandem-naive": naive, "grpo": grpo},
+                 "rule": f"not (tandem-naive's share moves < {m} while grpo's is flat, < {m})",
+                 "fired": None if naive is None or grpo is None else (abs(naive) < m and abs(grpo) < m)}
+    fn, fg = final.get("tandem-naive"), final.get("grpo")
+    out["B5"] = {"value": {"tandem-naive": fn, "grpo": fg}, "rule": "tandem-naive's final share not above grpo's",
+                 "fired": None if fn is None or fg is None else fn > fg}
+    frac = float(reg["B6_self_fraction"])
+    j1 = v.get("J1_holds")
+    out["B6"] = {"value": {"tandem-self": self_, "tandem-naive": naive, "J1_holds": j1},
+                 "rule": f"if J1 holds, tandem-self's fall is at most {frac} of tandem-naive's",
+                 "fired": None if None in (j1, self_, naive) else bool(j1) and naive < 0 and -self_ > frac * -naive}
+    rlo, rhi = reg["B7_ratio"]
+    h1, cost = v.get("H1_estimate"), v.get("gate_cost")
+    drop = None if fn is None or fg is None else fg - fn
+    pred = None if drop is None or cost is None else drop * -cost
+    ratio = None if pred in (None, 0) or h1 in (None, 0) else h1 / pred
+    out["B7"] = {"value": {"H1_estimate": h1, "predicted": pred, "ratio": ratio},
+                 "rule": f"H1's estimate within {rlo}-{rhi}x of (share drop x G3 cost), when both are nonzero",
+                 "fired": None if ratio is None else not (rlo <= ratio <= rhi)}
+    return out
