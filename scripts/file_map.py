@@ -1,10 +1,11 @@
-"""The README's file map, generated: one row per tracked file, its text taken from the file itself.
+"""The file map, generated: one row per tracked file, its text taken from the file itself.
 
-A Python file is described by the first paragraph of its module docstring (so the map cannot drift from the
-code); any other file by an entry of `OTHER_FILES` below. Data and generated records are grouped, not listed.
+The map lives in docs/file-map.md, between its file-map markers. A Python file is described by the first
+paragraph of its module docstring (so the map cannot drift from the code); any other file by an entry of
+`OTHER_FILES` below. Data and generated records are grouped, not listed.
 
-    python scripts/file_map.py --check   # exit 1 (with the differences) when README's map is out of date
-    python scripts/file_map.py --write   # rewrite the map between the README's file-map markers
+    python scripts/file_map.py --check   # exit 1 (with the differences) when docs/file-map.md is out of date
+    python scripts/file_map.py --write   # rewrite the map between the markers of docs/file-map.md (created if absent)
 """
 
 from __future__ import annotations
@@ -17,7 +18,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MAP = Path("docs") / "file-map.md"  # relative to ROOT
 START, END = "<!-- file-map:start -->", "<!-- file-map:end -->"
+# What docs/file-map.md says above the map when --write creates it.
+HEADER = """# File map
+
+Every tracked file in one line, generated from the files themselves (`python scripts/file_map.py --write`;
+`tests/test_docs.py` fails when the map is out of date): a Python file's row is the first paragraph of its
+module docstring, any other file's row is its entry in `OTHER_FILES` of `scripts/file_map.py`. Data and
+generated records are grouped.
+
+"""
 
 # Grouped rather than listed file by file: shipped data, test fixtures, recorded metrics, infra templates.
 GROUPED = {
@@ -42,9 +53,12 @@ OTHER_FILES = {
     ".gitignore": "build outputs, caches and run artifacts kept out of git",
     "LICENSE": "the MIT licence",
     "Makefile": "the README's two commands (`make run`, `make test`) plus setup, repro, bench",
-    "README.md": "this file",
+    "README.md": "the front door: what tandem is, the two commands, the pipeline, params, where to read on",
     "docs/architecture.md": "layers, stage contract, artifact layout, the axis-letter glossary",
+    "docs/file-map.md": "this map: one line per tracked file (`python scripts/file_map.py --write`)",
     "docs/metrics.md": "every metric's formula, units and direction; JSON/CSV schemas",
+    "docs/operations.md": "deployments, work pools, schedule, promotion, W&B, DVC views, environment, failure behaviour, GPUs",
+    "docs/results.md": "the current figures: what was measured, on what, and how to rerun it",
     "docs/rollout.md": "the tandem rollout engine: definition, catch-up, noise, exactness, performance",
     "docs/vllm-measurements.md": "every measurement of the vLLM tandem path, with the code each ran on",
     "docs/training.md": "the train stage: arms, loss mask, the GRPO objective, logging, checkpoints, resume",
@@ -60,6 +74,9 @@ OTHER_FILES = {
     "params.study.yaml": "the study run: the default run's data and base, hundreds of training steps (complete params file)",
     "pyproject.toml": "package metadata, pinned stack, extras (pipeline, test), pytest markers",
     "scripts/gpu_check.sh": "the one GPU check: rollout backends against each other, then training steps through the real stages",
+    "studies/junior-control/params.yaml": "the junior positive control's params file: what every one of its runs starts from",
+    "studies/junior-control/registration.md": "the registered junior positive control: setting, arms, gate G1-G5, claims, bug indicators, seeds",
+    "studies/junior-control/registration.yaml": "the same registration in the form `tandem control gate|run|claims` reads",
     "studies/first-study/README.md": "how to read the first study's record (verdicts by interval alone; what they do not show)",
     "studies/first-study/claims.json": "the first study (`tandem study --seeds 3`, params.study.yaml): claims with estimates, paired differences, 95% intervals and verdicts",
     "studies/first-study/report.md": "the first study's report: claims table, error bars, every measure per arm with its interval",
@@ -120,35 +137,47 @@ def build() -> tuple[str, list[str]]:
     return "\n".join(["| file | what |", "|---|---|", *rows]), problems
 
 
-def current(readme: str) -> str:
-    if START not in readme or END not in readme:
-        raise SystemExit(f"README.md lacks the markers {START} ... {END}")
-    return readme.split(START, 1)[1].split(END, 1)[0].strip()
+def current(text: str) -> str:
+    """The map between the markers of `text` (docs/file-map.md's contents)."""
+    if START not in text or END not in text:
+        raise SystemExit(f"{MAP.as_posix()} lacks the markers {START} ... {END}")
+    return text.split(START, 1)[1].split(END, 1)[0].strip()
+
+
+def write(table: str) -> None:
+    """Put `table` between the markers of docs/file-map.md, creating the file (with `HEADER`) if absent."""
+    path = ROOT / MAP
+    text = path.read_text(encoding="utf-8") if path.exists() else f"{HEADER}{START}\n{END}\n"
+    if START not in text or END not in text:
+        raise SystemExit(f"{MAP.as_posix()} lacks the markers {START} ... {END}")
+    before, rest = text.split(START, 1)
+    after = rest.split(END, 1)[1]
+    path.write_text(f"{before}{START}\n{table}\n{END}{after}", encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", action="store_true", help="fail when README's file map is out of date")
-    mode.add_argument("--write", action="store_true", help="rewrite README's file map")
+    mode.add_argument("--check", action="store_true", help="fail when docs/file-map.md is out of date")
+    mode.add_argument("--write", action="store_true", help="rewrite the map in docs/file-map.md")
     args = ap.parse_args(argv)
     table, problems = build()
-    readme_path = ROOT / "README.md"
-    readme = readme_path.read_text(encoding="utf-8")
     for p in problems:
         print(p, file=sys.stderr)
     if args.write:
-        before, rest = readme.split(START, 1)
-        after = rest.split(END, 1)[1]
-        readme_path.write_text(f"{before}{START}\n{table}\n{END}{after}", encoding="utf-8")
+        write(table)
         return 1 if problems else 0
-    have = current(readme)
+    path = ROOT / MAP
+    if not path.exists():
+        print(f"{MAP.as_posix()} is missing: run `python scripts/file_map.py --write`", file=sys.stderr)
+        return 1
+    have = current(path.read_text(encoding="utf-8"))
     if have != table:
         import difflib
 
         sys.stdout.writelines(difflib.unified_diff(have.splitlines(True), table.splitlines(True),
-                                                   "README.md (file map)", "generated", n=0))
-        print("\nREADME.md's file map is out of date: run `python scripts/file_map.py --write`", file=sys.stderr)
+                                                   f"{MAP.as_posix()} (file map)", "generated", n=0))
+        print(f"\n{MAP.as_posix()} is out of date: run `python scripts/file_map.py --write`", file=sys.stderr)
         return 1
     return 1 if problems else 0
 

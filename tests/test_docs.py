@@ -1,4 +1,4 @@
-"""Project text: the README's file map matches the files, no control characters, no build-history wording."""
+"""Project text: the file map (docs/file-map.md) matches the files, no control characters, no build-history wording."""
 
 from __future__ import annotations
 
@@ -30,12 +30,51 @@ def _text_files() -> list[Path]:
             and (ROOT / f).is_file()]
 
 
-def test_readme_file_map_is_generated_from_the_files():
+def test_docs_file_map_is_generated_from_the_files():
     fm = _file_map()
     table, problems = fm.build()
     assert not problems, "\n".join(problems)
-    assert fm.current((ROOT / "README.md").read_text(encoding="utf-8")) == table, \
-        "README.md's file map is out of date: run `python scripts/file_map.py --write`"
+    path = ROOT / fm.MAP
+    assert path.is_file(), f"{fm.MAP.as_posix()} is missing: run `python scripts/file_map.py --write`"
+    assert fm.current(path.read_text(encoding="utf-8")) == table, \
+        f"{fm.MAP.as_posix()} is out of date: run `python scripts/file_map.py --write`"
+
+
+def test_readme_is_a_front_door():
+    # Read in five minutes: the details live in docs/ (operations, results, measurements, the file map).
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move details to docs/ and link them"
+    opening = (lines[2], lines[3].split()[:2], lines[4].split()[:2], lines[5])
+    assert opening == ("```bash", ["make", "run"], ["make", "test"], "```"), \
+        "README.md opens with its two commands, `make run` and `make test`"
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings."""
+    out = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^#{1,6}\s+(.*)", line)
+        if m:
+            out.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-"))
+    return out
+
+
+@pytest.mark.parametrize("path", ["README.md", *sorted(p.relative_to(ROOT).as_posix()
+                                                       for p in (ROOT / "docs").glob("*.md"))])
+def test_markdown_links_point_to_files_and_headings(path):
+    f = ROOT / path
+    text = re.sub(r"```.*?```", "", f.read_text(encoding="utf-8"), flags=re.S)  # code blocks hold no links
+    bad = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, ...
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (f.parent / file).resolve() if file else f
+        if not dest.exists():
+            bad.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            bad.append(f"{target}: no heading with that anchor")
+    assert not bad, f"{path}: " + "; ".join(bad)
 
 
 def test_file_map_describes_python_files_by_their_whole_first_paragraph(tmp_path):
@@ -53,7 +92,7 @@ def test_no_control_characters(path):
 
 
 def test_no_control_characters_in_docstrings():
-    # A non-raw docstring turns `\boxed` into a backspace byte and the file map would carry it into the README.
+    # A non-raw docstring turns `\boxed` into a backspace byte and the file map would carry it into docs/file-map.md.
     import ast
 
     bad = []
