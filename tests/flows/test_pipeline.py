@@ -54,7 +54,7 @@ def test_flow_stages_are_dvcs_own_stage_graph(tmp_path):
     assert edges <= direct
     assert [s.name for s in fp._closure(specs, {"evaluate"}, downstream=True)] == ["evaluate", "analyze", "report"]
     assert [s.name for s in fp._closure(specs, {"train"}, downstream=False)] == \
-        ["prepare", "base"] + [f"train@{a}" for a in raw["train"]["arms"]]
+        ["prepare", "base", "junior"] + [f"train@{a}" for a in raw["train"]["arms"]]
 
 
 def _expand(stage: dict, raw_params: dict) -> list[dict]:

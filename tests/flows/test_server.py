@@ -40,7 +40,7 @@ BIN = Path(sys.executable).parent
 # What the copy leaves out: environments, VCS, generated outputs (top level only), caches (anywhere).
 _TOP = {".venv", ".venv-vllm", ".tandem.lock", ".git", ".dvc", "dvc.lock", "models", "results", "reports", "metrics", "runs", "wandb", "registry",
         "scratch", ".prefect", ".pytest_cache", "dvc-remote"}
-STAGES = ("prepare", "base", "train@tandem", "train@grpo", "evaluate", "analyze", "report")
+STAGES = ("prepare", "base", "junior", "train@tandem", "train@grpo", "evaluate", "analyze", "report")
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -237,7 +237,7 @@ def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api)
     # 1. training on a fresh worker: checkpoints to the DVC remote, dvc.lock and metrics to origin
     train_run = run_on_fresh_worker("training", "w1")
     runs = api.task_runs(train_run["id"])
-    for name in ("prepare", "base", "train@tandem", "train@grpo", "dvc-push", "git-commit", "git-push"):
+    for name in ("prepare", "base", "junior", "train@tandem", "train@grpo", "dvc-push", "git-commit", "git-push"):
         assert runs[name]["state"]["type"] == "COMPLETED", (name, runs.get(name, {}).get("state"))
     assert not any(n.startswith(("evaluate", "analyze", "report")) for n in runs)
     logs = api.wait_log(train_run["id"], "train@grpo: done")
@@ -245,7 +245,7 @@ def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api)
     arts = api.artifacts(train_run["id"])
     assert {arts[f"train-{a}-progress"]["data"] for a in ("tandem", "grpo")} == {100.0}
     lock = yaml.safe_load(_git(bare, "show", "main:dvc.lock"))["stages"]
-    assert set(lock) == {"prepare", "base", "train@tandem", "train@grpo"}
+    assert set(lock) == {"prepare", "base", "junior", "train@tandem", "train@grpo"}
     assert "metrics/train_grpo.json" in _git(bare, "ls-tree", "-r", "--name-only", "main")
     assert sum(1 for p in remote.rglob("*") if p.is_file()) > 10  # checkpoints, base model, data pushed
 
