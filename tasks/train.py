@@ -135,8 +135,13 @@ def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
 
             check_model_dir(inputs["base_model"])
         _check_plan(params, arm, inputs)  # a plan that cannot fit is refused before any process starts
-        return launch.launch_arm(params, arm, inputs, outputs, publish_targets(outputs, arm))
-    return _run_in_this_process(params, arm, inputs, outputs)
+        summary = launch.launch_arm(params, arm, inputs, outputs, publish_targets(outputs, arm))
+    else:
+        summary = _run_in_this_process(params, arm, inputs, outputs)
+    # the published checkpoints as the arm's W&B artifact (a no-op unless W&B is on; never raises)
+    tracking.log_checkpoints(params, arm, publish_targets(outputs, arm)["checkpoints"],
+                             work_dir=Path(outputs["scratch"]) / arm)
+    return summary
 
 
 def _run_in_this_process(params: Params, arm: str, inputs: dict, outputs: dict, publish_to: dict | None = None) -> dict:
@@ -181,7 +186,8 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
     base_ref = None if junior_dir == base else load_model(base, junior_dtype, trust)
     tokenizer = load_tokenizer(base, trust)
     # the W&B run of this arm (rank 0 logs; the trainer's W&B callback logs into it)
-    tracked = (tracking.arm_run(params, arm, run_fingerprint_of(params, arm, junior, base_ref))
+    tracked = (tracking.arm_run(params, arm, run_fingerprint_of(params, arm, junior, base_ref),
+                                work_dir=Path(outputs["scratch"]) / arm)
                if tracking.enabled(params) and int(os.environ.get("RANK", "0")) == 0 else nullcontext())
     with tracked:
         res = train_arm(ArmRun(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
