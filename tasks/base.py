@@ -208,6 +208,21 @@ def _solution_tokens(tokenizer, corpus) -> dict:
     return {str(k): by_steps[k] for k in sorted(by_steps)}
 
 
+def fetch_model(source, model_path: str | Path | None, dest: Path, trust_remote_code: bool) -> dict:
+    """A model that is not built here, into `dest`: `source` (model.* or junior.*) says which of a hub snapshot
+    (`hub_id` at `revision`), a GGUF import (`gguf_file`) or a local directory (`model_path`); returns the
+    metrics entry ({"snapshot" | "imported" | "copied": what was recorded})."""
+    if source.source == "hub":
+        from tandem.models import snapshot_hub
+
+        return {"snapshot": snapshot_hub(source.hub_id, source.revision, dest, trust_remote_code)}
+    if source.source == "gguf":
+        from tandem.models import import_gguf
+
+        return {"imported": import_gguf(source.gguf_file, dest)}
+    return {"copied": _copy_local(Path(model_path), dest, trust_remote_code)}
+
+
 def _copy_local(src: Path, dest: Path, trust_remote_code: bool) -> dict:
     """Hard-link (or copy) the safe files of a local HF model directory; records where it came from."""
     from tandem.models import SAFE_PATTERNS, SOURCE_FILE, check_model_dir
@@ -300,16 +315,8 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
         with atomic_path(outputs["model"]) as tmp:
             if mc.source == "tiny":
                 metrics["pretrain"] = _build_tiny(params, Path(inputs["prepared"]), tmp, eval_sets)
-            elif mc.source == "hub":
-                from tandem.models import snapshot_hub
-
-                metrics["snapshot"] = snapshot_hub(mc.hub_id, mc.revision, tmp, mc.trust_remote_code)
-            elif mc.source == "gguf":
-                from tandem.models import import_gguf
-
-                metrics["imported"] = import_gguf(mc.gguf_file, tmp)
             else:
-                metrics["copied"] = _copy_local(Path(inputs["model_path"]), tmp, mc.trust_remote_code)
+                metrics.update(fetch_model(mc, inputs.get("model_path"), tmp, mc.trust_remote_code))
             if mc.source != "tiny" and mc.sft_steps > 0:
                 metrics["warmup"] = _warm_up(params, Path(inputs["prepared"]), tmp)
         build_s = time.perf_counter() - t0

@@ -26,7 +26,7 @@ from pathlib import Path
 from tandem.config import Params
 from tandem.threads import torch_threads as cpu_threads
 from tasks import headline
-from tasks.base import TinyRecipe, _build_tiny, _copy_local, _eval_sets, _evaluate
+from tasks.base import TinyRecipe, _build_tiny, _eval_sets, _evaluate, fetch_model
 from tasks.common import Layout, atomic_path, load_params, write_json, write_metrics
 
 
@@ -89,16 +89,8 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
                     metrics["seed"], metrics["solution_styles"] = jc.seed, dict(jc.solution_styles)
                     metrics["pretrain"] = _build_tiny(params, Path(inputs["prepared"]), tmp, eval_sets,
                                                       TinyRecipe(jc.seed, jc.solution_styles, tokenizer_from=base))
-                elif jc.source == "hub":
-                    from tandem.models import snapshot_hub
-
-                    metrics["snapshot"] = snapshot_hub(jc.hub_id, jc.revision, tmp, params.model.trust_remote_code)
-                elif jc.source == "gguf":
-                    from tandem.models import import_gguf
-
-                    metrics["imported"] = import_gguf(jc.gguf_file, tmp)
                 else:
-                    metrics["copied"] = _copy_local(Path(inputs["model_path"]), tmp, params.model.trust_remote_code)
+                    metrics.update(fetch_model(jc, inputs.get("model_path"), tmp, params.model.trust_remote_code))
                 check_model_dir(tmp)
                 check_junior_tokenizer(base, tmp, params.model.trust_remote_code)
             junior = Path(outputs["model"])
@@ -122,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("params", nargs="?", default="params.yaml")
-    a = ap.parse_args(argv)
-    print(json.dumps(run(load_params(a.params)), indent=2, default=str))
+    print(json.dumps(run(load_params(ap.parse_args(argv).params)), indent=2, default=str))
     return 0
 
 
