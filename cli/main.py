@@ -252,15 +252,16 @@ def run(o: RunOptions) -> None:
         if path.exists():
             typer.echo(f"  {label:12s} {path.resolve()}")
     if result.get("dvc_synced") and not o.publish:
-        _compare_with_record(root)
+        _compare_with_record(root, result.get("ran"))
 
 
-def _compare_with_record(root: Path) -> None:
-    """Say whether this run reproduced the committed record (HEAD's dvc.lock), and what to do if not."""
+def _compare_with_record(root: Path, ran: list[str] | None = None) -> None:
+    """Say whether this run reproduced the committed record (HEAD's dvc.lock), and what to do if not; `ran`
+    (the stages the flow computed) tells a reproduction from a run that found every stage up to date."""
     from tasks.record import compare_with_record, record_summary
 
     try:
-        cmp = compare_with_record(root)
+        cmp = compare_with_record(root, ran)
     except (OSError, ValueError) as e:  # a damaged dvc.lock or metrics file: the run itself succeeded
         typer.secho(f"\ncould not compare with the committed record: {e}", fg=typer.colors.YELLOW)
         return
@@ -269,7 +270,7 @@ def _compare_with_record(root: Path) -> None:
     from tandem.machine import describe, summary
 
     typer.secho("\n" + record_summary(cmp, summary(describe())),
-                fg=typer.colors.GREEN if cmp.identical else typer.colors.YELLOW)
+                fg=typer.colors.GREEN if cmp.reproduced else typer.colors.YELLOW)
 
 
 def _echo_status(rows: list[dict], lead: Callable[[dict], str]) -> None:

@@ -191,17 +191,20 @@ def result_line(label: str, rows: list[dict], k: int) -> str:
 
 @task(name="evaluate-unit", task_run_name="evaluate-{unit[arm]}-step-{unit[step]}-{unit[mode]}",
       cache_policy=NO_CACHE)
-def evaluate_unit_task(params: Params, unit: dict) -> dict:
+def evaluate_unit_task(params: Params, unit: dict, refresh: bool = False) -> dict:
     """One (arm, checkpoint, mode) unit on every benchmark: a progress artifact that follows its generations
-    while it runs, then its pass@k table (rounded) as a table artifact and one result line in the logs."""
+    while it runs, then its pass@k table (rounded) as a table artifact and one result line in the logs.
+    `refresh` (a forced run) recomputes what the evaluation's result cache already holds."""
     mod = _stage("evaluate")
     inputs, outputs = mod.default_io(params)
     label, view = unit_label(unit), progress.current()
     done = progress.Counter(view, label)
+    # the flag only when set: a forced run must recompute, any other run calls run_unit as it always has
+    force = {"refresh": True} if refresh else {}
     with view.track("evaluate", label), \
             progress.artifact(unit_key(unit, "progress"), f"{label}: generations done, every benchmark of the unit",
                               done.percent):
-        summaries = mod.run_unit(params, unit, inputs, outputs, progress=done.update)
+        summaries = mod.run_unit(params, unit, inputs, outputs, progress=done.update, **force)
     rows = unit_rows(params, None, summaries)
     create_table_artifact(
         key=unit_key(unit, "results"), table=rows,
@@ -236,12 +239,13 @@ def publish_summary(params: Params, done: dict[int, tuple[dict, dict]], n_units:
 
 
 @flow(name="tandem-evaluate-units", persist_result=False, log_prints=True, timeout_seconds=FLOW_TIMEOUT)
-def evaluate_units(params: Params, units: list[dict]) -> list[dict]:
+def evaluate_units(params: Params, units: list[dict], refresh: bool = False) -> list[dict]:
     """The evaluation fan-out on the task runner the parent chose (threads or a Dask cluster); the running
-    summary artifact is updated here, in the flow, as each unit finishes."""
+    summary artifact is updated here, in the flow, as each unit finishes. `refresh`: recompute every unit,
+    cached results included (a forced run)."""
     from prefect.futures import as_completed
 
-    futures = list(evaluate_unit_task.map(unmapped(params), units))
+    futures = list(evaluate_unit_task.map(unmapped(params), units, unmapped(refresh)))
     index = {f.task_run_id: i for i, f in enumerate(futures)}
     done: dict[int, tuple[dict, dict]] = {}
     for fut in as_completed(futures):
@@ -459,7 +463,9 @@ def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bo
 def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str,
               upstream: list[State]) -> tuple[dict, State]:
     """The evaluate stage: plan, the units' subflow, collect (its `evaluate` task run is what later stages wait
-    for); a single Skipped `evaluate` task run when DVC reports it up to date."""
+    for); a single Skipped `evaluate` task run when DVC reports it up to date. A forced run (`force`) bypasses
+    the evaluation's result cache too: otherwise `--force` would rerun the stage on the cached generations and
+    evaluate nothing."""
     if is_current("evaluate", sync, force):
         progress.current().set_state("evaluate", "evaluate", "skipped")
         state = stage_task.with_options(timeout_seconds=60)(
@@ -473,7 +479,7 @@ def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str,
     fan_out = evaluate_units.with_options(task_runner=task_runner(eval_runner, eval_workers(params)),
                                           timeout_seconds=TIMEOUTS["evaluate-unit"] * max(1, len(units)))
     # a subflow's parameters are validated, so `opaque` (resolved, not walked) rather than `quote`
-    units_state = fan_out(opaque(params), opaque(units), wait_for=_after([plan]), return_state=True)
+    units_state = fan_out(opaque(params), opaque(units), refresh=force, wait_for=_after([plan]), return_state=True)
     units_state.result()  # a failed unit fails the flow here, before collect
     state = evaluate_collect_task(quote(params), quote(sync), wait_for=_after([plan, units_state]),
                                   return_state=True)
@@ -532,10 +538,11 @@ def _finish(req: _Request, params: Params, sync: DvcSync, view: progress.Progres
     from prefect.runtime import flow_run
 
     share = req.sharing
+    # the stages that did work (not Skipped as up to date): what a comparison with the record can vouch for
+    ran = [k for k, v in summaries.items() if not _skipped(v)]
     if share.push:
         push_task(sync, share.remote)
     if share.publish:
-        ran = [k for k, v in summaries.items() if not (isinstance(v, dict) and v.get("skipped"))]
         summaries["git_commit"] = git_commit_task(sync, f"{req.what}: dvc.lock and metrics of flow run "
                                                         f"{flow_run.name or ''} (ran: {', '.join(ran) or 'nothing'})")
     if req.promote and "evaluate" in summaries:
@@ -548,7 +555,7 @@ def _finish(req: _Request, params: Params, sync: DvcSync, view: progress.Progres
         report = _stage("report").existing_summary(params)
     html = str(Path(report["html"]).resolve()) if report.get("html") and Path(report["html"]).exists() else None
     md = str(Path(report["markdown"]).resolve()) if report.get("markdown") else None
-    result = {"report": html, "markdown": md, "stages": summaries,
+    result = {"report": html, "markdown": md, "stages": summaries, "ran": ran,
               "timings": view.timings(), "wall_seconds": round(time.perf_counter() - t0, 3), "dvc": sync.reason,
               "dvc_synced": sync.enabled, "out_root": params.out_root,
               "resources": _run_resources(params, view, summaries)}
@@ -579,10 +586,11 @@ def _pipeline(req: _Request) -> dict:
 _COMMON_DOC = """
     dvc: 'auto' commits each stage to dvc.lock when this run is the DVC project's run (and skips stages DVC
     reports up to date), 'on' insists on that, 'adopt' (a worker's own clone) first copies `params_path` onto
-    params.yaml, 'off' never touches DVC. force: run every stage. promote: promote the best checkpoint if it
-    does not regress (git tags). sharing: `pull` (`dvc pull` first: what dvc.lock names and the remote holds),
-    `push` (`dvc push` the outputs to `remote`, default the project's), `publish` (commit dvc.lock and push it
-    and the promotion tags to git `origin`). eval_runner: 'threads', 'dask' or a Dask scheduler address.
+    params.yaml, 'off' never touches DVC. force: run every stage, and every evaluation unit past the result
+    cache. promote: promote the best checkpoint if it does not regress (git tags). sharing: `pull` (`dvc pull`
+    first: what dvc.lock names and the remote holds), `push` (`dvc push` the outputs to `remote`, default the
+    project's), `publish` (commit dvc.lock and push it and the promotion tags to git `origin`). eval_runner:
+    'threads', 'dask' or a Dask scheduler address.
     live: terminal progress view (default: on when attached to a terminal and not under a deployment).
     stages (tandem-pipeline): run only these: `training`, `evaluation`, stage names (`train@tandem`) or groups
     (`train`); the outputs of the stages left out must exist. A params file other than the project's

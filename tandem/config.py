@@ -805,6 +805,18 @@ class Params(_Section):
     analyze: AnalyzeConfig = field(default_factory=AnalyzeConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
 
+    def cross_problems(self) -> list[str]:
+        """Rules between sections: settings one stage accepts but a later stage cannot use, refused before any
+        work rather than when that stage fails. Values are read through `__dict__` (as `__post_init__` does),
+        so building a config records no params read (tests/test_contracts.py)."""
+        p: list[str] = []
+        modes = self.__dict__["evaluate"].__dict__["modes"]
+        # analyze teacher-forces each checkpoint's solo generations (legibility, drift); the report and the
+        # promotion read step and word only when they were evaluated, so solo is the one mode they all need
+        self._rule(p, "solo" in modes, "evaluate", "must include solo: the analyze stage reads the solo "
+                   "generations of every checkpoint", key="evaluate.modes", value=modes)
+        return p
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -161,8 +161,9 @@ def _load(path: Path, params: Params, keep: set[str]):
 
 
 def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: dict | None = None,
-             progress: Callable[[int, int], None] | None = None) -> dict:
-    """Evaluate one (arm, checkpoint, mode) unit on every benchmark; cached benchmarks are not redone.
+             progress: Callable[[int, int], None] | None = None, refresh: bool = False) -> dict:
+    """Evaluate one (arm, checkpoint, mode) unit on every benchmark; cached benchmarks are not redone, unless
+    `refresh` (`tandem run --force`) recomputes them all and stores the new results over the cached ones.
 
     Returns {benchmark: summary} (the summaries of docs/metrics.md, `<MODE>.benchmarks`). `progress(done,
     total)` hears the generations done out of the unit's total (cached ones count as done) as batches finish.
@@ -181,7 +182,7 @@ def run_unit(params: Params, unit: dict, inputs: dict | None = None, outputs: di
     summaries = {}
     for b, rows in benches.items():
         key = result_key(senior_hash, mode, b, rows_hash(rows), settings, None if mode == "solo" else junior_hash)
-        found = cache.summary(key)
+        found = None if refresh else cache.summary(key)
         if found is not None:
             summaries[b] = found
         else:

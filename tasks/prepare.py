@@ -11,7 +11,9 @@ No split is written unless every file reads as JSON Lines (else `DataFileError` 
 and validation passes (or `data.drop_invalid` removes the bad rows): a failed validation prints the report
 and raises `DataValidationError`. The validation itself, passing or not, is stored and rendered as Great
 Expectations' Data Docs in `reports/data-docs/` (`index.html`; the result as `validation_result.json`). Both are `tandem.errors.UserError`s: the CLI prints them without a
-traceback and exits with code 1; earlier outputs stay as they were.
+traceback and exits with code 1; earlier outputs stay as they were. The Data Docs, a DVC output like the data,
+are the same bytes for the same data (fixed ids, the run named after the data's fingerprint and dated at a
+fixed epoch: `tasks.validation`), so a rerun of the stage reproduces all of its outputs.
 
 The outputs change together, in one transaction (`tasks.common.stage_outputs`): `data/prepared/` is written
 as a whole new folder beside `metrics/data.json` in one staging directory and both are swapped in at once, so

@@ -7,7 +7,9 @@ run of some stages updates only theirs.
 The committed record is what HEAD's `dvc.lock` pins (every output's hash) and HEAD's `metrics/`. After a DVC
 project run `compare_with_record` sets the workspace's dvc.lock beside it, stage by stage, and
 `record_summary` says in a few lines whether the run reproduced the record bit for bit, which outputs differ,
-how far the headline numbers moved, and what to do (keep the run, or go back to the record).
+how far the headline numbers moved, and what to do (keep the run, or go back to the record). Only stages the
+run computed can reproduce anything: a stage skipped as up to date left dvc.lock's entry as it was, so a run
+that computed none (every stage current) says that it ran nothing, never that it reproduced the record.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -104,16 +106,33 @@ class Comparison:
     same: list[str] = field(default_factory=list)
     differs: dict[str, list[str]] = field(default_factory=dict)
     headline: list[tuple[str, Any, Any]] = field(default_factory=list)
+    ran: list[str] | None = None  # the stages this run computed, in dvc.lock's order; None: not known
 
     @property
     def identical(self) -> bool:
         """Every output matches, apart from those of CONTEXT_STAGES."""
         return not any(stage not in CONTEXT_STAGES for stage in self.differs)
 
+    @property
+    def checked(self) -> list[str] | None:
+        """The stages this run computed whose outputs the record can check (CONTEXT_STAGES aside)."""
+        return None if self.ran is None else [s for s in self.ran if s not in CONTEXT_STAGES]
 
-def compare_with_record(root: Path) -> Comparison | None:
+    @property
+    def ran_nothing(self) -> bool:
+        """This run computed no output the record can check (every such stage was up to date)."""
+        return self.checked is not None and not self.checked
+
+    @property
+    def reproduced(self) -> bool:
+        """The run computed outputs and every one matches the record (CONTEXT_STAGES aside)."""
+        return self.identical and not self.ran_nothing
+
+
+def compare_with_record(root: Path, ran: Sequence[str] | None = None) -> Comparison | None:
     """Compare `<root>/dvc.lock` and `<root>/metrics` with HEAD's; None when there is no committed record (not a
-    git checkout, or HEAD has no dvc.lock)."""
+    git checkout, or HEAD has no dvc.lock). `ran` names the stages this run computed (the flow's result); the
+    others were up to date, so their match says nothing about reproduction."""
     root = Path(root).resolve()
     top = _git(root, "rev-parse", "--show-toplevel")
     if top.returncode != 0 or not (root / "dvc.lock").exists():
@@ -126,13 +145,16 @@ def compare_with_record(root: Path) -> Comparison | None:
     head = _git(root, "rev-parse", "--short", "HEAD").stdout.strip()
     old, new = _outs(yaml.safe_load(committed.stdout)), _outs(yaml.safe_load((root / "dvc.lock").read_text()))
     cmp = Comparison(commit=head)
-    for stage in sorted(set(old) | set(new), key=lambda s: list(new).index(s) if s in new else len(new)):
+    order = sorted(set(old) | set(new), key=lambda s: list(new).index(s) if s in new else len(new))
+    for stage in order:
         a, b = old.get(stage, {}), new.get(stage, {})
         changed = sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
         if changed:
             cmp.differs[stage] = changed
         else:
             cmp.same.append(stage)
+    if ran is not None:
+        cmp.ran = [s for s in order if s in set(ran)]
     for label, rel, keys in HEADLINE:
         shown = _git(root, "show", f"HEAD:{prefix}{rel}")
         before = json.loads(shown.stdout) if shown.returncode == 0 else {}
@@ -152,13 +174,34 @@ def _num(v: Any) -> str:
     return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
 
+def _ran_nothing(cmp: Comparison) -> str:
+    """The verdict of a run that computed nothing the record can check: no reproduction, and how to get one."""
+    only = [s for s in cmp.ran or [] if s in CONTEXT_STAGES]
+    if only:
+        return (f"This run recomputed no output the record can check: it ran only {', '.join(only)} (whose "
+                "outputs record the run's context), every other stage was up to date in dvc.lock, so it reproduced "
+                "nothing. ")
+    return "This run ran nothing: every stage was up to date in dvc.lock, so it reproduced nothing. "
+
+
 def record_summary(cmp: Comparison, machine_line: str = "") -> str:
-    """A few lines for the terminal: reproduced, or what differs and what to do about it."""
+    """A few lines for the terminal: reproduced, ran nothing, or what differs and what to do about it."""
     context = [f"{s} ({CONTEXT_STAGES[s]})" for s in cmp.differs if s in CONTEXT_STAGES]
+    if cmp.identical and cmp.ran_nothing:
+        return (_ran_nothing(cmp) + f"Its outputs are the ones the committed record (dvc.lock at {cmp.commit}) "
+                "pins; `tandem run --force` reruns every stage (the evaluation past its result cache) and "
+                "compares them again.")
     if cmp.identical:
+        # a partial run vouches only for what it recomputed: name the stages it took as they were
+        kept = [s for s in cmp.same if cmp.ran is not None and s not in cmp.ran]
+        rerun = (f"; recomputed: {', '.join(cmp.checked)}; up to date, not rerun: {', '.join(kept)}"
+                 if kept else "")
         return (f"This run reproduced the committed record (dvc.lock at {cmp.commit}) bit for bit: every output "
-                f"hash matches ({len(cmp.same)} stages)" + (f", apart from {'; '.join(context)}." if context else "."))
-    lines = [f"This run differs from the committed record (dvc.lock at {cmp.commit}):"]
+                f"hash matches ({len(cmp.same)} stages{rerun})"
+                + (f", apart from {'; '.join(context)}." if context else "."))
+    head = (_ran_nothing(cmp) + "The outputs it found (an earlier run's) differ" if cmp.ran_nothing
+            else "This run differs")
+    lines = [f"{head} from the committed record (dvc.lock at {cmp.commit}):"]
     if cmp.same:
         lines.append(f"  same outputs:    {', '.join(cmp.same)}")
     if sum(len(p) for p in cmp.differs.values()) <= 8:

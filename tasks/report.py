@@ -220,12 +220,16 @@ _TIME_KEYS = ("wall_seconds", "seconds", "wall_s", "elapsed_seconds")
 
 
 def _find_seconds(doc: Any, depth: int = 2) -> float | None:
-    """The first wall-time key at the top level of `doc`, else one level down (e.g. a 'pretrain' block)."""
+    """The first wall-time key at the top level of `doc` (a number, or a breakdown with its `total`, as the base
+    stage writes), else one level down (e.g. a 'pretrain' block)."""
     if not isinstance(doc, dict):
         return None
     for key in _TIME_KEYS:
-        if isinstance(doc.get(key), (int, float)) and not isinstance(doc.get(key), bool):
-            return float(doc[key])
+        value = doc.get(key)
+        if isinstance(value, dict):
+            value = value.get("total")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
     if depth > 1:
         for v in doc.values():
             found = _find_seconds(v, depth - 1)
@@ -235,7 +239,9 @@ def _find_seconds(doc: Any, depth: int = 2) -> float | None:
 
 
 def _wall_times(docs: dict[str, dict], train_arms: dict[str, dict]) -> str:
-    """Stage wall times as the stage metrics record them (not this report's run), e.g. 'base 42.0 s'."""
+    """Stage wall times as the stage metrics record them (not this report's run), e.g. 'base 42.0 s'. The
+    metrics files hold no timings (they must depend on the inputs alone): `docs` are read with `read_metrics`,
+    which merges each file's `*.timing.json` sidecar back in."""
     out = []
     for stage in ("prepare", "base"):
         secs = _find_seconds(docs.get(stage))
@@ -298,8 +304,8 @@ def _data_docs_link(params: Params, html: Path) -> str | None:
 
 
 def _data_docs_page(params: Params, html: Path) -> str | None:
-    """The newest validation page in the Data Docs relative to the report (GX names its folders by run time;
-    the prepare stage rebuilds the docs, so there is one)."""
+    """The validation page in the Data Docs relative to the report (the prepare stage rebuilds the docs, so
+    there is one, in a folder named after the validated data's fingerprint: tasks/validation.py)."""
     pages = sorted((Layout.of(params).data_docs / "validations").rglob("*.html"))
     return Path(os.path.relpath(pages[-1], html.parent)).as_posix() if pages else None
 
@@ -315,8 +321,11 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     eval_data, analysis = read_json(inputs["eval"]), read_json(inputs["analysis"])
     # metrics/train_<arm>.json (one per arm, next to the other metrics): arm -> headline numbers
     train_docs = {arm: _read_optional(Path(inputs["base"]).parent / f"train_{arm}.json") for arm in params.train.arms}
+    # the run metadata's wall times come from the timing sidecars (`_read_optional` merges them); the tables and
+    # figures read the metrics alone
     docs = {"prepare": _read_optional(inputs["data"]), "base": _read_optional(inputs["base"]),
-            "train": {a: d for a, d in train_docs.items() if d}, "evaluate": eval_data, "analyze": analysis}
+            "train": {a: d for a, d in train_docs.items() if d}, "evaluate": _read_optional(inputs["eval"]),
+            "analyze": _read_optional(inputs["analysis"])}
     train_arms = {arm: v for arm, v in docs["train"].items() if isinstance(v, dict)}
     curves = train_tables(inputs["plots"], list(eval_data.get("arms", {})))
     decision = promotion.decision_for(params, eval_data)

@@ -6,16 +6,27 @@ result as GX's Data Docs (the prepare stage keeps them in `reports/data-docs/`, 
 cannot compute itself (does math-verify parse the answer? does a training problem also appear in an evaluation
 set?) are computed first as boolean helper columns, then expected to be True through GX, so every rule reports
 through the same result. GX is imported inside `validate_splits` because its import costs seconds.
+
+The Data Docs are a DVC output of `prepare`, so they depend on the validated data alone, like every other
+output: GX would give every run random ids (expectations, suite, validation definition, checkpoint, the HTML's
+collapsible blocks) and wall-clock names (the run's folder and time, the batch's load time, a date parameter on
+the logo's URL). Here the ids are fixed (`_fixed_id`), the run's name is the data's fingerprint
+(`data-<sha256 prefix>`) and its time a fixed epoch (`DOCS_RUN_TIME`), and what GX's renderer still stamps is
+rewritten after rendering (`_settle_docs`), so two runs on the same data write the same bytes.
 """
 
 from __future__ import annotations
 
+import datetime
 import errno
+import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -150,6 +161,53 @@ def _import_gx_quietly() -> None:
 
 
 DOCS_SITE = "tandem"  # the Data Docs site's name in the GX context
+# Fixed identity of the Data Docs (module docstring): uuid5 ids in a namespace of their own, and one run time for
+# every run, so the run's folder and the pages name the data's fingerprint, never the moment they were made.
+DOCS_NAMESPACE = uuid.UUID("6f1c2a52-3a7e-5d0b-9c41-7d2f0e5b8a13")
+DOCS_RUN_TIME = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_GX_STAMP = DOCS_RUN_TIME.strftime("%Y%m%dT%H%M%S.%fZ")  # GX's own format for load times and URL dates
+_URL_DATE = re.compile(r"\?d=\d{8}T\d{6}\.\d{6}Z(&?)")
+_COLLAPSE_ID = re.compile(r"(collapse-body-)([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
+
+
+def _fixed_id(*parts: object) -> str:
+    """A stable id for a GX object (`expectation`, 3, `unique_id`): the same on every run."""
+    return str(uuid.uuid5(DOCS_NAMESPACE, "/".join(map(str, parts))))
+
+
+def data_fingerprint(records: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """SHA-256 of the validated table (its columns and every row): the Data Docs' run name."""
+    text = json.dumps({"columns": list(columns), "rows": list(records)}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _fixed_ids(obj: Any, kind: str) -> Any:
+    """`obj` (a suite, validation definition or checkpoint just added to its store) with fixed ids in place of
+    the random ones the store gave it, saved (an update keeps an id that is set); each object is settled before
+    the next one refers to it, so GX's freshness checks see saved objects."""
+    obj.id = _fixed_id(kind, obj.name)
+    for i, exp in enumerate(getattr(obj, "expectations", None) or []):
+        exp.id = _fixed_id(kind, obj.name, "expectation", i, exp.meta.get("rule", ""), exp.expectation_type)
+    obj.save()
+    return obj
+
+
+def _settle_docs(docs_dir: Path, load_time: str | None) -> None:
+    """Rewrite what GX's renderer stamps on every page although no option turns it off: the batch's load time
+    (wall clock) becomes DOCS_RUN_TIME, the logo URL's date parameter goes, and each page's random ids of
+    collapsible blocks become ids numbered in page order (a link and its block keep sharing one)."""
+    for f in sorted(Path(docs_dir).rglob("*")):
+        if f.suffix not in (".html", ".json") or not f.is_file():
+            continue
+        text = f.read_text(encoding="utf-8")
+        new = text.replace(load_time, _GX_STAMP) if load_time else text
+        new = _URL_DATE.sub(lambda m: "?" if m.group(1) else "", new)
+        seen: dict[str, str] = {}
+        rel = f.relative_to(docs_dir).as_posix()
+        new = _COLLAPSE_ID.sub(lambda m: m.group(1) + seen.setdefault(m.group(2), _fixed_id(rel, "collapse",
+                                                                                          len(seen))), new)
+        if new != text:
+            f.write_text(new, encoding="utf-8")
 
 
 class _Captured(logging.Handler):
@@ -292,20 +350,26 @@ def validate_splits(splits: Mapping[str, Sequence[Mapping[str, Any]]], cfg: Data
     ctx = _gx_context(docs_dir)
     batch_def = ctx.data_sources.add_pandas("prepared").add_dataframe_asset("rows") \
         .add_batch_definition_whole_dataframe("all")
-    suite = ctx.suites.add(gx.ExpectationSuite(name="prepared_data", expectations=expectations))
+    suite = _fixed_ids(ctx.suites.add(gx.ExpectationSuite(name="prepared_data", expectations=expectations)),
+                       "suite")
     # a checkpoint run (GX's way to validate and keep the result): its UpdateDataDocsAction renders the Data Docs
-    validation = ctx.validation_definitions.add(gx.ValidationDefinition(name="prepared_data", data=batch_def,
-                                                                        suite=suite))
+    validation = _fixed_ids(ctx.validation_definitions.add(gx.ValidationDefinition(
+        name="prepared_data", data=batch_def, suite=suite)), "validation")
     actions = [gx.checkpoint.UpdateDataDocsAction(name="data_docs", site_names=[DOCS_SITE])] if docs_dir else []
-    checkpoint = ctx.checkpoints.add(gx.Checkpoint(
+    checkpoint = _fixed_ids(ctx.checkpoints.add(gx.Checkpoint(
         name="prepare", validation_definitions=[validation], actions=actions,
-        result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["_row"]}))
+        result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["_row"]})), "checkpoint")
+    from great_expectations.core.run_identifier import RunIdentifier
+
+    # the run is named after the data, at a fixed time: its Data Docs folder is the same for the same data
+    run_id = RunIdentifier(run_name=f"data-{data_fingerprint(records, columns)[:16]}", run_time=DOCS_RUN_TIME)
     with _docs_errors(docs_dir):
-        run = checkpoint.run(batch_parameters={"dataframe": df})
+        run = checkpoint.run(batch_parameters={"dataframe": df}, run_id=run_id)
     (result,) = run.run_results.values()
     if docs_dir is not None:
         (Path(docs_dir) / "validation_result.json").write_text(json.dumps(result.to_json_dict(), indent=1,
                                                                           default=str) + "\n")
+        _settle_docs(Path(docs_dir), (result.meta.get("batch_markers") or {}).get("ge_load_time"))
 
     failures: list[Failure] = []
     for res in result.results:

@@ -139,6 +139,28 @@ def test_cli_check_params_exit_code_2(tmp_path):
     assert out.returncode == 2 and "model.vocab_size: (missing)" in out.stderr
 
 
+def test_modes_the_analysis_cannot_use_are_refused_at_load(tmp_path):
+    """analyze teacher-forces every checkpoint's solo generations: a run without solo would fail there, minutes
+    in, so the loader refuses it (exit 2 before any work); the report and the promotion need no other mode."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    with pytest.raises(ParamsError) as e:
+        params_from_dict({"evaluate": {"modes": ["step", "word"]}})
+    (problem,) = e.value.problems
+    assert problem == ("evaluate.modes: ['step', 'word'] -> must include solo: the analyze stage reads the solo "
+                       "generations of every checkpoint")
+    for modes in (["solo"], ["word", "solo"], ["solo", "step"]):
+        assert params_from_dict({"evaluate": {"modes": modes}}).evaluate.modes == modes
+    full = yaml.safe_load((REPO / "params.yaml").read_text())
+    full["evaluate"]["modes"] = ["step"]
+    bad = tmp_path / "no-solo.yaml"
+    bad.write_text(yaml.safe_dump(full))
+    res = CliRunner().invoke(app, ["check-params", str(bad)])
+    assert res.exit_code == 2 and "evaluate.modes: ['step'] -> must include solo" in res.output
+
+
 def test_stage_rejects_bad_params_before_any_work(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"out_root: {tmp_path}\ntrain:\n  group_size: 1\n")

@@ -1,10 +1,13 @@
-"""Same inputs, same machine, same outputs: the base and train stages rerun bit for bit.
+"""Same inputs, same machine, same outputs: the prepare, base and train stages rerun bit for bit.
 
-A shortened base stage (tokenizer, pretraining with a learning curve and the target schedule's probes,
-evaluation) and a two-step training run of one arm run twice in the same output root; every file they write
-that DVC tracks (models/base, metrics/base.json, models/checkpoints/<arm>, metrics/train_<arm>.json, the
-per-step table) must hash the same. What measures the run rather than its result (wall times, throughput,
-peak memory, save times) goes to `*.timing.*` sidecars, which neither git nor DVC tracks.
+The prepare stage runs twice, in two output roots: every file it writes (data/prepared, metrics/data.json and
+its headline, and the Great Expectations Data Docs in reports/data-docs, whose ids, run name and run time GX
+would otherwise draw at random or from the clock: tasks/validation.py) must hash the same. A shortened base
+stage (tokenizer, pretraining with a learning curve and the target schedule's probes, evaluation) and a
+two-step training run of one arm run twice in the same output root; every file they write that DVC tracks
+(models/base, metrics/base.json, models/checkpoints/<arm>, metrics/train_<arm>.json, the per-step table) must
+hash the same. What measures the run rather than its result (wall times, throughput, peak memory, save times)
+goes to `*.timing.*` sidecars, which neither git nor DVC tracks.
 """
 
 from __future__ import annotations
@@ -62,6 +65,30 @@ def test_timing_split_round_trips():
                       "generation": {"tokens_per_second": 5.0}}
     assert merge_timing(kept, timing) == doc
     assert split_timing({"n_steps": 3, "score_timeout": 5.0}) == ({"n_steps": 3, "score_timeout": 5.0}, None)
+
+
+def _prepared(root: Path) -> dict[str, str]:
+    from tandem.config import params_from_dict
+    from tasks import prepare
+
+    params = params_from_dict(complete_params({"seed": 0, "out_root": str(root),
+                                               "data": {"n_train": 60, "n_val": 10, "n_eval": 10}}))
+    prepare.run(params, *prepare.default_io(params))
+    return _hashes(root)
+
+
+@pytest.mark.slow
+def test_prepare_reruns_bit_for_bit_data_docs_included(tmp_path):
+    first, second = _prepared(tmp_path / "a"), _prepared(tmp_path / "b")
+    tracked = sorted(k for k in first if ".timing." not in k)
+    docs = [k for k in tracked if k.startswith("reports/data-docs/")]
+    assert {"reports/data-docs/index.html", "reports/data-docs/validation_result.json",
+            "reports/data-docs/expectations/prepared_data.html"} <= set(docs)
+    assert any(k.startswith("reports/data-docs/validations/") for k in docs)  # the validation's own page
+    assert {"data/prepared/train.jsonl", "metrics/data.json", "metrics/headline/data.json"} <= set(tracked)
+    assert set(first) == set(second)
+    differ = [k for k in tracked if first[k] != second[k]]
+    assert not differ, f"a second prepare run on the same data wrote other bytes: {differ}"
 
 
 @pytest.mark.slow

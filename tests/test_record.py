@@ -121,6 +121,48 @@ def test_compare_with_record(tmp_path):
     assert "bit for bit" in record_summary(only_report) and "apart from report" in record_summary(only_report)
 
 
+def test_a_run_that_ran_nothing_reproduced_nothing(tmp_path):
+    """Only stages the run computed vouch for the record: with every stage up to date, dvc.lock matches HEAD's
+    because nothing touched it, and the summary says so; a partial run names what it took as it was."""
+    from tasks.record import compare_with_record, record_summary
+
+    root = tmp_path / "proj"
+    (root / "metrics").mkdir(parents=True)
+    _git(root, "init", "-q")
+    (root / "dvc.lock").write_text(LOCK.format(metrics="m1", model="aaaa"))
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "record")
+
+    nothing = compare_with_record(root, ran=[])
+    assert nothing.identical and nothing.ran == [] and nothing.ran_nothing and not nothing.reproduced
+    text = record_summary(nothing)
+    assert "ran nothing" in text and "reproduced nothing" in text and "bit for bit" not in text
+    assert "tandem run --force" in text
+    # a stage outside dvc.lock (or a flow entry such as the promotion) is no stage of the record
+    assert compare_with_record(root, ran=["promotion"]).ran_nothing
+
+    partial = compare_with_record(root, ran=["train@tandem"])
+    assert partial.reproduced and partial.ran == ["train@tandem"]
+    text = record_summary(partial)
+    assert "bit for bit" in text and "recomputed: train@tandem; up to date, not rerun: base" in text
+    every = compare_with_record(root, ran=["base", "train@tandem"])
+    assert every.reproduced and "not rerun" not in record_summary(every)
+
+    # only the report ran: its outputs record the run's context, so nothing was checked
+    lock = LOCK.format(metrics="m1", model="aaaa") + ("  report:\n    cmd: tandem stage report\n    outs:\n"
+                                                      "    - path: reports\n      hash: md5\n      md5: r2.dir\n")
+    (root / "dvc.lock").write_text(lock)
+    report_only = compare_with_record(root, ran=["report"])
+    assert report_only.ran_nothing and "it ran only report" in record_summary(report_only)
+    assert "bit for bit" not in record_summary(report_only)
+
+    # nothing ran, yet the outputs on disk (an earlier run's) are not the record's: say both
+    (root / "dvc.lock").write_text(LOCK.format(metrics="m2", model="aaaa"))
+    stale = record_summary(compare_with_record(root, ran=[]))
+    assert stale.startswith("This run ran nothing") and "an earlier run's) differ from the committed record" in stale
+    assert "base (metrics/base.json)" in stale
+
+
 def test_run_metadata_keeps_the_last_real_run(tmp_path):
     from tasks.record import write_run_metadata
 

@@ -1,6 +1,7 @@
 """`tandem run` drives the flow: its options reach it, another params file runs in its own output root (the
-default run's outputs and `dvc status` stay untouched), a no-op rerun keeps the last real run's metadata, and
-a run is compared with the committed record.
+default run's outputs and `dvc status` stay untouched), a no-op rerun keeps the last real run's metadata and
+says that it ran nothing, `--force` recomputes every stage and every evaluation unit (past the evaluation's
+result cache), and a run is compared with the committed record.
 
 The flow runs on the fake stages (tests/flows/fake_stages.py) inside a scratch git + DVC project, on Prefect's
 temporary local server, through the real command line (typer's test runner).
@@ -106,9 +107,9 @@ def test_another_params_file_leaves_the_default_run_untouched(project, prefect_a
     before, lock = _hashes(root, *tracked), (root / "dvc.lock").read_text()
     run_json = (root / "results" / "run.json").read_text()
 
-    # a no-op rerun skips every stage, keeps results/run.json and finds the record reproduced
+    # a no-op rerun skips every stage, keeps results/run.json and says it reproduced nothing
     out = _tandem()
-    assert "reproduced the committed record" in out and "bit for bit" in out
+    assert "This run ran nothing" in out and "bit for bit" not in out
     assert (root / "results" / "run.json").read_text() == run_json
 
     calls = len(rec.calls)
@@ -143,3 +144,26 @@ def test_a_changed_output_is_reported_against_the_record(project, prefect_api, m
     assert "differs from the committed record" in out
     assert "base (models/base)" in out and "same outputs:" in out and "prepare" in out
     assert "git checkout -- dvc.lock metrics && dvc checkout" in out
+
+
+@pytest.mark.slow
+def test_force_recomputes_every_stage_and_unit_and_reproduces_the_record(project, prefect_api, monkeypatch):
+    root, rec, git = project
+    _tandem()
+    _run(root, *git, "add", "-A")
+    _run(root, *git, "commit", "-q", "-m", "record")
+    real = fake_stages.modules(rec)
+    refreshed: list[bool] = []
+
+    def run_unit(params, unit, inputs=None, outputs=None, progress=None, refresh=False):
+        refreshed.append(refresh)  # the evaluation's result cache is bypassed only when this is True
+        return real["evaluate"].run_unit(params, unit, inputs, outputs, progress)
+
+    monkeypatch.setitem(fake_stages.ACTIVE, "evaluate", type(real["evaluate"])(
+        **{**vars(real["evaluate"]), "run_unit": run_unit}))
+    calls = len(rec.calls)
+    out = _tandem("--force")
+    stages = ["prepare", "base", "train-tandem", "train-grpo", "evaluate-collect", "analyze", "report"]
+    assert [c for c in rec.calls[calls:] if not c.startswith("unit-")] == stages  # nothing skipped
+    assert len(refreshed) == 6 and all(refreshed), refreshed  # every unit recomputed
+    assert "reproduced the committed record" in out and "bit for bit" in out and "not rerun" not in out

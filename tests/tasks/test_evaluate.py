@@ -118,9 +118,14 @@ def test_plan_lists_each_distinct_weights_and_mode_once(tmp_path):
     units = ev.plan(p)
     assert [(u["arm"], u["step"], u["mode"]) for u in units] == [
         ("tandem", 0, "solo"), ("tandem", 0, "step"), ("tandem", 5, "solo"), ("tandem", 5, "step")]
-    # without solo mode the junior floor (the base alone, solo) is its own unit
-    p2 = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem"]}, "evaluate": {"modes": ["word"]}})
-    assert [(u["arm"], u["step"], u["mode"]) for u in ev.plan(p2)] == [
+    # without solo mode the junior floor (the junior alone, solo) is its own unit: params refuse such a run
+    # (analyze needs solo), so only the planner itself meets it
+    from tandem.eval_cache import plan_units
+
+    p2 = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["tandem"]}})
+    inputs, _ = ev.default_io(p2)
+    units = plan_units(ev._all_checkpoints(p2, inputs), ["word"], ev.junior_dir(p2, inputs))
+    assert [(u["arm"], u["step"], u["mode"]) for u in units] == [
         ("tandem", 0, "word"), ("tandem", 5, "word"), ("junior", 0, "solo")]
 
 

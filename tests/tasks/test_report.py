@@ -12,6 +12,7 @@ import pytest
 from tandem.config import params_from_dict
 from tasks import promotion
 from tasks import report as R
+from tasks.common import read_json, write_metrics
 
 from tests.report.chromium import ensure_chromium, load_page
 from tests.report.fake_metrics import HOSTILE, write_fake_run, write_full_generations, write_per_problem_csv
@@ -25,9 +26,12 @@ def _params(root: Path, **report):
 def rendered(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     write_fake_run(root)
+    # the stages write their timings to `*.timing.json` sidecars, not into the metrics DVC hashes
+    for name in ("eval", "base"):
+        write_metrics(root / "metrics" / f"{name}.json", read_json(root / "metrics" / f"{name}.json"))
     # what the prepare stage leaves: its validation summary and the GX Data Docs
-    (root / "metrics" / "data.json").write_text(json.dumps({"validation": {"passed": True, "rows_checked": 4500,
-                                                                           "expectations": 15, "failures": 0}}))
+    write_metrics(root / "metrics" / "data.json", {"validation": {"passed": True, "rows_checked": 4500,
+                                                                  "expectations": 15, "failures": 0}, "seconds": 3.5})
     (root / "reports" / "data-docs").mkdir(parents=True)
     (root / "reports" / "data-docs" / "index.html").write_text("<html><body>prepared_data</body></html>")
     page = root / "reports" / "data-docs" / "validations" / "prepared_data" / "__none__" / "20260101T000000Z"
@@ -117,6 +121,18 @@ def test_metadata_rows(rendered):
     for key in ("git commit", "dvc.lock sha256", "packages", "hardware", "wall times", "seeds", "params (resolved)"):
         assert key in html, key
     assert "torch " in html and "base 12.5 s" in html and "train tandem ~30.0 s (20 steps x 1.50 s)" in html
+
+
+def test_wall_times_come_from_the_timing_sidecars(rendered):
+    """The metrics hold no timings (the fixture's stages wrote them beside, as the real ones do); the report's
+    wall times read them back: 3 arms x 3 checkpoints x 3 modes x 2 benchmarks x 1.5 s of evaluation."""
+    params, out = rendered
+    root = Path(params.out_root)
+    assert "seconds" not in (root / "metrics" / "eval.json").read_text()
+    assert (root / "metrics" / "eval.timing.json").exists()
+    md = Path(out["markdown"]).read_text()
+    assert "prepare 3.5 s" in md and "base 12.5 s" in md
+    assert "evaluate 81.0 s (sum over listed entries, cached ones included)" in md and "evaluate 0.0 s" not in md
 
 
 def test_rerun_is_byte_identical_apart_from_the_timestamp(rendered):

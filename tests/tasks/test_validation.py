@@ -168,3 +168,29 @@ def test_data_docs_open_in_headless_chromium(bad_report, docs_dir):
     assert page.relative_to(docs_dir).as_posix() in (docs_dir / "index.html").read_text()  # the index lists it
     shown = load_page(chromium, page)
     assert "prepared_data" in shown.text and "_answer_parses" in shown.text
+
+
+def test_data_docs_carry_no_random_id_and_no_wall_clock(bad_report, docs_dir):
+    """The Data Docs are a DVC output: their ids are fixed (uuid5), the run is named after the data and dated at
+    a fixed epoch, and nothing the renderer stamps (load time, URL dates, random block ids) is left."""
+    import re
+    import uuid
+
+    from tasks.validation import DOCS_RUN_TIME
+
+    result = json.loads((docs_dir / "validation_result.json").read_text())
+    meta = result["meta"]
+    ids = [r["expectation_config"]["id"] for r in result["results"]] + [meta["validation_id"], meta["checkpoint_id"]]
+    assert len(set(ids)) == len(ids) and all(uuid.UUID(i).version == 5 for i in ids)
+    assert re.fullmatch(r"data-[0-9a-f]{16}", meta["run_id"]["run_name"])
+    assert meta["validation_time"] == meta["run_id"]["run_time"] == DOCS_RUN_TIME.isoformat()
+    assert meta["batch_markers"]["ge_load_time"] == "19700101T000000.000000Z"
+    (page,) = (docs_dir / "validations" / "prepared_data").rglob("*.html")
+    assert page.parent.relative_to(docs_dir).as_posix() == \
+        f"validations/prepared_data/{meta['run_id']['run_name']}/19700101T000000.000000Z"
+    this_year = str(__import__("datetime").date.today().year)
+    for f in [*docs_dir.rglob("*.html"), docs_dir / "validation_result.json"]:
+        text = f.read_text()
+        assert this_year not in text and "?d=" not in text, f
+        found = re.findall(r"collapse-body-([0-9a-f-]{36})", text)
+        assert all(uuid.UUID(u).version == 5 for u in found), f
