@@ -42,6 +42,11 @@ GROUPED = {
     "studies/pilot/*.yaml": "the registered pilot's params files: each task variant's GRPO run and its KL-Reg candidates (seed 100)",
     "studies/results/**": "the registered study's per-problem values, one CSV per seed x arm (what `tandem study --recompute` reads)",
     "studies/tasks/**": "the registered study tasks' base models and their metrics (shared by the pilot and the study)",
+    "studies/junior-control/models/**": "the junior control's gated senior base S and naive junior J (model files), "
+                                        "which every seed x arm trains from",
+    "studies/junior-control/results/**": "the junior control's per-seed x arm results (per-problem counts, analysis "
+                                         "means, training series): what `tandem control claims` reads",
+    "studies/junior-control/figures/**": "the junior control report's figures",
 }
 
 # Files without a docstring: what each one is, in one line.
@@ -77,6 +82,11 @@ OTHER_FILES = {
     "studies/junior-control/params.yaml": "the junior positive control's params file: what every one of its runs starts from",
     "studies/junior-control/registration.md": "the registered junior positive control: setting, arms, gate G1-G5, claims, bug indicators, seeds",
     "studies/junior-control/registration.yaml": "the same registration in the form `tandem control gate|run|claims` reads",
+    "studies/junior-control/gate.json": "the junior control's gate on the base models (G1-G5 per dialect, every measurement), written by `tandem control gate`",
+    "studies/junior-control/gate.md": "the gate in words and tables (from gate.json)",
+    "studies/junior-control/claims.json": "the junior control's claims, bug indicators and dose series (`tandem control claims`)",
+    "studies/junior-control/report.md": "the junior control's report, dose curve first (Markdown)",
+    "studies/junior-control/report.html": "the junior control's report, dose curve first (self-contained HTML)",
     "studies/first-study/README.md": "how to read the first study's record (verdicts by interval alone; what they do not show)",
     "studies/first-study/claims.json": "the first study (`tandem study --seeds 3`, params.study.yaml): claims with estimates, paired differences, 95% intervals and verdicts",
     "studies/first-study/report.md": "the first study's report: claims table, error bars, every measure per arm with its interval",
