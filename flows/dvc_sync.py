@@ -15,6 +15,12 @@ first, so any params file (params.paper.yaml on the GPU deployment) can be the D
 `push` uploads the committed outputs to the DVC remote; `git_commit` + `git_push` commit dvc.lock, params.yaml
 and the metrics to git and push them with the promotion tags, so a later worker's clone + `dvc pull` sees
 this run's results.
+
+DVC is quiet here (`quiet_dvc`): in a terminal, DVC's in-process API draws a progress bar for every hash, cache
+check and checkout, and its repo lock draws "Waiting to acquire lock. If DVC froze, ..." on every acquisition,
+free or not (a "friendly" bar, drawn before the first try). Hundreds of such lines buried the flow's own live
+view; the flow's task runs and its view report the same progress. The subprocess calls (push, pull) capture
+their output, which is no terminal, so DVC draws nothing there.
 """
 
 from __future__ import annotations
@@ -26,15 +32,39 @@ import shutil
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
 from tandem.config import apply_tool_env, tool_env
 
 _LOCK = threading.Lock()  # dvc takes a repo lock; commits from concurrent task threads would collide
+
+# DVC's loggers while the flow calls it. DVC decides whether to draw a bar from the level of the bar's own logger
+# (`dvc.progress` for DVC's bars and its lock's "Waiting to acquire lock", `dvc_data.callbacks` for dvc-data's):
+# a bar is drawn unless that logger is above ERROR. `dvc -q` gets there by raising every DVC logger to CRITICAL,
+# which would drop DVC's warnings too; raising only the bars' loggers keeps them. DVC's own notes ("Updating
+# lock file" per stage) are INFO: noise here.
+_QUIET_LEVELS = {"dvc": logging.WARNING, "dvc_data": logging.WARNING, "dvc_objects": logging.WARNING,
+                 "dvc.progress": logging.CRITICAL, "dvc_data.callbacks": logging.CRITICAL}
+
+
+@contextmanager
+def quiet_dvc() -> Iterator[None]:
+    """Within the block, DVC's in-process API draws no progress bar or lock message and logs warnings and errors
+    only; the loggers' levels are restored after it. Callers hold `_LOCK` (the levels are process-wide)."""
+    apply_tool_env()
+    saved = {name: logging.getLogger(name).level for name in _QUIET_LEVELS}
+    for name, level in _QUIET_LEVELS.items():
+        logging.getLogger(name).setLevel(level)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def find_project(start: Path) -> Path | None:
@@ -91,9 +121,7 @@ class DvcSync:
         from dvc.exceptions import DvcException
         from dvc.repo import Repo
 
-        apply_tool_env()
-        logging.getLogger("dvc").setLevel(logging.WARNING)  # "Updating lock file" per stage is noise here
-        with _LOCK:
+        with _LOCK, quiet_dvc():
             try:
                 with Repo(str(self.root)) as repo:
                     repo.commit(stage, force=True)
@@ -107,7 +135,7 @@ class DvcSync:
             return False
         from dvc.repo import Repo
 
-        with _LOCK:
+        with _LOCK, quiet_dvc():
             with Repo(str(self.root)) as repo:
                 return not repo.status(targets=[stage])
 
@@ -118,7 +146,7 @@ class DvcSync:
         cmd = [sys.executable, "-m", "dvc", "push", "--quiet"] + (["--remote", remote] if remote else [])
         with _LOCK:
             res = subprocess.run(cmd, cwd=self.root, capture_output=True, text=True, timeout=timeout,
-                                 env=tool_env())
+                                 env=_subprocess_env())
         if res.returncode != 0:
             raise RuntimeError(f"`dvc push` failed (exit {res.returncode}): {(res.stderr or res.stdout).strip()[-2000:]}")
 
@@ -163,9 +191,15 @@ def git(repo: Path, *args: str, check: bool = True, timeout: float = 120) -> sub
     return res
 
 
+def _subprocess_env() -> dict[str, str]:
+    """A `dvc` subprocess's environment: the tools' defaults, without DVC_IGNORE_ISATTY (which would make DVC
+    draw its bars into the captured output, and from there into the run's logs)."""
+    return {k: v for k, v in tool_env().items() if k != "DVC_IGNORE_ISATTY"}
+
+
 def _dvc(root: Path, args: list[str], timeout: float) -> str:
     res = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, text=True,
-                         timeout=timeout, env=tool_env())
+                         timeout=timeout, env=_subprocess_env())
     if res.returncode != 0:
         raise RuntimeError(f"`dvc {' '.join(args)}` failed (exit {res.returncode}): "
                            f"{(res.stderr or res.stdout).strip()[-2000:]}")

@@ -12,10 +12,19 @@ chosen by the `eval_runner` parameter: threads on this machine, or a Dask cluste
 The UI shows the work: the flow graph is dvc.yaml's (each stage's task run waits for the stages it reads from,
 and nothing else links tasks), stage output goes to the run's logs (a stage's stdout and stderr through
 `progress.stage_output`, other tasks' prints through `log_prints`, the `tandem`/`tasks` loggers through
-PREFECT_LOGGING_EXTRA_LOGGERS, results as one formatted line each), each training arm and evaluation unit has a
-progress artifact that moves while it runs, each unit a rounded pass@k table next to it, the evaluation a
-running summary table, the report is a markdown artifact holding the report itself. Tasks in the flow's main
-thread and flows have timeouts (a thread-pool task's could not be enforced).
+PREFECT_LOGGING_EXTRA_LOGGERS, results as one formatted line each, and an evaluation unit's benchmarks one
+line each as they finish), each training arm and evaluation unit has a progress artifact that moves while it
+runs, each unit a rounded pass@k table next to it: keyless, so they live in their task runs. Keyed artifacts,
+one entry each in the global catalog with a version per run, are kept for what is compared across runs: the
+report (`tandem-report`), the promotion decision (`tandem-promotion`) and the evaluation's summary table
+(`evaluation-summary`, which grows as units finish). Every flow run carries tags to find it by: its params
+file, a fingerprint of its params, the git commit of its code and, under `dvc exp run`, the experiment's name
+(`run_tags`); its task runs and its evaluation subflow carry them too. Tasks in the flow's main thread and
+flows have timeouts (a thread-pool task's could not be enforced).
+
+In a terminal the live view (`flows.progress`) is the display: DVC's progress bars and lock messages are off
+around the flow's DVC calls (`flows.dvc_sync.quiet_dvc`), and the evaluation units run without their own tqdm
+bars (`unit_params`): the flow reports a unit's progress itself.
 
 State lives in DVC and git, never on a worker's disk: with `push` the flow uploads the committed outputs to
 the DVC remote, with `publish` it commits dvc.lock to git and pushes it with the promotion tags (the
@@ -27,9 +36,12 @@ push. Training never retries (it resumes from its last complete checkpoint when 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib
+import json
 import os
-import re
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -38,7 +50,7 @@ from typing import Any, Callable
 
 import yaml
 from pydantic import BaseModel, Field
-from prefect import flow, get_run_logger, task, unmapped
+from prefect import flow, get_run_logger, tags, task, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, State
@@ -77,9 +89,11 @@ def _stage(name: str):
     return importlib.import_module(f"tasks.{name}")
 
 
-def _artifact_key(*parts: Any) -> str:
-    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9]+", "-", "-".join(str(p) for p in parts).lower()).strip("-")
+# The keyed artifacts: what is compared across runs, one catalog entry each (Prefect keys allow lowercase letters,
+# digits and dashes). Everything else a run shows is keyless, in the task run that made it.
+REPORT_KEY = "tandem-report"
+PROMOTION_KEY = "tandem-promotion"
+SUMMARY_KEY = "evaluation-summary"
 
 
 def _group() -> str:
@@ -127,14 +141,13 @@ def stage_task(params: Params, spec: StageSpec, sync: DvcSync, force: bool):
 
 
 def _run_item(params: Params, spec: StageSpec, mod, inputs: dict, outputs: dict) -> dict:
-    """A foreach instance (one training arm), with a progress artifact fed by its saved checkpoints (its W&B run
-    is opened by the stage, `tasks.tracking.arm_run`, in the pipeline run's group)."""
+    """A foreach instance (one training arm), with a keyless progress artifact fed by its saved checkpoints (its
+    W&B run is opened by the stage, `tasks.tracking.arm_run`, in the pipeline run's group)."""
     arm = spec.item
-    key = _artifact_key(spec.group, arm, "progress")
     total = getattr(getattr(params, spec.group, None), "steps", None)
     share = (progress.checkpoint_share(Path(outputs["checkpoints"]) / str(arm), total)
              if "checkpoints" in outputs and total else None)
-    with progress.artifact(key, f"{spec.name}: training steps saved as checkpoints", share):
+    with progress.artifact(None, f"{spec.name}: training steps saved as checkpoints", share):
         return mod.run_arm(params, arm, inputs, outputs) or {}
 
 
@@ -149,12 +162,41 @@ def unit_label(unit: dict) -> str:
     return f"evaluate-{unit['arm']}-step-{unit['step']}-{unit['mode']}"
 
 
-def unit_key(unit: dict, what: str) -> str:
-    """A unit's artifact keys share its task run's name, so its `-progress` and `-results` sort side by side."""
-    return _artifact_key(unit_label(unit), what)
+def unit_params(params: Params) -> Params:
+    """The params the evaluation units run on: without evaluation's own tqdm bars (`evaluate.progress`, for
+    `tandem stage evaluate` and `dvc repro`). The flow shows a unit's progress itself: its row in the live view,
+    its progress artifact and a log line per benchmark. The bars would scroll above the live view (a few lines
+    per benchmark), and in a log file or a worker's output, which holds both, a bar's line and the benchmark's
+    log line would land on one line. Not a result setting (`tandem.run_keys`): results and their cache are the
+    same either way."""
+    if not params.evaluate.progress:
+        return params
+    return dataclasses.replace(params, evaluate=dataclasses.replace(params.evaluate, progress=False))
 
 
-SUMMARY_KEY = "evaluation-summary"  # sorts after every `evaluate-...` unit artifact
+def benchmark_sizes(mod, params: Params, inputs: dict) -> dict[str, int]:
+    """Each benchmark's generations in a unit (rows x samples), in the order `run_unit` computes them; {} when the
+    stage module cannot tell (the unit then logs no line per benchmark, only its result line)."""
+    load = getattr(mod, "load_benchmarks", None)
+    if load is None:
+        return {}
+    try:
+        return {b: len(rows) * params.evaluate.n_samples for b, rows in load(params, inputs).items()}
+    except Exception as e:  # noqa: BLE001 - the unit itself reports a benchmark it cannot read
+        get_run_logger().debug("benchmark sizes unknown: %s", e)
+        return {}
+
+
+def benchmark_line(label: str, passed: progress.Passed) -> str:
+    """'evaluate-tandem-step-8-solo: arith-long done (1 of 3), 16 generations in 2.1 s', with ', 1 cached' after
+    the count when some benchmarks came from the result cache, and 'benchmark 1 of 2 done (1 cached)' when the
+    cached ones leave it open which benchmark this was."""
+    count, cached = f"{passed.index} of {passed.count}", f"{passed.done_before} cached" if passed.done_before else ""
+    if passed.name:
+        what = f"{passed.name} done ({count}{', ' + cached if cached else ''})"
+    else:
+        what = f"benchmark {count} done" + (f" ({cached})" if cached else "")
+    return f"{label}: {what}, {passed.size} generations in {passed.seconds:.1f} s"
 
 
 def _rounded(value: Any, decimals: int) -> Any:
@@ -193,24 +235,32 @@ def result_line(label: str, rows: list[dict], k: int) -> str:
       cache_policy=NO_CACHE)
 def evaluate_unit_task(params: Params, unit: dict, refresh: bool = False) -> dict:
     """One (arm, checkpoint, mode) unit on every benchmark: a progress artifact that follows its generations
-    while it runs, then its pass@k table (rounded) as a table artifact and one result line in the logs.
+    while it runs and a log line per benchmark as it finishes, then its pass@k table (rounded) as a table
+    artifact and one result line in the logs. Both artifacts are keyless: they belong to this task run.
     `refresh` (a forced run) recomputes what the evaluation's result cache already holds."""
     mod = _stage("evaluate")
     inputs, outputs = mod.default_io(params)
-    label, view = unit_label(unit), progress.current()
+    label, view, logger = unit_label(unit), progress.current(), get_run_logger()
     done = progress.Counter(view, label)
+    # run_unit's progress(done, total) feeds the artifact and the view, and marks each finished benchmark
+    milestones = progress.Milestones(benchmark_sizes(mod, params, inputs),
+                                     lambda passed: logger.info("%s", benchmark_line(label, passed)))
+
+    def heard(n: int, total: int) -> None:
+        done.update(n, total)
+        milestones.update(n, total)
+
     # the flag only when set: a forced run must recompute, any other run calls run_unit as it always has
     force = {"refresh": True} if refresh else {}
     with view.track("evaluate", label), \
-            progress.artifact(unit_key(unit, "progress"), f"{label}: generations done, every benchmark of the unit",
-                              done.percent):
-        summaries = mod.run_unit(params, unit, inputs, outputs, progress=done.update, **force)
+            progress.artifact(None, f"{label}: generations done, every benchmark of the unit", done.percent):
+        summaries = mod.run_unit(params, unit, inputs, outputs, progress=heard, **force)
     rows = unit_rows(params, None, summaries)
     create_table_artifact(
-        key=unit_key(unit, "results"), table=rows,
-        description=f"pass@k per benchmark: {unit['arm']} step {unit['step']}, {unit['mode']} mode "
+        table=rows,
+        description=f"{label}: pass@k per benchmark, {unit['arm']} step {unit['step']}, {unit['mode']} mode "
                     f"({params.evaluate.n_samples} samples per problem)")
-    get_run_logger().info("%s", result_line(label, rows, params.evaluate.ks[0]))
+    logger.info("%s", result_line(label, rows, params.evaluate.ks[0]))
     return summaries
 
 
@@ -229,7 +279,8 @@ def evaluate_collect_task(params: Params, sync: DvcSync) -> dict:
 
 def publish_summary(params: Params, done: dict[int, tuple[dict, dict]], n_units: int) -> None:
     """The running evaluation summary: every finished unit's rows (arm x checkpoint x mode x benchmark), as a new
-    version of one table artifact, so the UI shows the evaluation filling in."""
+    version of one table artifact, so the UI shows the evaluation filling in. Keyed: its last version per run is
+    the evaluation's table, compared across runs."""
     rows = [r for _, (unit, summaries) in sorted(done.items()) for r in unit_rows(params, unit, summaries)]
     rows.sort(key=lambda r: (str(r["arm"]), int(r["step"]), str(r["mode"]), str(r["benchmark"])))
     create_table_artifact(key=SUMMARY_KEY, table=rows,
@@ -292,15 +343,48 @@ def promote_task(params: Params, sync: DvcSync) -> dict:
     logger = get_run_logger()
     if not decision.promote:
         logger.info("promotion: keeping the promoted checkpoint: %s", decision.reason)
+        _promotion_artifact(decision.to_dict())
         return decision.to_dict()
     if promotion.git_root(params) is None:
         logger.warning("promotion: gate passes (%s) but %s is no git work tree with a commit: nothing recorded",
                        decision.reason, params.out_root)
+        _promotion_artifact({**decision.to_dict(), "recorded": False})
         return {**decision.to_dict(), "recorded": False}
     rec = promotion.record(params, decision, run_id=str(flow_run.id or ""), provenance={"dvc_sync": sync.reason})
     logger.info("promotion: promoted %s/step-%s (%s) as %s", decision.candidate.arm, decision.candidate.step,
                 decision.reason, rec["git_tag"])
-    return {**decision.to_dict(), "record": rec}
+    result = {**decision.to_dict(), "record": rec}
+    _promotion_artifact(result)
+    return result
+
+
+def promotion_markdown(result: dict) -> str:
+    """The promotion decision as markdown: the verdict, its reason, and the candidate beside the promoted one."""
+    cand, prev = result.get("candidate") or {}, result.get("previous") or {}
+    rec = result.get("record") or {}
+    if rec.get("git_tag"):
+        head = f"promoted {cand.get('arm')}/step-{cand.get('step')} as `{rec['git_tag']}`"
+    elif result.get("promote"):
+        head = "the gate passes, but nothing was recorded (no git work tree with a commit)"
+    else:
+        head = "kept the promoted checkpoint"
+    lines = [f"# Promotion: {head}", "", str(result.get("reason", "")), ""]
+    k = cand.get("k") or prev.get("k")
+    if cand or prev:
+        lines += [f"| | arm | step | solo pass@{k} | tandem pass@{k} |", "|---|---|---|---|---|"]
+        lines += [f"| {name} | {c.get('arm')} | {c.get('step')} | {c.get('solo')} | {c.get('tandem')} |"
+                  for name, c in (("candidate", cand), ("promoted", prev)) if c]
+    return "\n".join(lines) + "\n"
+
+
+def _promotion_artifact(result: dict) -> None:
+    """The promotion decision as the keyed `tandem-promotion` artifact: one catalog entry, a version per run that
+    asks for promotion, so the UI lists the decisions over time."""
+    try:
+        create_markdown_artifact(key=PROMOTION_KEY, markdown=promotion_markdown(result),
+                                 description="Promotion decision of this run (tasks/promotion.py)")
+    except Exception as e:  # noqa: BLE001 - the UI is a view: the tags are the record
+        get_run_logger().warning("promotion artifact not created: %s", e)
 
 
 @task(name="report-artifact", task_run_name="report-artifact", cache_policy=NO_CACHE, timeout_seconds=600)
@@ -309,7 +393,7 @@ def report_artifact_task(params: Params, summary: dict) -> None:
     mod = _stage("report")
     if not summary or summary.get("skipped"):  # the report on disk is current: publish it for this run too
         summary = {**mod.existing_summary(params), "skipped": True}
-    create_markdown_artifact(key="tandem-report", markdown=mod.artifact_markdown(params, summary),
+    create_markdown_artifact(key=REPORT_KEY, markdown=mod.artifact_markdown(params, summary),
                              description="Tandem RL results report")
 
 
@@ -352,6 +436,59 @@ def _live_view(live: bool | None) -> bool:
     return sys.stderr.isatty() and deployment.id is None and os.environ.get("CI") is None
 
 
+def params_fingerprint(params: Params) -> str:
+    """10 hex digits of the sha256 of the params (every key, resolved): equal params, equal fingerprint. The same
+    digits as the W&B group of a `dvc repro` run of these params (`tasks.tracking.group`: `tandem-<digits>`)."""
+    return hashlib.sha256(json.dumps(params.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def _git_head(root: Path) -> str | None:
+    """The commit of the code at `root` (12 digits), else TANDEM_GIT_COMMIT (an image records its build commit)."""
+    try:
+        res = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=20)
+        if res.returncode == 0 and res.stdout.strip():
+            return res.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return os.environ.get("TANDEM_GIT_COMMIT", "")[:12] or None
+
+
+def run_tags(params_path: str, params: Params, root: Path) -> list[str]:
+    """A flow run's tags, to find and filter runs by in the UI: `params:<file>` (relative to the project),
+    `params-sha:<params_fingerprint>`, `git:<commit>` when the code is a git checkout (or TANDEM_GIT_COMMIT names
+    it), and `exp:<name>` under `dvc exp run` (DVC_EXP_NAME, as for the W&B group)."""
+    path = Path(params_path)
+    try:
+        shown = str(path.resolve().relative_to(Path(root).resolve())) if path.is_absolute() else str(path)
+    except ValueError:
+        shown = str(path)
+    out = [f"params:{shown}", f"params-sha:{params_fingerprint(params)}"]
+    commit = _git_head(Path(root))
+    if commit:
+        out.append(f"git:{commit}")
+    if os.environ.get(tracking.EXP_ENV):
+        out.append(f"exp:{os.environ[tracking.EXP_ENV]}")
+    return out
+
+
+def _tag_flow_run(new: list[str]) -> None:
+    """Add `new` to the running flow run's tags (a deployment's own tags stay). The flow run exists before its
+    params are read, so its tags are set here, through the API; task runs and subflows started inside
+    `prefect.tags(...)` get them when they are created."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(flow_run.id)
+            client.update_flow_run(run.id, tags=list(dict.fromkeys([*(run.tags or []), *new])))
+    except Exception as e:  # noqa: BLE001 - tags help find a run: never fail the run for them
+        get_run_logger().warning("flow run tags not set: %s", e)
+
+
 SECRET_BLOCKS = {"wandb-api-key": "WANDB_API_KEY", "hf-token": "HF_TOKEN"}
 
 
@@ -384,9 +521,13 @@ def _setup(params_path: str, dvc: str, push: bool, publish: bool) -> tuple[Param
     get_run_logger().info("DVC sync: %s", sync.reason)
     if (found := _secrets_from_blocks()):
         get_run_logger().info("secrets from Prefect blocks: %s", ", ".join(found))
-    root = sync.root or find_project(Path.cwd().resolve()) or CODE_ROOT
-    specs = pipeline_stages(Path(root) / "dvc.yaml", params.to_dict())
+    specs = pipeline_stages(_project_root(sync) / "dvc.yaml", params.to_dict())
     return params, sync, specs
+
+
+def _project_root(sync: DvcSync) -> Path:
+    """The DVC project the run belongs to (its dvc.yaml is the run's stage graph), else the code's root."""
+    return Path(sync.root or find_project(Path.cwd().resolve()) or CODE_ROOT)
 
 
 def _closure(specs: list[StageSpec], groups: set[str], downstream: bool) -> list[StageSpec]:
@@ -478,8 +619,9 @@ def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str,
         progress.current().expect("evaluate", unit_label(u))
     fan_out = evaluate_units.with_options(task_runner=task_runner(eval_runner, eval_workers(params)),
                                           timeout_seconds=TIMEOUTS["evaluate-unit"] * max(1, len(units)))
+    quiet = unit_params(params)
     # a subflow's parameters are validated, so `opaque` (resolved, not walked) rather than `quote`
-    units_state = fan_out(opaque(params), opaque(units), refresh=force, wait_for=_after([plan]), return_state=True)
+    units_state = fan_out(opaque(quiet), opaque(units), refresh=force, wait_for=_after([plan]), return_state=True)
     units_state.result()  # a failed unit fails the flow here, before collect
     state = evaluate_collect_task(quote(params), quote(sync), wait_for=_after([plan, units_state]),
                                   return_state=True)
@@ -569,8 +711,12 @@ def _finish(req: _Request, params: Params, sync: DvcSync, view: progress.Progres
 def _pipeline(req: _Request) -> dict:
     t0 = time.perf_counter()
     params, sync, specs = _setup(req.params_path, req.dvc, req.sharing.push, req.sharing.publish)
-    # one run per output root (re-entrant: `tandem run` already holds it when it started this flow)
-    with workspace_lock(params.out_root, command=f"{req.what} flow"):
+    labels = run_tags(req.params_path, params, _project_root(sync))
+    _tag_flow_run(labels)
+    get_run_logger().info("tags: %s", ", ".join(labels))
+    # one run per output root (re-entrant: `tandem run` already holds it when it started this flow); every task
+    # run and the evaluation subflow carry the run's tags
+    with workspace_lock(params.out_root, command=f"{req.what} flow"), tags(*labels):
         if req.sharing.pull:
             pull_task(sync)
         specs = req.select(specs)

@@ -5,8 +5,11 @@ The terminal view is one row per task run (state, wall time, work done) under an
 Prefect's logs and UI are the view. Task bodies call `track(name)`, which is thread-safe (mapped evaluation
 units run in worker threads). While the view is live, Prefect's console log handlers print through the view's
 console, so log lines scroll above the table instead of tearing it. `artifact` keeps a Prefect progress
-artifact moving from a value the work updates (`Counter`) or from saved checkpoints; `stage_output` routes a
-stage's stdout and stderr into the run's logs; `quiet_tools` keeps tool progress bars out of them.
+artifact moving from a value the work updates (`Counter`) or from saved checkpoints: keyless unless the caller
+names a key, so it lives in its task run and leaves the global artifact catalog to what is tracked across runs.
+`Milestones` turns the same updates into one log line per finished part (an evaluation unit's benchmarks), so
+a long unit's logs fill in while it runs. `stage_output` routes a stage's stdout and stderr into the run's logs;
+`quiet_tools` keeps tool progress bars out of them.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import threading
 import time
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
+from itertools import accumulate, combinations
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 _ICONS = {"pending": "[dim]·[/dim]", "running": "[yellow]…[/yellow]", "done": "[green]✓[/green]",
           "failed": "[red]✗[/red]", "skipped": "[dim]-[/dim]"}
@@ -219,19 +223,91 @@ class Counter:
         return 100.0 * self.done / self.total if self.total else None
 
 
+class Passed(NamedTuple):
+    """A part of the work that has just finished: its name (None when the sizes cannot tell which part it is),
+    its place among the parts this run computes, its size, the seconds since the previous part (or the start),
+    and how many parts were done before the work started (found in a cache)."""
+
+    name: str | None
+    index: int
+    count: int
+    size: int
+    seconds: float
+    done_before: int
+
+
+class Milestones:
+    """Announces each part of a piece of work as it finishes, from the `update(done, total)` calls a `Counter`
+    hears (so the work needs no hook of its own): `sizes` are the parts in the order the work does them (an
+    evaluation unit's benchmarks, rows x samples generations each).
+
+    The first update tells how much was done before any work (parts found in a cache): the parts left are those
+    whose sizes add up to the rest. When more than one set of parts adds up to it (equal sizes), a part is
+    announced by its place only; when the sizes do not add up to the total, or the sets disagree on where the
+    parts end, nothing is announced: a wrong name is worse than none."""
+
+    MAX_PARTS = 16  # beyond this, a partly cached piece of work is not searched for its parts (2^16 sets)
+
+    def __init__(self, sizes: dict[str, int], announce: Callable[[Passed], None]):
+        self._sizes = [(str(n), int(s)) for n, s in sizes.items() if s and s > 0]
+        self._announce = announce
+        self._parts: list[tuple[str | None, int, int]] | None = None  # (name, size, done count at its end)
+        self._next = 0
+        self._t = 0.0
+        self._lock = threading.Lock()
+
+    def _plan(self, start: int, total: int) -> list[tuple[str | None, int, int]]:
+        sizes = [s for _, s in self._sizes]
+        if not sizes or sum(sizes) != total or start >= total:
+            return []
+        if start <= 0:
+            choices = [tuple(range(len(sizes)))]
+        elif len(sizes) > self.MAX_PARTS:
+            return []
+        else:
+            choices = [c for r in range(1, len(sizes) + 1) for c in combinations(range(len(sizes)), r)
+                       if sum(sizes[i] for i in c) == total - start]
+        ends = {tuple(accumulate(sizes[i] for i in c)) for c in choices}
+        if len(ends) != 1:
+            return []
+        named = len(choices) == 1
+        return [(self._sizes[i][0] if named else None, sizes[i], start + end)
+                for i, end in zip(choices[0], next(iter(ends)))]
+
+    def update(self, done: int, total: int) -> None:
+        passed = []
+        with self._lock:
+            now = time.perf_counter()
+            if self._parts is None:
+                self._parts, self._t = self._plan(done, total), now
+            before = len(self._sizes) - len(self._parts)
+            while self._next < len(self._parts) and done >= self._parts[self._next][2]:
+                name, size, _ = self._parts[self._next]
+                self._next += 1
+                passed.append(Passed(name, self._next, len(self._parts), size, now - self._t, before))
+                self._t = now
+        for p in passed:
+            try:
+                self._announce(p)
+            except Exception as e:  # noqa: BLE001 - a log line is a view: never fail the work for it
+                logging.getLogger("flows.progress").debug("milestone not announced: %s", e)
+
+
 @contextmanager
-def artifact(key: str, description: str, value: Callable[[], float | None] | None = None,
+def artifact(key: str | None, description: str, value: Callable[[], float | None] | None = None,
              every: float | None = None) -> Iterator[None]:
     """A Prefect progress artifact for the enclosed work: 0 % at the start, 100 % at the end, and in between
     `value()` (a percentage, None = unknown yet), read every `every` seconds (POLL_SECONDS) by a watcher thread,
-    so the work itself never waits on the API."""
+    so the work itself never waits on the API. `key` None (the pipeline's choice) makes it keyless: it belongs
+    to the task run that created it and stays out of the global artifact catalog, which keeps one entry per key
+    across all runs."""
     from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
     log = logging.getLogger("flows.progress")
     try:
         art_id = create_progress_artifact(progress=0.0, key=key, description=description)
     except Exception as e:  # the UI is a view: never fail the work for it
-        log.warning("progress artifact %s not created: %s", key, e)
+        log.warning("progress artifact %s not created: %s", key or description, e)
         yield
         return
     stop = threading.Event()
@@ -250,7 +326,7 @@ def artifact(key: str, description: str, value: Callable[[], float | None] | Non
 
     watcher = None
     if value is not None:
-        watcher = threading.Thread(target=poll, name=f"progress-{key}", daemon=True)
+        watcher = threading.Thread(target=poll, name=f"progress-{key or art_id}", daemon=True)
         watcher.start()
     try:
         yield

@@ -31,7 +31,7 @@ def shared_task(s: study.StudySettings) -> str:
 def train_task(s: study.StudySettings, seed: int, arm: str) -> dict:
     root = s.root(seed)
     total = study.load_params(s.params_file).train.steps
-    with progress.artifact(f"study-seed-{seed}-{arm}".replace("_", "-"), f"seed {seed}, arm {arm}: training",
+    with progress.artifact(None, f"seed {seed}, arm {arm}: training",
                            progress.checkpoint_share(root / "models" / "checkpoints" / arm, total), every=30.0):
         out = study.train(root, arm)
     get_run_logger().info("seed %s %s: trained (%s steps, reward %s -> %s)", seed, arm, out.get("steps"),

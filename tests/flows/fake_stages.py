@@ -84,6 +84,7 @@ class Recorder:
         # meanwhile); `held_unit` names it
         self.hold, self.held, self.release = hold, threading.Event(), threading.Event()
         self.held_unit: str | None = None
+        self.unit_bars: list[bool] = []  # `evaluate.progress` as each unit saw it (its own tqdm bars on or off)
 
     def midway(self, name: str) -> None:
         units = [c for c in self.calls if c.startswith("unit-")]
@@ -135,13 +136,22 @@ def modules(rec: Recorder) -> dict[str, types.SimpleNamespace]:
                 for a in params.train.arms for s in (0, 2) for m in params.evaluate.modes
                 if not (s == 0 and a != params.train.arms[0])]
 
+    def load_benchmarks(params, inputs=None):
+        return {"b1": [{"id": 1}, {"id": 2}], "b2": [{"id": 3}, {"id": 4}]}
+
     def run_unit(params, unit, inputs=None, outputs=None, progress=None):
+        """Both benchmarks, as the real run_unit reports them: generations done out of the unit's total
+        (2 problems x n_samples each), from 0, batch by batch."""
         name = f"unit-{unit['arm']}-{unit['step']}-{unit['mode']}"
         rec.hit(name)
+        rec.unit_bars.append(params.evaluate.progress)
+        per = 2 * params.evaluate.n_samples
         if progress is not None:
-            progress(1, 4)
+            progress(0, 2 * per)
+            progress(per // 2, 2 * per)
             rec.midway(name)  # a test can hold the unit here, a quarter done
-            progress(4, 4)
+            progress(per, 2 * per)  # b1 done
+            progress(2 * per, 2 * per)  # b2 done
         return {"b1": {"n_problems": 2, "pass@1": 0.5, "senior_share": 1.0, "mean_tokens": 3.0},
                 "b2": {"n_problems": 2, "pass@1": 0.25, "senior_share": 1.0, "mean_tokens": 4.0}}
 
@@ -178,7 +188,8 @@ def modules(rec: Recorder) -> dict[str, types.SimpleNamespace]:
         "prepare": ns(default_io=io, run=prepare_run),
         "base": ns(default_io=io, run=base_run),
         "train": ns(default_io=train_io, run_arm=run_arm, run=None),
-        "evaluate": ns(default_io=io, plan=plan, run_unit=run_unit, collect=collect, run=None),
+        "evaluate": ns(default_io=io, plan=plan, run_unit=run_unit, collect=collect, run=None,
+                       load_benchmarks=load_benchmarks),
         "analyze": ns(default_io=io, run=analyze_run),
         "report": ns(default_io=io, run=report_run, artifact_markdown=artifact_markdown,
                      existing_summary=existing_summary),

@@ -1,6 +1,9 @@
 """The `tandem-pipeline` flow: its stage list is dvc.yaml's, its wiring (order, one task run per arm and per
 evaluation unit, artifacts, no retry on training) holds, and after a run `dvc status` is clean.
 
+The artifacts are keyless in their task runs, keyed only for what runs are compared by; each evaluation unit
+logs a line per finished benchmark; flow runs and their task runs carry the run's tags.
+
 The wiring tests run the real flow on fake stage modules (tests/flows/fake_stages.py) inside a scratch DVC
 project, on Prefect's temporary local server; the real stages run in tests/flows/test_server.py.
 """
@@ -8,6 +11,7 @@ project, on Prefect's temporary local server; the real stages run in tests/flows
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -155,14 +159,93 @@ def test_task_runner_choice():
         fp.task_runner("ray")
 
 
-def test_artifact_keys_are_valid_and_a_units_sit_together():
-    assert fp._artifact_key("eval", "kl_reg", "step", 20, "solo") == "eval-kl-reg-step-20-solo"
-    assert fp._artifact_key("eval", "GRPO_G16", "step", 0, "word") == "eval-grpo-g16-step-0-word"
-    units = [{"arm": a, "step": s, "mode": m} for a in ("tandem", "kl_reg") for s in (0, 8) for m in ("solo", "step")]
-    keys = sorted([fp.unit_key(u, w) for u in units for w in ("progress", "results")] + [fp.SUMMARY_KEY])
-    assert keys[-1] == fp.SUMMARY_KEY  # the running summary after every unit
-    for i in range(0, len(keys) - 1, 2):  # each unit's progress and results side by side
-        assert keys[i].removesuffix("-progress") == keys[i + 1].removesuffix("-results"), keys
+# The only artifact keys a run uses: what runs are compared by. Per-arm and per-unit artifacts are keyless.
+KEYED = {"tandem-report", "tandem-promotion", "evaluation-summary"}
+
+
+def test_the_keyed_artifacts_are_few_and_valid():
+    assert {fp.REPORT_KEY, fp.PROMOTION_KEY, fp.SUMMARY_KEY} == KEYED
+    assert all(re.fullmatch(r"[a-z0-9-]+", k) for k in KEYED)  # Prefect's rule for keys
+
+
+def test_the_flows_units_draw_no_bars_of_their_own():
+    from tandem.config import params_from_dict
+
+    params = params_from_dict({"evaluate": {"progress": True}})
+    quiet = fp.unit_params(params)
+    assert quiet.evaluate.progress is False and params.evaluate.progress is True
+    # nothing else moves
+    assert {**quiet.to_dict(), "evaluate": None} == {**params.to_dict(), "evaluate": None}
+    assert {**quiet.to_dict()["evaluate"], "progress": True} == params.to_dict()["evaluate"]
+    off = params_from_dict({"evaluate": {"progress": False}})
+    assert fp.unit_params(off) is off
+
+
+def _milestones(sizes: dict[str, int]):
+    heard: list = []
+    return fp.progress.Milestones(sizes, heard.append), heard
+
+
+def test_a_units_benchmarks_are_announced_as_they_finish():
+    ms, heard = _milestones({"short": 4, "long": 8, "mid": 4})
+    for done in (0, 2, 4, 10, 12, 16):
+        ms.update(done, 16)
+    assert [(p.name, p.index, p.count, p.size, p.done_before) for p in heard] == \
+        [("short", 1, 3, 4, 0), ("long", 2, 3, 8, 0), ("mid", 3, 3, 4, 0)]
+    assert all(p.seconds >= 0 for p in heard)
+    # one benchmark cached: the first update says how much, and the sizes say which ones are left to compute
+    ms, heard = _milestones({"short": 4, "long": 8, "mid": 2})
+    for done in (8, 12, 14):
+        ms.update(done, 14)
+    assert [(p.name, p.index, p.count, p.done_before) for p in heard] == [("short", 1, 2, 1), ("mid", 2, 2, 1)]
+    # ... unless two sets of benchmarks that end at different counts fit (long, or short + mid): then nothing
+    ms, heard = _milestones({"short": 4, "long": 8, "mid": 4})
+    for done in (8, 12, 16):
+        ms.update(done, 16)
+    assert heard == []
+    # equal sizes, one cached: which is left is open, so the benchmarks are counted, not named
+    ms, heard = _milestones({"a": 4, "b": 4, "c": 4})
+    for done in (4, 8, 12):
+        ms.update(done, 12)
+    assert [(p.name, p.index, p.count) for p in heard] == [(None, 1, 2), (None, 2, 2)]
+    # sizes that do not describe the work, or a unit found whole in the cache: nothing is announced
+    for sizes, updates in (({"a": 4}, [(0, 6), (6, 6)]), ({"a": 4, "b": 4}, [(8, 8)]), ({}, [(0, 4), (4, 4)])):
+        ms, heard = _milestones(sizes)
+        for done, total in updates:
+            ms.update(done, total)
+        assert heard == [], sizes
+
+
+def test_benchmark_lines():
+    Passed = fp.progress.Passed
+    assert fp.benchmark_line("evaluate-tandem-step-8-solo", Passed("arith-long", 1, 3, 16, 2.04, 0)) == \
+        "evaluate-tandem-step-8-solo: arith-long done (1 of 3), 16 generations in 2.0 s"
+    assert fp.benchmark_line("u", Passed("b", 2, 2, 8, 0.5, 1)) == "u: b done (2 of 2, 1 cached), 8 generations in 0.5 s"
+    assert fp.benchmark_line("u", Passed(None, 1, 2, 8, 0.5, 1)) == \
+        "u: benchmark 1 of 2 done (1 cached), 8 generations in 0.5 s"
+
+
+def test_run_tags(tmp_path, monkeypatch):
+    """The params file, the params' fingerprint (the digits of a `dvc repro` run's W&B group), the code's commit
+    and, under `dvc exp run`, the experiment."""
+    from tandem.config import params_from_dict
+    from tasks import tracking
+
+    params = params_from_dict({"seed": 3})
+    for var in (tracking.EXP_ENV, tracking.GROUP_ENV, "TANDEM_GIT_COMMIT"):
+        monkeypatch.delenv(var, raising=False)
+    assert tracking.group(params) == f"tandem-{fp.params_fingerprint(params)}"
+    assert fp.params_fingerprint(params) != fp.params_fingerprint(params_from_dict({"seed": 4}))
+    assert fp.run_tags("params.yaml", params, tmp_path) == ["params:params.yaml",
+                                                            f"params-sha:{fp.params_fingerprint(params)}"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "c"], check=True)
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    monkeypatch.setenv(tracking.EXP_ENV, "lr-3e-4")
+    tags = fp.run_tags(str(tmp_path / "params.study.yaml"), params, tmp_path)
+    assert tags == ["params:params.study.yaml", f"params-sha:{fp.params_fingerprint(params)}",
+                    f"git:{head.strip()[:12]}", "exp:lr-3e-4"]
 
 
 def test_unit_tables_are_rounded_and_logged_as_one_line():
@@ -238,14 +321,26 @@ def _subflow_runs(parent_id):
             parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id])))
 
 
-def _artifact_keys(flow_run_id):
+def _artifacts(*flow_run_ids):
+    """Every artifact of these flow runs, keyed or not."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     with get_client(sync_client=True) as client:
-        arts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
-            any_=[flow_run_id])))
-    return {a.key: a for a in arts}
+        return client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(
+            any_=list(flow_run_ids))))
+
+
+def _logs(*flow_run_ids):
+    """The log records of these flow runs (and their task runs), once the API has them all."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    # the run's log records reach the API in batches, the last after the run has returned: send them first
+    APILogWorker.drain_all(timeout=60, at_exit=False)
+    with get_client(sync_client=True) as client:
+        return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=list(flow_run_ids))))
 
 
 @pytest.mark.slow
@@ -278,13 +373,35 @@ def test_flow_wiring_and_dvc_agreement(project, monkeypatch, prefect_api):
     assert len(sub) == 1
     evals = {r.name: r for r in _task_runs(sub[0].id)}
     assert len(evals) == 6 and all(r.state.is_completed() for r in evals.values())
-    arts = {**_artifact_keys(state.state_details.flow_run_id), **_artifact_keys(sub[0].id)}
-    assert arts["evaluate-grpo-step-2-solo-results"].type == "table"
-    assert arts["train-grpo-progress"].type == "progress" and arts["train-grpo-progress"].data == 100.0
-    assert arts["evaluate-grpo-step-2-solo-progress"].type == "progress"
-    assert arts["evaluate-grpo-step-2-solo-progress"].data == 100.0
-    assert arts["tandem-report"].type == "markdown" and "file://" not in arts["tandem-report"].data
-    assert "# r" in arts["tandem-report"].data
+    arts = _artifacts(state.state_details.flow_run_id, sub[0].id)
+    # keyed: only what runs are compared by (no promotion asked for here); the rest keyless, in its task run
+    keyed = {a.key: a for a in arts if a.key}
+    assert set(keyed) == {"tandem-report", "evaluation-summary"}
+    assert keyed["tandem-report"].type == "markdown" and "file://" not in keyed["tandem-report"].data
+    assert "# r" in keyed["tandem-report"].data
+    by_task: dict = {}
+    for a in arts:
+        if not a.key:
+            by_task.setdefault(a.task_run_id, []).append(a)
+    by_name = {r.name: r.id for r in [*runs, *evals.values()]}
+    for arm in ("tandem", "grpo"):
+        (art,) = by_task[by_name[f"train@{arm}"]]
+        assert art.type == "progress" and art.data == 100.0
+    for name in evals:  # one progress artifact (finished) and one pass@k table per unit, in the unit's task run
+        kinds = {a.type: a for a in by_task[by_name[name]]}
+        assert sorted(a.type for a in by_task[by_name[name]]) == ["progress", "table"], name
+        assert kinds["progress"].data == 100.0 and kinds["table"].description.startswith(f"{name}: pass@k")
+    assert set(by_task) <= {by_name[n] for n in ("train@tandem", "train@grpo", *evals)}
+
+    # each unit logs a line per benchmark as it finishes, before its result line
+    logs = _logs(state.state_details.flow_run_id, sub[0].id)
+    unit = evals["evaluate-grpo-step-2-solo"].id
+    lines = [lg.message for lg in sorted(logs, key=lambda lg: lg.timestamp)
+             if lg.task_run_id == unit and lg.message.startswith("evaluate-")]  # not Prefect's own "Finished ..."
+    assert [re.sub(r"in [0-9.]+ s$", "in - s", m) for m in lines] == [
+        "evaluate-grpo-step-2-solo: b1 done (1 of 2), 4 generations in - s",
+        "evaluate-grpo-step-2-solo: b2 done (2 of 2), 4 generations in - s",
+        "evaluate-grpo-step-2-solo: pass@1 b1 0.50, b2 0.25 (2 problems each)"], lines
 
     # DVC agrees: dvc.lock records every stage and nothing is out of date
     status = _dvc(project, "status", "--json")
@@ -379,10 +496,6 @@ def _stage_edges(flow_run_id, parent_names: dict) -> dict[str, set[str]]:
 def test_flow_graph_is_dvc_yamls_graph_and_logs_hold_no_warning(project, monkeypatch, prefect_api):
     """Prefect draws its graph from the task runs' inputs: they must carry exactly dvc.yaml's edges, on a run
     that computes every stage and on one that skips them all; a healthy run logs nothing at WARNING."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.logging.handlers import APILogWorker
-
     from flows.dvc_sync import pipeline_stages
     from tandem.config import params_from_dict
 
@@ -395,11 +508,7 @@ def test_flow_graph_is_dvc_yamls_graph_and_logs_hold_no_warning(project, monkeyp
         assert state.is_completed(), state
         run_id = state.state_details.flow_run_id
         assert _stage_edges(run_id, expected) == expected
-        ids = [run_id] + [r.id for r in _subflow_runs(run_id)]
-        # the run's log records reach the API in batches, the last after the run has returned: send them first
-        APILogWorker.drain_all(timeout=60, at_exit=False)
-        with get_client(sync_client=True) as client:
-            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)))
+        logs = _logs(run_id, *[r.id for r in _subflow_runs(run_id)])
         assert logs and not [(lg.level, lg.message) for lg in logs if lg.level >= 30]
 
 
@@ -408,7 +517,10 @@ def test_evaluation_can_be_followed_while_it_runs(project, monkeypatch, prefect_
     """On the Prefect server, while a unit runs: its progress artifact shows how far it is, and the running
     evaluation summary holds the units finished so far (rounded); at the end, every unit."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey,
+                                                ArtifactFilterTaskRunId, TaskRunFilter, TaskRunFilterName,
+                                                TaskRunFilterState, TaskRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
 
     rec = fake_stages.Recorder(hold=3)  # units run one at a time: three are done when the fourth is held
     _use_fakes(monkeypatch, rec)
@@ -425,18 +537,28 @@ def test_evaluation_can_be_followed_while_it_runs(project, monkeypatch, prefect_
     def rows(art):
         return json.loads(art.data) if isinstance(art.data, str) else art.data
 
+    def progress_of(label):
+        """The keyless progress artifacts of the running task run named `label` (the held unit)."""
+        running = TaskRunFilter(name=TaskRunFilterName(any_=[label]),
+                                state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.RUNNING])))
+        with get_client(sync_client=True) as client:
+            ids = [r.id for r in client.read_task_runs(task_run_filter=running)]
+            if not ids:
+                return []
+            return [a for a in client.read_artifacts(artifact_filter=ArtifactFilter(
+                task_run_id=ArtifactFilterTaskRunId(any_=ids))) if a.type == "progress"]
+
     def watch():
         try:
             assert rec.held.wait(120)
             _, arm, step, mode = rec.held_unit.split("-")
-            key = fp.unit_key({"arm": arm, "step": step, "mode": mode}, "progress")
+            label = fp.unit_label({"arm": arm, "step": step, "mode": mode})
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not ("progress" in seen and "summary" in seen):
-                progress_arts = artifacts(key)
+                progress_arts = progress_of(label)
                 if progress_arts and 0 < progress_arts[0].data < 100:
                     seen["progress"] = progress_arts[0].data
                     summary = artifacts(fp.SUMMARY_KEY, progress_arts[0].flow_run_id)
-                    seen["dbg"] = [(a.description, a.flow_run_id) for a in artifacts(fp.SUMMARY_KEY)] + [progress_arts[0].flow_run_id, rec.calls]
                     if summary and "3 of 6 units done" in summary[0].description:
                         seen["summary"] = rows(summary[0])
                 time.sleep(0.2)
@@ -457,3 +579,45 @@ def test_evaluation_can_be_followed_while_it_runs(project, monkeypatch, prefect_
     (sub,) = _subflow_runs(state.state_details.flow_run_id)
     final = artifacts(fp.SUMMARY_KEY, sub.id)
     assert len(final) == 6 and "6 of 6 units done" in final[0].description and len(rows(final[0])) == 12
+
+
+@pytest.mark.slow
+def test_flow_runs_and_their_tasks_carry_the_runs_tags(project, monkeypatch, prefect_api):
+    """The flow run, its task runs and its evaluation subflow carry the params file, the params' fingerprint,
+    the code's commit and the experiment's name (DVC_EXP_NAME)."""
+    from prefect.client.orchestration import get_client
+
+    from tasks.common import load_params
+
+    _use_fakes(monkeypatch, fake_stages.Recorder())
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    subprocess.run(["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "c"], check=True)
+    head = subprocess.run(["git", "-C", str(project), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-41")
+    state = fp.tandem_pipeline(params_path="params.yaml", live=False, dvc="off", return_state=True)
+    assert state.is_completed(), state
+    expected = {"params:params.yaml", f"params-sha:{fp.params_fingerprint(load_params('params.yaml'))}",
+                f"git:{head}", "exp:exp-41"}
+    run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        assert expected <= set(client.read_flow_run(run_id).tags)
+    (sub,) = _subflow_runs(run_id)
+    assert expected <= set(sub.tags)
+    tasks = [*_task_runs(run_id), *_task_runs(sub.id)]
+    assert len(tasks) > 8 and all(expected <= set(t.tags) for t in tasks), [(t.name, t.tags) for t in tasks]
+
+
+@pytest.mark.slow
+def test_units_draw_no_bars_of_their_own_in_the_flow(project, monkeypatch, prefect_api):
+    """The flow runs the evaluation units with `evaluate.progress` off, live view or not: it reports their
+    progress itself (view, artifact, a log line per benchmark)."""
+    rec = fake_stages.Recorder()
+    _use_fakes(monkeypatch, rec)
+    (project / "params.yaml").write_text(fake_stages.PARAMS_YAML.replace("\n  progress: false\n",
+                                                                         "\n  progress: true\n"))
+    for live in (True, False):
+        rec.unit_bars.clear()
+        assert fp.tandem_pipeline(params_path="params.yaml", live=live, dvc="off", return_state=True).is_completed()
+        assert rec.unit_bars and set(rec.unit_bars) == {False}, (live, rec.unit_bars)

@@ -12,8 +12,9 @@ flow run in a fresh temporary directory (the process worker's default):
 3. runs `scheduled-retraining`: a fresh clone sees every stage up to date (each a task run in the "Skipped"
    state) and the promotion (the gate says "already promoted", the report artifact says so).
 
-Along the way: every stage has a task run, stage logs reach the run's logs, progress artifacts exist, the
-report artifact holds the report, every deployment carries a concurrency limit. Everything the test starts
+Along the way: every stage has a task run, stage logs reach the run's logs, progress artifacts exist (keyless,
+in their task runs), the only keyed artifacts are the report (which holds the report), the promotion decision
+and the evaluation summary, flow runs carry the run's tags, every deployment carries a concurrency limit. Everything the test starts
 (workers and their flow-run processes) is stopped by process group; the server is the session's
 (tests/flows/conftest.py).
 """
@@ -125,8 +126,19 @@ class Api:
         return self.post("/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}})
 
     def artifacts(self, *flow_run_ids: str) -> dict[str, dict]:
+        """The keyed artifacts of these flow runs, by key."""
         arts = self.post("/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": list(flow_run_ids)}}})
         return {a["key"]: a for a in arts if a.get("key")}
+
+    def task_artifacts(self, flow_run_id: str) -> dict[str, list[dict]]:
+        """The keyless artifacts of a flow run's task runs, by task run name."""
+        names = {t["id"]: n for n, t in self.task_runs(flow_run_id).items()}
+        arts = self.post("/artifacts/filter", {"artifacts": {"task_run_id": {"any_": list(names)}}})
+        out: dict[str, list[dict]] = {}
+        for a in arts:
+            if not a.get("key"):
+                out.setdefault(names[a["task_run_id"]], []).append(a)
+        return out
 
     def wait_log(self, flow_run_id: str, needle: str, timeout: float = 90.0) -> str:
         """The run's logs once they contain `needle`: workers ship log records in batches, so the last lines
@@ -242,8 +254,12 @@ def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api)
     assert not any(n.startswith(("evaluate", "analyze", "report")) for n in runs)
     logs = api.wait_log(train_run["id"], "train@grpo: done")
     assert "base: corpus" in logs and "train@grpo: done" in logs and "DVC sync: committing" in logs
-    arts = api.artifacts(train_run["id"])
-    assert {arts[f"train-{a}-progress"]["data"] for a in ("tandem", "grpo")} == {100.0}
+    arts = api.task_artifacts(train_run["id"])
+    assert {a["data"] for arm in ("tandem", "grpo") for a in arts[f"train@{arm}"] if a["type"] == "progress"} == {100.0}
+    assert not api.artifacts(train_run["id"])  # nothing keyed: no report, evaluation or promotion here
+    run_tags = set(train_run["tags"])  # the deployment's, then the run's own
+    assert {"tandem", "training", "params:params.yaml"} <= run_tags
+    assert {t.split(":")[0] for t in run_tags if ":" in t} == {"params", "params-sha", "git"}
     lock = yaml.safe_load(_git(bare, "show", "main:dvc.lock"))["stages"]
     assert set(lock) == {"prepare", "base", "junior", "train@tandem", "train@grpo"}
     assert "metrics/train_grpo.json" in _git(bare, "ls-tree", "-r", "--name-only", "main")
@@ -259,8 +275,11 @@ def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api)
     units = api.task_runs(units_run["id"])
     assert units and all(n.startswith("evaluate-") and "-step-" in n for n in units)
     assert {u["state"]["type"] for u in units.values()} == {"COMPLETED"}
+    unit_arts = api.task_artifacts(units_run["id"])
+    assert all(sorted(a["type"] for a in unit_arts[n]) == ["progress", "table"] for n in units)
     arts = api.artifacts(eval_run["id"], units_run["id"])
-    assert all(arts[f"{n}-progress"]["type"] == "progress" for n in units)
+    assert set(arts) == {"tandem-report", "tandem-promotion", "evaluation-summary"}
+    assert "Promotion: promoted" in arts["tandem-promotion"]["data"]
     report = arts["tandem-report"]
     assert report["type"] == "markdown" and "file://" not in report["data"]
     assert "Promotion gate**: passes" in report["data"] and "|" in report["data"]  # the report's tables
@@ -279,6 +298,7 @@ def test_stateless_workers_train_evaluate_promote(origin, tmp_path, prefect_api)
     assert runs["promote"]["state"]["type"] == "COMPLETED"
     logs = api.wait_log(sched_run["id"], "already promoted")
     assert "already promoted" in logs and "up to date in dvc.lock, skipped" in logs
-    report = api.artifacts(sched_run["id"])["tandem-report"]["data"]
-    assert "already promoted" in report
+    arts = api.artifacts(sched_run["id"])
+    assert "already promoted" in arts["tandem-report"]["data"]
+    assert "kept the promoted checkpoint" in arts["tandem-promotion"]["data"]
     assert set(_git(bare, "tag", "--list").split()) == set(tags)  # no second promotion
