@@ -132,23 +132,16 @@ def ensure_inputs(reg: dict, dialect: str) -> Path:
 # The gate
 # --------------------------------------------------------------------------------------------------
 
-def _pair_records(params, senior_dir: Path, junior_dir: Path | None, rows_by_bench: dict, mode: str,
-                  who: str) -> list[dict]:
-    """Scored samples of `senior_dir` (with `junior_dir` as partner outside solo) at the registered decoding."""
+def _pair_records(params, tok, senior, junior, rows_by_bench: dict, mode: str, who: str) -> list[dict]:
+    """Scored samples of the loaded `senior` (with `junior` as partner outside solo) at the registered decoding."""
     from tandem.evaluation import Decoder, run_benchmark
     from tandem.generation import eos_token_ids, stable_seed
-    from tandem.models import load_model, load_tokenizer
     from tandem.rewards import score_many
     from tandem.rollout.factory import make_engine
     from tasks.evaluate import settings_of
 
     ev = params.evaluate
-    tok = load_tokenizer(senior_dir, params.model.trust_remote_code)
-    senior = load_model(senior_dir, params.model.dtype, params.model.trust_remote_code).eval()
-    junior = None if junior_dir is None else load_model(junior_dir, params.model.dtype,
-                                                        params.model.trust_remote_code).eval()
-    engine = make_engine(senior, junior, tok, "hf")
-    decoder = Decoder(engine, tok, eos_token_ids(tok, senior))
+    decoder = Decoder(make_engine(senior, junior, tok, "hf"), tok, eos_token_ids(tok, senior))
     out = []
     for b, rows in rows_by_bench.items():
         t0 = time.perf_counter()
@@ -195,14 +188,20 @@ def gate_measures(params_file: Path, dialect: str) -> dict:
 
     val = {"validation": [{**r, "prompt": r.get("prompt") or user_message(r["problem"]), "answer": str(r["answer"])}
                           for r in read_jsonl(root / "data" / "prepared" / "val.jsonl")]}
+    from tandem.models import load_model, load_tokenizer
+
+    mc = params.model
+    tok = load_tokenizer(S, mc.trust_remote_code)  # J shares it (the junior stage checked)
     with torch_threads(1):
+        # each model loaded once; the self pairs use a second copy of S as the junior, as training does
+        s_, s2, j_ = (load_model(d, mc.dtype, mc.trust_remote_code).eval() for d in (S, S, J))
         runs = {
-            "S_solo": _pair_records(params, S, None, benches, "solo", "S"),
-            "J_solo": _pair_records(params, J, None, benches, "solo", "J"),
-            "SJ_step": _pair_records(params, S, J, benches, "step", "SJ"),
-            "SS_step": _pair_records(params, S, S, benches, "step", "SS"),
-            "SJ_word": _pair_records(params, S, J, val, "word", "SJ"),
-            "SS_word": _pair_records(params, S, S, val, "word", "SS"),
+            "S_solo": _pair_records(params, tok, s_, None, benches, "solo", "S"),
+            "J_solo": _pair_records(params, tok, j_, None, benches, "solo", "J"),
+            "SJ_step": _pair_records(params, tok, s_, j_, benches, "step", "SJ"),
+            "SS_step": _pair_records(params, tok, s_, s2, benches, "step", "SS"),
+            "SJ_word": _pair_records(params, tok, s_, j_, val, "word", "SJ"),
+            "SS_word": _pair_records(params, tok, s_, s2, val, "word", "SS"),
         }
     summ = {k: _summary(v, dialect) for k, v in runs.items()}
     values = {"share": summ["S_solo"]["styles"].get(dialect, {}).get("share", 0.0),
