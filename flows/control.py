@@ -45,7 +45,22 @@ def registration(out: Path = CONTROL_DIR) -> dict:
     if reg.get("kind") != "junior-control":
         raise BadInputError(f"control: {f} is not a junior-control registration (kind: {reg.get('kind')!r})")
     reg["_dir"] = Path(out)
+    if reg.get("gate_from"):  # a later setting: it trains from an earlier setting's gated S and J
+        parent = CODE_ROOT / reg["gate_from"]
+        if parent.resolve() == Path(out).resolve():
+            raise BadInputError(f"control: {f}: gate_from names this very folder")
+        reg["_gate"] = registration(parent)
     return reg
+
+
+def gate_registration(reg: dict) -> dict:
+    """The registration whose gate (gate.json, the gated S and J, the dialect's work root) this one uses: its
+    own, or for a later setting (`gate_from`) the earlier setting's."""
+    return reg.get("_gate") or reg
+
+
+def gate_dir(reg: dict) -> Path:
+    return Path(gate_registration(reg)["_dir"])
 
 
 def _rel(p: Path) -> str:
@@ -57,7 +72,7 @@ def _rel(p: Path) -> str:
 
 
 def work_root(reg: dict, dialect: str) -> Path:
-    return (Path(reg["_dir"]) / "work" / dialect).resolve()
+    return (gate_dir(reg) / "work" / dialect).resolve()
 
 
 def dialect_params(reg: dict, dialect: dict) -> Path:
@@ -93,7 +108,7 @@ def build_models(params_file: Path, log_dir: Path) -> None:
 def models_dir(reg: dict, dialect: str) -> Path:
     """`models/<dialect>/{S,J}`: the committed copies of the gated S and J (small), so that every seed x arm,
     on any machine, trains from the very weights the gate measured (a rebuild on other CPU kernels may differ)."""
-    return (Path(reg["_dir"]) / "models" / dialect).resolve()
+    return (gate_dir(reg) / "models" / dialect).resolve()
 
 
 def keep_models(reg: dict, dialect: str) -> Path:
@@ -114,7 +129,8 @@ def keep_models(reg: dict, dialect: str) -> Path:
 
 def ensure_inputs(reg: dict, dialect: str) -> Path:
     """The dialect's work root with its prepared data (rebuilt by the prepare stage when missing: it is
-    deterministic) and its models linked to the committed S and J."""
+    deterministic) and its models linked to the committed S and J (a later setting's: its gate's)."""
+    reg = gate_registration(reg)
     d = next(x for x in reg["dialects"] if x["name"] == dialect)
     f = dialect_params(reg, d)
     root = work_root(reg, dialect)
@@ -218,6 +234,9 @@ def gate(out: Path = CONTROL_DIR) -> dict:
     from tandem.control import GateCriteria, gate as decide
 
     reg = registration(out)
+    if reg.get("gate_from"):
+        raise BadInputError(f"control: {out} is a later setting that trains from the gate of {reg['gate_from']}; "
+                            f"it has no gate of its own")
     crit = GateCriteria.from_dict(reg["gate"]["criteria"])
     done = {}
     if (Path(out) / "gate.json").exists():
@@ -281,9 +300,9 @@ def gate_markdown(doc: dict) -> str:
 # The seed x arm runs
 # --------------------------------------------------------------------------------------------------
 
-def chosen_dialect(out: Path) -> str:
-    """The dialect the committed gate chose; refuses to run without a passed gate."""
-    f = Path(out) / "gate.json"
+def chosen_dialect(reg: dict) -> str:
+    """The dialect the committed gate chose (a later setting's: its gate's); refuses to run without a passed gate."""
+    f = gate_dir(reg) / "gate.json"
     if not f.exists():
         raise BadInputError(f"control: {f} does not exist: run `tandem control gate` (and commit its result) first")
     g = read_json(f)
@@ -309,6 +328,8 @@ def prepare_run(reg: dict, dialect: str, seed: int, arm: str) -> Path:
     raw = yaml.safe_load((src_root / "params.yaml").read_text())
     root = run_root(reg["_dir"], seed, arm)
     raw.update(seed=seed, out_root=str(root))
+    for section, values in (reg.get("params_overrides") or {}).items():  # a later setting's registered changes
+        raw[section].update(values)
     raw["train"]["arms"] = [spec["train"]]
     raw["analyze"]["reference_arm"] = spec["train"]
     if spec["partner"] == "S":
@@ -397,7 +418,7 @@ def collect_result(reg: dict, dialect: str, seed: int, arm: str, root: Path) -> 
     return {
         "seed": seed, "arm": arm, "train_arm": tarm, "partner": spec["partner"], "dialect": dialect,
         "steps": summ.get("steps"),
-        "hashes": {"junior_gate": read_json(Path(reg["_dir"]) / "gate.json")["dialects"][-1]["hashes"][spec["partner"]],
+        "hashes": {"junior_gate": read_json(gate_dir(reg) / "gate.json")["dialects"][-1]["hashes"][spec["partner"]],
                    "junior_train": (summ.get("junior") or {}).get("hash"), "junior_eval": ev["junior"]["hash"],
                    "junior_analysis": (an.get("junior") or {}).get("hash", ev["junior"]["hash"]),
                    "junior_weights_before": summ.get("junior_hash_before"),
@@ -446,7 +467,7 @@ def run(out: Path = CONTROL_DIR, seeds: list[int] | None = None, arms: list[str]
     from concurrent.futures import ThreadPoolExecutor
 
     reg = registration(out)
-    dialect = chosen_dialect(out)
+    dialect = chosen_dialect(reg)
     seeds = list(reg["seeds"]) if seeds is None else seeds
     arms = list(reg["arms"]) if arms is None else arms
     unknown = [a for a in arms if a not in reg["arms"]]
@@ -462,7 +483,8 @@ def run(out: Path = CONTROL_DIR, seeds: list[int] | None = None, arms: list[str]
         dest = run_one(reg, dialect, s, a)
         log(f"seed {s} {a}: result written in {time.perf_counter() - t0:.0f}s -> {dest}")
         if commit:
-            _git_commit([dest], f"Junior control: result of seed {s}, arm {a} (registered run, {reg['steps']} "
+            setting = f" setting {reg['setting']}" if reg.get("setting") else ""
+            _git_commit([dest], f"Junior control{setting}: result of seed {s}, arm {a} (registered run, {reg['steps']} "
                                 f"steps; per-problem counts, analysis means and training series)", log)
         return dest
 
@@ -557,12 +579,13 @@ def claims(out: Path = CONTROL_DIR) -> dict:
     from tandem.control import bug_indicators
 
     reg = registration(out)
-    gate_doc = read_json(Path(out) / "gate.json")
+    gate_doc = read_json(gate_dir(reg) / "gate.json")
     results = load_results(out)
     seeds = complete_seeds(reg, results)
     stat = reg["statistics"]
     final = str(reg["steps"])
-    doc: dict = {"registration": "studies/junior-control/registration.yaml", "dialect": gate_doc.get("dialect"),
+    doc: dict = {"registration": _rel(Path(out) / "registration.yaml"), "setting": reg.get("setting", "1"),
+                 "dialect": gate_doc.get("dialect"),
                  "seeds": seeds, "seeds_registered": reg["seeds"],
                  "complete": len(seeds) == len(reg["seeds"]),
                  "verdicts_final": len(seeds) == len(reg["seeds"]),

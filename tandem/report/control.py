@@ -59,8 +59,10 @@ def _num(x: Any) -> float | None:
 def build_report(doc: Mapping[str, Any], reg: Mapping[str, Any], gate_doc: Mapping[str, Any]) -> Report:
     dialect = doc.get("dialect") or "?"
     seeds = doc.get("seeds") or []
-    rep = Report("The junior positive control",
-                 f"Registered in studies/junior-control/registration.md; dialect {dialect!r}; "
+    reg_md = str(doc.get("registration") or "studies/junior-control/registration.yaml").replace(".yaml", ".md")
+    setting = f", setting {doc['setting']}" if doc.get("setting") not in (None, "1") else ""
+    rep = Report("The junior positive control" + setting,
+                 f"Registered in {reg_md}; dialect {dialect!r}; "
                  f"{len(seeds)} complete seed(s) of {len(doc.get('seeds_registered') or [])}"
                  + ("" if doc.get("verdicts_final") else " (verdicts are final only when every registered seed has finished)"))
     s = Section("Dose curve")
@@ -119,8 +121,9 @@ def build_report(doc: Mapping[str, Any], reg: Mapping[str, Any], gate_doc: Mappi
                         "(J2, against the self-paired arm), with better handoff to that junior (H1) and text it reads "
                         "more easily (L1). It is not evidence for or against the self-paired claims of the paper, "
                         "whose registered pilot found no room at toy scale (studies/pilot/result.md).")
-    s.paragraphs.append("Rerun: `tandem control claims` (or `tandem study --recompute --out studies/junior-control`) "
-                        "rebuilds this report and claims.json from the committed results.")
+    folder = reg_md.rsplit("/", 1)[0]
+    s.paragraphs.append(f"Rerun: `tandem control claims --out {folder}` (or `tandem study --recompute --out "
+                        f"{folder}`) rebuilds this report and claims.json from the committed results.")
     rep.sections.append(s)
     return rep
 

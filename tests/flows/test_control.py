@@ -36,10 +36,36 @@ def _control_dir(tmp_path: Path, seeds=(0,)) -> Path:
     return out
 
 
+def _later_setting(tmp_path: Path, parent: Path, seeds=(5,), steps=1) -> Path:
+    """A later registered setting (`gate_from`): the parent's gate, S and J; its own horizon and seeds."""
+    out = tmp_path / "later"
+    out.mkdir()
+    reg = yaml.safe_load((parent / "registration.yaml").read_text())
+    reg.update(setting="2", gate_from=str(parent), seeds=list(seeds), steps=steps,
+               params_overrides={"train": {"steps": steps, "save_every": 1}})
+    (out / "registration.yaml").write_text(yaml.safe_dump(reg, sort_keys=False))
+    return out
+
+
 def test_runs_refuse_without_a_passed_gate(tmp_path):
     out = _control_dir(tmp_path)
     with pytest.raises(BadInputError, match="control gate"):
         ctl.run(out)
+
+
+def test_a_later_setting_uses_its_parents_gate_and_has_none_of_its_own(tmp_path):
+    parent = _control_dir(tmp_path)
+    later = _later_setting(tmp_path, parent)
+    reg = ctl.registration(later)
+    assert ctl.gate_dir(reg) == parent and ctl.work_root(reg, "coded") == (parent / "work" / "coded").resolve()
+    assert ctl.models_dir(reg, "coded") == (parent / "models" / "coded").resolve()
+    with pytest.raises(BadInputError, match="no gate of its own"):
+        ctl.gate(later)
+    with pytest.raises(BadInputError, match="control gate"):  # the parent has no gate yet
+        ctl.run(later)
+    (parent / "gate.json").write_text(json.dumps({"passed": True, "dialect": "coded", "dialects": []}))
+    assert ctl.chosen_dialect(reg) == "coded"
+    assert ctl.run_root(later, 5, "grpo") == (later / "runs" / "seed-5" / "grpo").resolve()
 
 
 @pytest.mark.slow
@@ -84,3 +110,12 @@ def test_the_control_end_to_end_with_a_junior_of_its_own(tmp_path):
         (out / f).unlink()
     ctl.claims(out)
     assert {f: (out / f).read_bytes() for f in first} == first
+
+    # a later registered setting trains from the same gated S and J with its own horizon and seeds
+    later = _later_setting(tmp_path, out, seeds=(5,), steps=1)
+    (res5,) = ctl.run(later, arms=["grpo"], jobs=1)
+    got = json.loads(res5.read_text())
+    assert got["seed"] == 5 and got["steps"] == 1 and set(got["evaluation"]["checkpoints"]) == {"0", "1"}
+    assert got["hashes"]["junior_gate"] == J
+    params = yaml.safe_load((ctl.run_root(later, 5, "grpo") / "params.yaml").read_text())
+    assert params["train"]["steps"] == 1 and params["train"]["save_every"] == 1 and params["seed"] == 5
