@@ -104,6 +104,9 @@ def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False):
     except Exception as e:  # the tokenizers library raises bare Exceptions for files it cannot parse
         raise ModelFileError(f"{path}: the tokenizer cannot be loaded ({_short(e)}). {REPAIR}") from e
     tok.padding_side = "left"
+    # transformers keeps the load-time `local_files_only` (True under HF_HUB_OFFLINE=1) in init_kwargs and writes
+    # it into every tokenizer_config.json saved after: the saved files would depend on the environment
+    tok.init_kwargs.pop("local_files_only", None)
     if tok.pad_token is None:
         # Batched generation needs a pad id; padded positions are masked, so EOS serves.
         tok.pad_token = tok.eos_token

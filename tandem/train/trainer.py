@@ -117,6 +117,21 @@ def grpo_config(run: ArmRun, precision: dict | None = None):
     )
 
 
+def derived_rng_states(seed: int, update: int, rank: int) -> dict:
+    """The Python, NumPy and torch CPU generator states a checkpoint records (its `rng_state*.pth` entries
+    "python", "numpy", "cpu"): fresh generators seeded from (seed, optimizer update, rank), so the file depends on
+    nothing but those, never on what other threads of the process drew from the global generators."""
+    import random
+
+    import numpy as np
+
+    from tandem.generation import stable_seed
+
+    s = stable_seed("checkpoint-rng", int(seed), int(update), int(rank))
+    return {"python": random.Random(s).getstate(), "numpy": np.random.RandomState(s).get_state(),
+            "cpu": torch.Generator().manual_seed(s).get_state()}
+
+
 class _UsedModelInitKwargs(logging.Filter):
     """Drops trl's false "model_init_kwargs will be ignored" record (see where it is installed)."""
 
@@ -165,6 +180,20 @@ def _make_trainer_class():
 
         def create_model_card(self, *args, **kwargs):
             return None  # a hub model card per checkpoint folder is noise here
+
+        def _save_rng_state(self, output_dir: str) -> None:
+            # The process-global Python, NumPy and torch CPU generators are shared by every thread of the
+            # process: when the Prefect flow trains two arms side by side in one process, their states at a
+            # checkpoint depend on how the threads interleaved, so the saved file would differ from run to run.
+            # Training draws nothing from them (rollout noise is seeded per step and row), so the checkpoint
+            # records states derived from (seed, optimizer update, rank) instead: the same file whether an arm
+            # trains alone or beside another, and a resumed run restores a state as well defined as a fresh one.
+            super()._save_rng_state(output_dir)
+            name = "rng_state.pth" if self.args.world_size <= 1 else f"rng_state_{self.args.process_index}.pth"
+            path = Path(output_dir) / name
+            states = torch.load(path, weights_only=False)
+            states.update(derived_rng_states(self.args.seed, self.state.global_step, self.args.process_index))
+            torch.save(states, path)
 
         def _save_checkpoint(self, model, trial):
             updates = self.state.global_step
