@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.errors import UserError, WorkspaceBusyError
+from tandem.errors import BadInputError, UserError, WorkspaceBusyError
 from tandem.workspace import LOCK_NAME, workspace_lock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,3 +159,209 @@ def test_the_flow_takes_the_lock():
     assert os.path.exists(REPO / "cli" / "main.py")
     cli = (REPO / "cli" / "main.py").read_text()
     assert cli.count("workspace_lock(p.out_root") == 2  # tandem run and tandem stage
+
+
+# --- fault probes: a link at a lock path, an output root of another user, lock files deleted under a run ---------
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = str(exc)
+    assert "\n" not in msg.strip(), msg
+    return msg
+
+
+def _plant_link(root: Path, where: str, target: Path) -> Path:
+    link = root / where
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+    return link
+
+
+@pytest.mark.parametrize("where, scope", [
+    (LOCK_NAME, None),                      # the root's lock file, whole-root run (the old code truncated the target)
+    (LOCK_NAME, "train-tandem"),            # the root's lock file, taken shared by an arm's run
+    (".tandem.train-tandem.lock", "train-tandem"),         # an arm's lock
+    (".tandem.train-tandem.lock/holder", "train-tandem"),  # the arm's holder information
+])
+def test_a_link_at_a_lock_path_is_refused_and_its_target_untouched(tmp_path, where, scope):
+    root, target = tmp_path / "out", tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    before = os.stat(target)
+    link = _plant_link(root, where, target)
+    with pytest.raises(BadInputError) as exc:
+        with workspace_lock(root, scope=scope):
+            pytest.fail("the run started with a link at its lock path")
+    msg = _one_line(exc.value)
+    assert str(link) in msg and "link" in msg and "remove" in msg
+    assert target.read_text() == "keep me\n" and os.stat(target).st_mtime_ns == before.st_mtime_ns
+    assert link.is_symlink()
+    link.unlink()  # once the link is gone the root works again
+    with workspace_lock(root, scope=scope):
+        pass
+    assert target.read_text() == "keep me\n"
+
+
+def test_a_dangling_link_at_the_lock_path_creates_nothing(tmp_path):
+    root, target = tmp_path / "out", tmp_path / "elsewhere" / "created-by-the-lock"
+    target.parent.mkdir()
+    _plant_link(root, LOCK_NAME, target)
+    with pytest.raises(BadInputError):
+        with workspace_lock(root):
+            pass
+    assert not target.exists()
+
+
+def test_a_hard_link_at_the_lock_path_is_not_written_through(tmp_path):
+    root, target = tmp_path / "out", tmp_path / "precious.txt"
+    root.mkdir()
+    target.write_text("keep me\n")
+    os.link(target, root / LOCK_NAME)
+    with pytest.raises(BadInputError, match="hard links"):
+        with workspace_lock(root):
+            pass
+    assert target.read_text() == "keep me\n"
+
+
+def test_an_out_root_of_another_user_is_refused(tmp_path, monkeypatch):
+    root = tmp_path / "out"
+    root.mkdir()
+    owner = os.stat(root).st_uid
+    monkeypatch.setattr(os, "geteuid", lambda: owner + 1)  # this run's user is not the root's owner
+    with pytest.raises(BadInputError) as exc:
+        with workspace_lock(root):
+            pytest.fail("the run started in another user's output root")
+    msg = _one_line(exc.value)
+    assert f"uid {owner}" in msg and str(root) in msg
+    assert list(root.iterdir()) == []  # nothing written there
+
+
+@pytest.mark.parametrize("holder_scope", [None, "train-tandem"])
+def test_deleted_lock_files_admit_no_second_run(tmp_path, holder_scope):
+    """`rm -f <out_root>/.tandem*.lock` under a running job: neither the same arm nor a whole-root run starts."""
+    holder = Holder(tmp_path, scope=holder_scope)
+    try:
+        removed = [p for p in tmp_path.glob(".tandem*.lock") if p.is_file() and not p.is_symlink()]
+        assert removed  # the old code's lock files were all plain files, so this removed every one of them
+        for p in removed:
+            os.remove(p)
+        for scope in (None, "train-tandem"):
+            with pytest.raises(WorkspaceBusyError) as exc:
+                with workspace_lock(tmp_path, scope=scope):
+                    pytest.fail(f"scope {scope} started beside a running holder (scope {holder_scope})")
+            _one_line(exc.value)
+            if holder_scope is not None:  # the arm's holder information lives in its directory, which rm -f spares
+                assert f"pid {holder.proc.pid}" in str(exc.value)
+        if holder_scope is not None:  # another arm still runs beside it
+            with workspace_lock(tmp_path, scope="train-grpo"):
+                pass
+    finally:
+        holder.release()
+    with workspace_lock(tmp_path, scope="train-tandem"):
+        pass
+    with workspace_lock(tmp_path):
+        pass
+
+
+def test_a_lock_directory_replaced_while_being_locked_is_locked_again(tmp_path, monkeypatch):
+    """A run that opened the arm's directory just before another run removed and created it again would lock a
+    directory nobody else sees: after locking, the path must still name the locked inode, else it starts over."""
+    import tandem.workspace as ws
+
+    real, replaced = ws._flock, []
+
+    def flock(fd, shared):
+        d = tmp_path / ".tandem.train-tandem.lock"
+        if not replaced and d.is_dir() and os.path.samestat(os.fstat(fd), os.stat(d)):
+            d.rename(tmp_path / "gone")  # meanwhile: removed and created again by another run
+            d.mkdir()
+            replaced.append(d)
+        return real(fd, shared)
+
+    monkeypatch.setattr(ws, "_flock", flock)
+    lock = ws._acquire(tmp_path, "train-tandem", False, 0.05, "test")
+    try:
+        assert replaced
+        assert os.path.samestat(os.fstat(lock.scope_fd), os.lstat(tmp_path / ".tandem.train-tandem.lock"))
+    finally:
+        lock.release()
+
+
+class OldHolder:
+    """A run of the previous version: flock on the plain files `.tandem.lock` (and `.tandem.<scope>.lock`)."""
+
+    def __init__(self, root: Path, scope: str | None = None):
+        code = ("import fcntl, os, sys\n"
+                f"root, scope = {str(root)!r}, {scope!r}\n"
+                "fd = os.open(os.path.join(root, '.tandem.lock'), os.O_RDWR | os.O_CREAT)\n"
+                "fcntl.flock(fd, fcntl.LOCK_SH if scope else fcntl.LOCK_EX)\n"
+                "if scope:\n"
+                "    sfd = os.open(os.path.join(root, f'.tandem.{scope}.lock'), os.O_RDWR | os.O_CREAT)\n"
+                "    fcntl.flock(sfd, fcntl.LOCK_EX)\n"
+                "    os.write(sfd, b'{\"pid\": %d, \"command\": \"old holder\"}' % os.getpid())\n"
+                "print('held', flush=True)\n"
+                "sys.stdin.readline()\n")
+        root.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout.readline().strip() == "held"
+
+    release = Holder.release
+
+
+def test_lock_files_left_by_an_older_version_break_nothing(tmp_path):
+    (tmp_path / LOCK_NAME).write_text('{"pid": 1, "command": "old run"}\n')
+    (tmp_path / ".tandem.train-tandem.lock").write_text("")
+    with workspace_lock(tmp_path):
+        pass
+    with workspace_lock(tmp_path, scope="train-tandem"):
+        pass
+    assert (tmp_path / ".tandem.train-tandem.lock").is_dir()  # the old arm file became the arm's directory
+    assert list((tmp_path / ".tandem.train-tandem.lock").iterdir()) == []  # empty between runs (git ignores it)
+
+
+def test_a_run_of_an_older_version_still_excludes_and_is_excluded(tmp_path):
+    old = OldHolder(tmp_path)
+    try:
+        for scope in (None, "train-tandem"):
+            with pytest.raises(WorkspaceBusyError):
+                with workspace_lock(tmp_path, scope=scope):
+                    pass
+    finally:
+        old.release()
+    old = OldHolder(tmp_path, scope="train-tandem")
+    try:
+        with pytest.raises(WorkspaceBusyError, match="old holder"):
+            with workspace_lock(tmp_path, scope="train-tandem"):
+                pass
+        with workspace_lock(tmp_path, scope="train-grpo"):
+            pass
+    finally:
+        old.release()
+
+
+def test_where_a_directory_cannot_be_locked_the_files_keep_runs_apart(tmp_path, monkeypatch, caplog):
+    """NFS emulates flock with byte-range locks, which refuse a directory: the lock files are the gate there."""
+    import fcntl
+    import stat
+
+    import tandem.workspace as ws
+
+    real = fcntl.flock
+
+    def flock(fd, op):
+        if stat.S_ISDIR(os.fstat(fd).st_mode) and not op & fcntl.LOCK_UN:
+            raise OSError(9, "Bad file descriptor")
+        return real(fd, op)
+
+    monkeypatch.setattr(ws.fcntl, "flock", flock)
+    monkeypatch.setattr(ws, "_warned_no_dir_lock", set())
+    arm = ws._acquire(tmp_path, "train-tandem", False, 0.05, "first arm")
+    try:
+        assert "cannot lock a directory" in caplog.text
+        for scope in ("train-tandem", None):
+            with pytest.raises(WorkspaceBusyError, match="first arm"):
+                ws._acquire(tmp_path, scope, False, 0.05, "second")
+        ws._acquire(tmp_path, "train-grpo", False, 0.05, "other arm").release()
+    finally:
+        arm.release()
+    ws._acquire(tmp_path, None, False, 0.05, "whole").release()
