@@ -37,13 +37,12 @@ from pathlib import Path
 
 try:
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.core.sched.utils import check_stop
     from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType
     from vllm.v1.outputs import LogprobsLists
     from vllm.v1.request import RequestStatus
 except ImportError:  # the pipeline's environment has no vLLM: the module imports, the class is never used there
     Scheduler = object
-    check_stop = RequestStatus = EngineCoreEvent = EngineCoreEventType = LogprobsLists = None
+    RequestStatus = EngineCoreEvent = EngineCoreEventType = LogprobsLists = None
 
 from tandem.rollout.schedule import LookupTables
 from tandem.rollout.vllm import returns, submit
@@ -211,8 +210,7 @@ class TandemScheduler(Scheduler):
                 if req is None or req.is_finished():  # not resumable any more: nothing further to hold
                     hold.pop(rid, None)
             eco.outputs = keep
-            if not keep and eco.finished_requests is None and eco.scheduler_stats is None \
-                    and eco.utility_output is None and eco.wave_complete is None and eco.start_wave is None:
+            if not keep and says_nothing(eco):
                 del out[client]
         if n_held:  # once per step, not per output: the counters are on the engine core's hot path
             k.add("held_outputs", n_held)
@@ -286,14 +284,21 @@ class TandemScheduler(Scheduler):
         c = time.perf_counter()
         step = rule[1].step
         pend = self.tandem_counters.pending
+        update = super()._update_request_with_output
         stopped = False
+        kept: list = []
         n = ruled = 0
-        for tok in new_token_ids:
-            request.append_output_token_ids(tok)
-            n += 1
-            stopped = check_stop(request, self.max_model_len)
-            if not stopped:
-                why = step(int(tok), request.num_output_tokens - 1)
+        # vLLM's own update, one token at a time (one per step without speculative decoding, which the service
+        # never enables), then the switch rule on the token it kept: vLLM's stop conditions and bookkeeping stay
+        # vLLM's, and the rule only adds a stop after them
+        for tok in list(new_token_ids):
+            got, stopped = update(request, [tok], is_stale)
+            kept += got
+            n += len(got)
+            if stopped:
+                break
+            if got:
+                why = step(int(got[-1]), request.num_output_tokens - 1)
                 ruled += 1
                 if why is not None:
                     stopped = True
@@ -304,13 +309,36 @@ class TandemScheduler(Scheduler):
                         request.status = RequestStatus.FINISHED_STOPPED
                         request.stop_reason = why
                         pend[_I["switch_stops" if why == STOP_SWITCH else "rounds_stops"]] += 1
-            if stopped:
-                del new_token_ids[n:]
-                break
+                    break
+        new_token_ids[:] = kept
         pend[_I_GEN] += n
         pend[_I_RULED] += ruled
         pend[_I_RULE_CPU] += time.perf_counter() - c
         return new_token_ids, stopped
+
+
+# Fields of a step's `EngineCoreOutputs` that every message carries; any other field away from its default is
+# something the frontend must hear (finished requests, stats, a utility's answer, a wave, a weight version, ...).
+ALWAYS_SET = frozenset({"engine_index", "outputs", "timestamp"})
+
+
+def says_nothing(eco) -> bool:
+    """Whether a step's outputs message (a msgspec struct), its outputs taken out, has nothing left to say: every
+    field but `ALWAYS_SET` at its default. Read off the struct's own fields, so a field a vLLM version adds is
+    kept rather than dropped."""
+    if eco.outputs:
+        return False
+    cls = type(eco)
+    names = cls.__struct_fields__
+    defaults = cls.__struct_defaults__
+    for name, default in zip(names[len(names) - len(defaults):], defaults):
+        if name in ALWAYS_SET:
+            continue
+        factory = getattr(default, "factory", None)
+        if getattr(eco, name) != (factory() if callable(factory) else default):
+            return False
+    # a field without a default is always meaningful
+    return all(n in ALWAYS_SET for n in names[:len(names) - len(defaults)])
 
 
 def merge_outputs(parts: list) -> object:

@@ -73,6 +73,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from tandem.rollout.vllm.compat import (ENGINE_ENV, ENGINE_FIXED, UnsupportedVLLMError, check_version,
+                                        supported_text)
 from tandem.rollout.vllm.knobs import EngineKnobs
 from tandem.rollout.vllm.returns import Returns
 from tandem.rollout.vllm.submit import Submitter
@@ -428,38 +430,9 @@ class Service:
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        knobs = spec.knobs
-
         def args(model: str, role: int) -> AsyncEngineArgs:
-            kw: dict[str, Any] = dict(model=model, dtype=resolve_dtype(knobs.dtype, model),
-                                      enforce_eager=knobs.enforce_eager, enable_prefix_caching=True, seed=spec.seed,
-                                      gpu_memory_utilization=knobs.gpu_memory,
-                                      scheduler_cls="tandem.rollout.vllm.sched.TandemScheduler",
-                                      worker_extension_cls="tandem.rollout.vllm.worker.TandemWorker",
-                                      additional_config={"tandem_stats": str(self.stats_files[role])},
-                                      max_num_seqs=knobs.max_num_seqs, disable_log_stats=True,
-                                      # one device per engine: the worker runs inside the engine-core process
-                                      # (no extra process to start), and collective_rpc reaches it there
-                                      distributed_executor_backend="uni")
-            if role == 1:
-                # processed_logprobs: the sampled token's log-prob after temperature, log_softmax(logits / T),
-                # which is what trl recomputes (training uses top-p 1 and no top-k).
-                kw["logprobs_mode"] = "processed_logprobs"
-            if knobs.max_model_len:
-                kw["max_model_len"] = knobs.max_model_len
-            if knobs.kv_blocks:
-                kw["num_gpu_blocks_override"] = knobs.kv_blocks
-            if knobs.max_num_batched_tokens:
-                kw["max_num_batched_tokens"] = knobs.max_num_batched_tokens
-            if knobs.replay:  # the benchmark's replayed real text (replay.py)
-                kw["logits_processors"] = ["tandem.rollout.vllm.replay:ReplayLogitsProcessor"]
-            if knobs.block_size:
-                kw["block_size"] = knobs.block_size
-            elif current_platform.is_cpu():
-                # The CPU build defaults to 128-token KV blocks (its attention wants multiples of 32); the first
-                # chunk of a session shares the group's prompt blocks through the prefix cache
-                kw["block_size"] = 32
-            return AsyncEngineArgs(**kw)
+            return AsyncEngineArgs(**engine_kwargs(spec.knobs, model, role, spec.seed, str(self.stats_files[role]),
+                                                   resolve_dtype(spec.knobs.dtype, model), current_platform.is_cpu()))
 
         loop = asyncio.get_running_loop()
         # both engine cores start at once (each in its own processes): about half the start time; the engines'
@@ -862,6 +835,51 @@ def _watch_parent(pid: int, stop) -> None:
             return
 
 
+def engine_kwargs(knobs: EngineKnobs, model: str, role: int, seed: int, stats_file: str, dtype: str,
+                  is_cpu: bool) -> dict[str, Any]:
+    """The `AsyncEngineArgs` of one engine (role 1: the senior, 0: the junior): the knobs, the tandem scheduler
+    and worker, and the settings the service relies on whatever the platform's defaults (`compat.ENGINE_FIXED`:
+    synchronous scheduling)."""
+    kw: dict[str, Any] = dict(model=model, dtype=dtype, enforce_eager=knobs.enforce_eager,
+                              enable_prefix_caching=True, seed=seed, gpu_memory_utilization=knobs.gpu_memory,
+                              scheduler_cls="tandem.rollout.vllm.sched.TandemScheduler",
+                              worker_extension_cls="tandem.rollout.vllm.worker.TandemWorker",
+                              additional_config={"tandem_stats": stats_file},
+                              max_num_seqs=knobs.max_num_seqs, disable_log_stats=True,
+                              # one device per engine: the worker runs inside the engine-core process (no extra
+                              # process to start), and collective_rpc reaches it there
+                              distributed_executor_backend="uni", **ENGINE_FIXED)
+    if role == 1:
+        # processed_logprobs: the sampled token's log-prob after temperature, log_softmax(logits / T), which is
+        # what trl recomputes (training uses top-p 1 and no top-k).
+        kw["logprobs_mode"] = "processed_logprobs"
+    if knobs.max_model_len:
+        kw["max_model_len"] = knobs.max_model_len
+    if knobs.kv_blocks:
+        kw["num_gpu_blocks_override"] = knobs.kv_blocks
+    if knobs.max_num_batched_tokens:
+        kw["max_num_batched_tokens"] = knobs.max_num_batched_tokens
+    if knobs.replay:  # the benchmark's replayed real text (replay.py)
+        kw["logits_processors"] = ["tandem.rollout.vllm.replay:ReplayLogitsProcessor"]
+    if knobs.block_size:
+        kw["block_size"] = knobs.block_size
+    elif is_cpu:
+        # The CPU build defaults to 128-token KV blocks (its attention wants multiples of 32); the first chunk of
+        # a session shares the group's prompt blocks through the prefix cache
+        kw["block_size"] = 32
+    return kw
+
+
+def check_vllm() -> str:
+    """Set the engine environment (`compat.ENGINE_ENV`, before vLLM is imported: the engine-core processes
+    inherit it), then import vLLM and refuse a version outside the fence; returns the installed version."""
+    os.environ.update(ENGINE_ENV)
+    import vllm
+
+    check_version(vllm.__version__)
+    return vllm.__version__
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--senior", required=True, help="model directory the senior engine starts from")
@@ -883,6 +901,13 @@ def main(argv: list[str] | None = None) -> int:
         print("tandem vllm service: a secret of at least 16 characters is required ($TANDEM_VLLM_TOKEN or "
               "--token-file)", file=sys.stderr)
         return 2
+    try:
+        version = check_vllm()
+    except UnsupportedVLLMError as e:
+        print(f"tandem vllm service: {e}", file=sys.stderr)
+        return 2
+    LOG.info("vLLM %s (supported: %s); engine environment %s; fixed engine arguments %s", version,
+             supported_text(), ENGINE_ENV, ENGINE_FIXED)
     ref: list = []
     server = ThreadingHTTPServer((a.host, a.port), make_handler(None, ref, token, set(), 0, 0))
     port = server.server_address[1]

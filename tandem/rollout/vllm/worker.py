@@ -184,5 +184,25 @@ def install_cpu_generator_rewind() -> bool:
     return True
 
 
-install_row_arrays()
-install_cpu_generator_rewind()
+def install_patches() -> dict[str, bool]:
+    """Install both V1-model-runner patches and say in the engine's log which act (the service runs the V1
+    runner: `compat.ENGINE_ENV`). Inert where vLLM is absent (the pipeline's environment, where this module is
+    imported for its helpers only)."""
+    import logging
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return {}
+    got = {"row_arrays": install_row_arrays() is not None, "cpu_generator_rewind": install_cpu_generator_rewind()}
+    runner = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "unset")
+    log = logging.getLogger("tandem.vllm.worker")
+    if all(got.values()) or (not got["row_arrays"] and os.environ.get("TANDEM_VLLM_ROW_ARRAYS", "1") == "0"):
+        log.info("V1 model runner patches installed: %s (VLLM_USE_V2_MODEL_RUNNER=%s)", got, runner)
+    else:
+        log.warning("V1 model runner patches NOT installed: %s (VLLM_USE_V2_MODEL_RUNNER=%s): this vLLM has no V1 "
+                    "model runner to patch; see tandem/rollout/vllm/compat.py", got, runner)
+    return got
+
+
+install_patches()

@@ -1,0 +1,120 @@
+"""The vLLM version fence and the engine settings the rollout service relies on (tandem/rollout/vllm/compat.py),
+in the pipeline's environment: no vLLM needed (a fake `vllm` package stands in where one is imported)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tandem.rollout.vllm import compat
+from tandem.rollout.vllm.knobs import EngineKnobs
+from tandem.rollout.vllm.service import engine_kwargs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("v", ["0.32.0", "0.32.1", "0.32.0+cpu", "0.32.2rc1"])
+def test_supported_versions_pass(v):
+    compat.check_version(v)
+
+
+@pytest.mark.parametrize("v", ["0.33.0", "0.34.0", "0.31.9", "1.32.0", "dev"])
+def test_other_versions_are_refused_in_one_line_naming_both(v):
+    with pytest.raises(compat.UnsupportedVLLMError) as e:
+        compat.check_version(v)
+    msg = str(e.value)
+    assert "\n" not in msg and f"vLLM {v} is installed" in msg and "0.32.x" in msg
+
+
+def _fake_vllm(tmp_path: Path, version: str) -> Path:
+    pkg = tmp_path / "fake" / "vllm"
+    pkg.mkdir(parents=True)
+    # records the environment vLLM was imported under: the runner choice must be set before the import
+    (pkg / "__init__.py").write_text(
+        f"import os\n__version__ = {version!r}\nRUNNER_AT_IMPORT = os.environ.get('VLLM_USE_V2_MODEL_RUNNER')\n")
+    return pkg.parent
+
+
+def test_the_service_refuses_a_vllm_outside_the_fence_in_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": f"{_fake_vllm(tmp_path, '0.40.1')}{os.pathsep}{ROOT}",
+           "TANDEM_VLLM_TOKEN": "x" * 32}
+    p = subprocess.run([sys.executable, "-m", "tandem.rollout.vllm.service", "--senior", str(tmp_path),
+                        "--junior", str(tmp_path), "--port", "0"], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    assert "vLLM 0.40.1 is installed" in lines[0] and "0.32.x" in lines[0]
+
+
+def test_the_runner_choice_is_set_before_vllm_is_imported(tmp_path, monkeypatch):
+    from tandem.rollout.vllm import service
+
+    monkeypatch.syspath_prepend(str(_fake_vllm(tmp_path, "0.32.0")))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    assert service.check_vllm() == "0.32.0"
+    assert sys.modules["vllm"].RUNNER_AT_IMPORT == "0" == os.environ["VLLM_USE_V2_MODEL_RUNNER"]
+    monkeypatch.delitem(sys.modules, "vllm")
+
+
+@pytest.mark.parametrize("is_cpu", [True, False])
+def test_engine_arguments_state_the_scheduling_and_the_tandem_pieces(is_cpu):
+    for role in (0, 1):
+        kw = engine_kwargs(EngineKnobs(), "/m", role, 3, "/s", "float32", is_cpu)
+        assert kw["async_scheduling"] is False  # explicit on every platform, whatever vLLM's default
+        assert kw["scheduler_cls"].endswith("sched.TandemScheduler")
+        assert kw["worker_extension_cls"].endswith("worker.TandemWorker")
+        assert kw["distributed_executor_backend"] == "uni" and kw["seed"] == 3
+        assert ("logprobs_mode" in kw) == (role == 1)
+        assert kw.get("block_size") == (32 if is_cpu else None)
+    assert compat.ENGINE_ENV == {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+def test_every_vllm_import_is_public_or_a_listed_touchpoint():
+    listed = " ".join(t.vllm for t in compat.TOUCHPOINTS)
+    missing = []
+    for f in sorted((ROOT / "tandem" / "rollout" / "vllm").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            mods = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vllm":
+                mods = [node.module]
+            elif isinstance(node, ast.Import):
+                mods = [a.name for a in node.names if a.name.split(".")[0] == "vllm"]
+            for m in mods:
+                if m not in compat.PUBLIC_IMPORTS and m not in listed:
+                    missing.append(f"{f.name}: {m}")
+    assert not missing, f"vLLM imports neither public nor listed in compat.TOUCHPOINTS: {missing}"
+
+
+class _Factory:
+    def __init__(self, factory):
+        self.factory = factory
+
+
+class _Outputs:
+    """Stands in for vLLM's `EngineCoreOutputs` (a msgspec struct): its fields and defaults, and a field a newer
+    vLLM added (`weight_version`)."""
+
+    __struct_fields__ = ("engine_index", "outputs", "scheduler_stats", "timestamp", "utility_output",
+                         "finished_requests", "wave_complete", "start_wave", "weight_version")
+    __struct_defaults__ = (0, _Factory(list), None, 0.0, None, None, None, None, None)
+
+    def __init__(self, **kw):
+        for name, default in zip(self.__struct_fields__, self.__struct_defaults__):
+            setattr(self, name, kw.get(name, default.factory() if isinstance(default, _Factory) else default))
+
+
+def test_a_step_message_is_dropped_only_when_it_says_nothing():
+    from tandem.rollout.vllm.sched import says_nothing
+
+    assert says_nothing(_Outputs(engine_index=1, timestamp=12.5))
+    assert not says_nothing(_Outputs(outputs=["x"]))
+    for field, value in (("finished_requests", {"r1"}), ("scheduler_stats", object()), ("wave_complete", 0),
+                         ("start_wave", 3), ("utility_output", object()), ("weight_version", 2)):
+        assert not says_nothing(_Outputs(**{field: value})), field
