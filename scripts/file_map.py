@@ -47,6 +47,9 @@ GROUPED = {
     "studies/junior-control/results/**": "the junior control's per-seed x arm results (per-problem counts, analysis "
                                          "means, training series): what `tandem control claims` reads",
     "studies/junior-control/figures/**": "the junior control report's figures",
+    "studies/junior-control/coded-100/results/**": "setting 2 of the junior control: per-seed x arm results, read at "
+                                                   "step 100",
+    "studies/junior-control/coded-100/figures/**": "setting 2's report figures",
 }
 
 # Files without a docstring: what each one is, in one line.
@@ -79,6 +82,7 @@ OTHER_FILES = {
     "params.study.yaml": "the study run: the default run's data and base, hundreds of training steps (complete params file)",
     "pyproject.toml": "package metadata, pinned stack, extras (pipeline, test), pytest markers",
     "scripts/gpu_check.sh": "the one GPU check: rollout backends against each other, then training steps through the real stages",
+    "scripts/gpu_bundle.sh": "builds the folder (wheels, library, run.sh) that `scripts/gpu_check_bare.py` needs on a bare GPU machine, refusing over 64 MiB",
     "studies/junior-control/params.yaml": "the junior positive control's params file: what every one of its runs starts from",
     "studies/junior-control/registration.md": "the registered junior positive control: setting, arms, gate G1-G5, claims, bug indicators, seeds",
     "studies/junior-control/registration.yaml": "the same registration in the form `tandem control gate|run|claims` reads",
@@ -87,6 +91,11 @@ OTHER_FILES = {
     "studies/junior-control/claims.json": "the junior control's claims, bug indicators and dose series (`tandem control claims`)",
     "studies/junior-control/report.md": "the junior control's report, dose curve first (Markdown)",
     "studies/junior-control/report.html": "the junior control's report, dose curve first (self-contained HTML)",
+    "studies/junior-control/coded-100/registration.md": "setting 2 of the junior control, registered before it ran: the same S and J read at step 100 on fresh seeds, and why",
+    "studies/junior-control/coded-100/registration.yaml": "setting 2's registration as `tandem control ... --out studies/junior-control/coded-100` reads it",
+    "studies/junior-control/coded-100/claims.json": "setting 2's claims, bug indicators and dose series",
+    "studies/junior-control/coded-100/report.md": "setting 2's report, dose curve first (Markdown)",
+    "studies/junior-control/coded-100/report.html": "setting 2's report, dose curve first (self-contained HTML)",
     "studies/first-study/README.md": "how to read the first study's record (verdicts by interval alone; what they do not show)",
     "studies/first-study/claims.json": "the first study (`tandem study --seeds 3`, params.study.yaml): claims with estimates, paired differences, 95% intervals and verdicts",
     "studies/first-study/report.md": "the first study's report: claims table, error bars, every measure per arm with its interval",
