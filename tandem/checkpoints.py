@@ -11,10 +11,12 @@ step (`commit_dir`); the train stage publishes copies of those folders (`copy_ve
 damage to a published file cannot reach the resume state. One rule (`is_complete`) decides what every reader trusts: training resuming a run,
 evaluation listing an arm's checkpoints, the analysis and the report. Nothing is substituted silently: a
 `step-<N>` folder that is not complete is an error naming it (`list_checkpoints`, `resume_checkpoint`), never
-skipped in favour of the step before, and a file that no longer matches its recorded checksum is an error
+skipped in favour of the step before, a folder the arm's training summary lists but that is gone is an error
+naming it (`check_published`), and a file that no longer matches its recorded checksum is an error
 naming the file (`verify_checkpoint`: on resume every file, on evaluation the model's files, on publication
 every file as it is copied). Step 0 is the base model itself (`list_checkpoints`, which lists every step or
-only the base and the last).
+only the base and the last). The comparison of files with recorded checksums (`checksum_problems`) also checks
+a published base or junior against its manifest (`tandem.models.verify_manifest`).
 """
 
 from __future__ import annotations
@@ -125,26 +127,74 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _files(path: Path) -> list[tuple[str, Path]]:
-    """(relative path, path) of every file (or symlink) in a checkpoint folder but its state file."""
+def _files(path: Path, record: str = STATE_FILE) -> list[tuple[str, Path]]:
+    """(relative path, path) of every file (or symlink) in a folder but its record file `record` (a checkpoint's
+    state file; a published model's manifest)."""
     out = []
     for p in path.rglob("*"):
-        if (p.is_dir() and not p.is_symlink()) or (p.parent == path and p.name == STATE_FILE):
+        if (p.is_dir() and not p.is_symlink()) or (p.parent == path and p.name == record):
             continue
         out.append((p.relative_to(path).as_posix(), p))
     return sorted(out)
 
 
-def file_checksums(path: str | os.PathLike) -> dict[str, dict]:
-    """{relative path: {"bytes", "sha256"}} of every file of a checkpoint folder but its state file."""
+def folder_files(path: str | os.PathLike, record: str = STATE_FILE) -> dict[str, Path]:
+    """{relative path: path} of every file (or symlink) of a folder but its record file `record`."""
+    return dict(_files(Path(path), record))
+
+
+def file_checksums(path: str | os.PathLike, record: str = STATE_FILE) -> dict[str, dict]:
+    """{relative path: {"bytes", "sha256"}} of every file of a checkpoint folder (or a published model folder)
+    but its record file `record`."""
     path = Path(path)
     out = {}
-    for rel, p in _files(path):
+    for rel, p in _files(path, record):
         st = os.lstat(p)
         if not stat.S_ISREG(st.st_mode):
             raise CheckpointError(f"{p}: not a regular file; a checkpoint holds plain files only")
         out[rel] = {"bytes": st.st_size, "sha256": _sha256(p)}
     return out
+
+
+def checksum_problems(path: str | os.PathLike, recorded: dict[str, dict], present: dict[str, Path],
+                      when: str = "saved") -> list[str]:
+    """What differs between the files `present` ({relative path: path}) of folder `path` and the checksums
+    `recorded` for them ({relative path: {"bytes", "sha256"}}), one phrase per file naming it: missing, not
+    recorded, no longer a regular file, another size or other bytes (SHA-256) than when `when`."""
+    path = Path(path)
+    problems = [f"{path / r}: missing" for r in sorted(set(recorded) - set(present))]
+    problems += [f"{path / r}: not written by training (no recorded checksum)" if when == "saved" else
+                 f"{path / r}: not in the record (no recorded checksum)" for r in sorted(set(present) - set(recorded))]
+    for r in sorted(set(recorded) & set(present)):
+        p, want = present[r], recorded[r]
+        st = os.lstat(p)
+        if not stat.S_ISREG(st.st_mode):
+            problems.append(f"{p}: no longer a regular file")
+        elif st.st_size != want.get("bytes"):
+            problems.append(f"{p}: {st.st_size} bytes, {want.get('bytes')} when {when}")
+        else:
+            try:
+                if _sha256(p) != want.get("sha256"):
+                    problems.append(f"{p}: other bytes than when {when} (SHA-256 differs)")
+            except OSError as e:
+                problems.append(f"{p}: cannot be read ({e.strerror or e})")
+    return problems
+
+
+def files_key(path: str | os.PathLike, present: dict[str, Path], *extra) -> tuple | None:
+    """A key that changes with any file of `present` ({relative path: path}): (resolved folder, `extra`, each
+    file's name, size and modification time); None when a file cannot be stat'ed. What a verification
+    remembers, so a big model is hashed once per process while its files stay as they were."""
+    try:
+        return (str(Path(path).resolve()), *extra, tuple((r, os.lstat(p).st_size, os.lstat(p).st_mtime_ns)
+                                                         for r, p in sorted(present.items())))
+    except OSError:
+        return None
+
+
+def shown(problems: list[str], limit: int = 5) -> str:
+    """Problems joined into one line, the first `limit` of them and how many more."""
+    return "; ".join(problems[:limit]) + (f"; and {len(problems) - limit} more" if len(problems) > limit else "")
 
 
 def write_state(path: str | os.PathLike, state: dict) -> None:
@@ -204,32 +254,13 @@ def verify_checkpoint(path: str | os.PathLike, scope: str = "all", advice: str =
                               f"damaged. {advice}".strip())
     wanted = {r: v for r, v in recorded.items() if scope == "all" or not resume_only(r)}
     present = {r: p for r, p in _files(path) if scope == "all" or not resume_only(r)}
-    try:
-        key = (str(path.resolve()), scope, tuple((r, os.lstat(p).st_size, os.lstat(p).st_mtime_ns)
-                                                 for r, p in sorted(present.items())))
-    except OSError:
-        key = None
+    key = files_key(path, present, scope)
     if key in _VERIFIED:
         return
-    problems = [f"{path / r}: missing" for r in sorted(set(wanted) - set(present))]
-    problems += [f"{path / r}: not written by training (no recorded checksum)" for r in sorted(set(present) - set(wanted))]
-    for r in sorted(set(wanted) & set(present)):
-        p, want = present[r], wanted[r]
-        st = os.lstat(p)
-        if not stat.S_ISREG(st.st_mode):
-            problems.append(f"{p}: no longer a regular file")
-        elif st.st_size != want.get("bytes"):
-            problems.append(f"{p}: {st.st_size} bytes, {want.get('bytes')} when saved")
-        else:
-            try:
-                if _sha256(p) != want.get("sha256"):
-                    problems.append(f"{p}: other bytes than when saved (SHA-256 differs)")
-            except OSError as e:
-                problems.append(f"{p}: cannot be read ({e.strerror or e})")
+    problems = checksum_problems(path, wanted, present)
     if problems:
-        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        raise CheckpointError(f"checkpoint {path} does not match the checksums recorded when it was saved: {shown}. "
-                              f"{advice}".strip())
+        raise CheckpointError(f"checkpoint {path} does not match the checksums recorded when it was saved: "
+                              f"{shown(problems)}. {advice}".strip())
     if key is not None:
         _VERIFIED.add(key)
 
@@ -405,6 +436,23 @@ def list_checkpoints(checkpoints_dir: str | os.PathLike, arm: str, base_dir: str
         for _, p in found:
             verify_checkpoint(p, "model", advice=fix)
     return [Checkpoint(arm, 0, Path(base_dir))] + [Checkpoint(arm, s, p) for s, p in found]
+
+
+def check_published(checkpoints_dir: str | os.PathLike, arm: str, listed: list[str], record: str | os.PathLike) -> None:
+    """Raise `CheckpointError` naming each `step-<N>` folder that `record` (the arm's training summary, whose
+    `checkpoints` are `listed`) says training published but that is not under `<checkpoints_dir>/<arm>/`: the
+    step before it would otherwise be read as the arm's final model without a word."""
+    arm_dir = Path(checkpoints_dir) / arm
+    names = [n for n in listed if isinstance(n, str) and (parse_step(n) or 0) > 0]
+    gone = [n for n in names if not os.path.lexists(arm_dir / n)]
+    if gone:
+        last = max(names, key=parse_step)
+        final = f" (the final one, {last})" if last in gone else ""
+        raise CheckpointError(
+            f"{', '.join(str(arm_dir / n) for n in gone)}: missing, but the arm's training summary {record} lists "
+            f"{'it' if len(gone) == 1 else 'them'} among its published checkpoints{final}; no earlier step is used "
+            f"in its place. Rerun `tandem stage train --arm {arm}`, which publishes the arm's checkpoints again "
+            f"from its resume copies")
 
 
 def generations_file(generations_dir: str | os.PathLike, arm: str, step: int, mode: str, benchmark: str) -> Path:

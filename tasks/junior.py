@@ -10,7 +10,9 @@
 - `path` / `hub` / `gguf`: a local directory, a hub snapshot or a GGUF import, as the base stage does them.
 
 Any junior that is not the base must share the base's tokenizer (one token history serves both models); one
-that does not is refused in one line. `metrics/junior.json` records the source, the junior's content hash
+that does not is refused in one line. A junior of its own is published with its manifest
+(`tandem_manifest.json`: every file's size and SHA-256, every tensor's name, dtype and shape; its weights checked
+finite first), which every load verifies. `metrics/junior.json` records the source, the junior's content hash
 (training, evaluation and analysis record the same hash), and, for a built junior, its greedy and sampled
 accuracy per benchmark and the share and accuracy of each solution style in its sampled solutions.
 `python -m tasks.junior [params.yaml]` runs it directly.
@@ -26,7 +28,7 @@ from pathlib import Path
 from tandem.config import Params
 from tandem.threads import torch_threads as cpu_threads
 from tasks import headline
-from tasks.base import TinyRecipe, _build_tiny, _eval_sets, _evaluate, fetch_model
+from tasks.base import TinyRecipe, _build_tiny, _eval_sets, _evaluate, fetch_model, publish_manifest
 from tasks.common import Layout, atomic_path, load_params, write_json, write_metrics
 
 
@@ -93,6 +95,7 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
                     metrics.update(fetch_model(jc, inputs.get("model_path"), tmp, params.model.trust_remote_code))
                 check_model_dir(tmp)
                 check_junior_tokenizer(base, tmp, params.model.trust_remote_code)
+                publish_manifest(tmp)  # finite weights, then the record every later load verifies
             junior = Path(outputs["model"])
             metrics["hash"] = content_hash(junior)
             metrics["is_base"] = metrics["hash"] == metrics["base_hash"]

@@ -26,7 +26,7 @@ from tandem.logprobs import token_logprobs_B
 from tandem.train import (ArmRun, CorrectnessReward, JuniorGuard, StepStats, TandemRollout, arm_spec,
                           build_trainer, run_fingerprint, step_rows, train_arm, weights_hash,
                           zero_variance_fraction)
-from tandem.train.trainer import derived_rng_states, merge_rank_stats
+from tandem.train.trainer import merge_rank_stats
 from train_fixtures import FakeBatch, build_base, write_prepared
 
 
@@ -358,10 +358,6 @@ def test_a_few_steps_change_the_senior_only(base_dir, rows, tmp_path):
     reloaded = load_model(ck)  # a plain HF model directory with safetensors
     assert weights_hash(reloaded) == weights_hash(senior)
     assert {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= {p.name for p in ck.iterdir()}
-    # the recorded generator states depend on (seed, update, rank) only, not on what the process drew
-    rng = torch.load(ck / "rng_state.pth", weights_only=False)
-    want = derived_rng_states(state["seed"], state["optimizer_updates"], 0)
-    assert rng["python"] == want["python"] and torch.equal(rng["cpu"], want["cpu"])
     assert not [p for p in (tmp_path / "tandem").iterdir() if p.name.startswith("checkpoint-")]
 
     # Rerunning a finished arm trains nothing and rebuilds the same summary from the last checkpoint.

@@ -10,6 +10,8 @@ from tandem.train.arms import ArmSpec
 
 
 PHASES = ("rollout", "reward", "kl", "advantage", "update")  # the timed parts of a step, in loop order
+# in each step's log: how many of its optimizer updates `tandem.guards.NonFiniteGuard` skipped (NaN/inf gradients)
+SKIPPED_KEY = "tandem/skipped_updates"
 
 TABLE_COLUMNS = {
     "step": "step", "reward_mean": "reward", "reward_std": "reward_std", "senior_fraction": "tandem/senior_fraction",
@@ -36,6 +38,16 @@ def step_rows(history: Sequence[dict]) -> list[dict]:
             rows[step] = {col: h.get(key) for col, key in TABLE_COLUMNS.items()}
             rows[step]["step"] = step
     return [rows[k] for k in sorted(rows)]
+
+
+def all_updates_skipped(history: Sequence[dict], updates_per_step: int) -> bool:
+    """Whether every optimizer update of a run was skipped as non-finite (`train.nonfinite_loss: skip`): each
+    training step's log records `SKIPPED_KEY` and it covers all `updates_per_step` updates. Such a run never
+    changed the weights, so its checkpoints are the base under a trained name (or NaN, from a NaN base). A log
+    without the key (written before it was recorded) counts as trained; an empty history is no such run."""
+    rows = [h for h in history if "loss" in h and "step" in h]
+    return bool(rows) and all(isinstance(h.get(SKIPPED_KEY), (int, float)) and h[SKIPPED_KEY] >= updates_per_step
+                              for h in rows)
 
 
 def first_value(history: Sequence[dict], key: str):

@@ -36,7 +36,7 @@ import torch
 from transformers import TrainerCallback
 
 from tandem.config import TrainConfig
-from tandem.errors import DiskFullError, disk_full_error
+from tandem.errors import DiskFullError, NonFiniteLossError, disk_full_error
 from tandem.geometry import BatchGeometry
 from tandem.guards import NonFiniteGuard
 from tandem.rollout.request import RolloutSettings
@@ -54,7 +54,7 @@ from tandem.train.run import ArmRun, world_size
 from tandem.train.reward import CorrectnessReward
 from tandem.train.rollout import TandemRollout, sampling_params
 from tandem.train.stats import StepStats
-from tandem.train.summary import first_value, summarize
+from tandem.train.summary import SKIPPED_KEY, all_updates_skipped, first_value, summarize
 
 STEP_KEY = "tandem/step"  # the training step (rollout batch) of a log entry; trl's "step" counts updates
 
@@ -117,21 +117,6 @@ def grpo_config(run: ArmRun, precision: dict | None = None):
     )
 
 
-def derived_rng_states(seed: int, update: int, rank: int) -> dict:
-    """The Python, NumPy and torch CPU generator states a checkpoint records (its `rng_state*.pth` entries
-    "python", "numpy", "cpu"): fresh generators seeded from (seed, optimizer update, rank), so the file depends on
-    nothing but those, never on what other threads of the process drew from the global generators."""
-    import random
-
-    import numpy as np
-
-    from tandem.generation import stable_seed
-
-    s = stable_seed("checkpoint-rng", int(seed), int(update), int(rank))
-    return {"python": random.Random(s).getstate(), "numpy": np.random.RandomState(s).get_state(),
-            "cpu": torch.Generator().manual_seed(s).get_state()}
-
-
 class _UsedModelInitKwargs(logging.Filter):
     """Drops trl's false "model_init_kwargs will be ignored" record (see where it is installed)."""
 
@@ -160,6 +145,7 @@ def _make_trainer_class():
             self.step_stats = step_stats
             self.tandem_state = dict(tandem_state)
             self.geometry = geometry
+            self._skipped_logged = 0  # NonFiniteGuard's skipped updates already in a step's log (SKIPPED_KEY)
             super().__init__(*args, **kwargs)
 
         def _generate_and_score_completions(self, inputs):
@@ -176,24 +162,16 @@ def _make_trainer_class():
                     stats = merge_rank_stats(gather_object([stats]))
                 logs.update(stats)
                 logs[STEP_KEY] = self.geometry.step_of(self.state.global_step)
+                guard = next((cb for cb in self.callback_handler.callbacks if isinstance(cb, NonFiniteGuard)), None)
+                if guard is not None:  # the updates of this step skipped as non-finite (all_updates_skipped)
+                    skipped = len(guard.skipped_steps)
+                    logs[SKIPPED_KEY] = skipped - self._skipped_logged
+                    self._skipped_logged = skipped
             super().log(logs, start_time)
 
         def create_model_card(self, *args, **kwargs):
             return None  # a hub model card per checkpoint folder is noise here
 
-        def _save_rng_state(self, output_dir: str) -> None:
-            # The process-global Python, NumPy and torch CPU generators are shared by every thread of the
-            # process: when the Prefect flow trains two arms side by side in one process, their states at a
-            # checkpoint depend on how the threads interleaved, so the saved file would differ from run to run.
-            # Training draws nothing from them (rollout noise is seeded per step and row), so the checkpoint
-            # records states derived from (seed, optimizer update, rank) instead: the same file whether an arm
-            # trains alone or beside another, and a resumed run restores a state as well defined as a fresh one.
-            super()._save_rng_state(output_dir)
-            name = "rng_state.pth" if self.args.world_size <= 1 else f"rng_state_{self.args.process_index}.pth"
-            path = Path(output_dir) / name
-            states = torch.load(path, weights_only=False)
-            states.update(derived_rng_states(self.args.seed, self.state.global_step, self.args.process_index))
-            torch.save(states, path)
 
         def _save_checkpoint(self, model, trial):
             updates = self.state.global_step
@@ -313,6 +291,13 @@ def _train_arm(run: ArmRun) -> ArmResult:
         if guard.after is None:
             guard.on_train_end(None, None, None)
     ranks.barrier()
+    if all_updates_skipped(history, geo.updates):  # the weights never moved: refuse before anything is published
+        n = sum(1 for h in history if "loss" in h and "step" in h)
+        raise NonFiniteLossError(
+            f"train: arm {run.arm}: every optimizer update of the run ({n} steps x {geo.updates}) was skipped because "
+            f"its loss or gradient was NaN or infinite (train.nonfinite_loss: skip), so the weights never changed and "
+            f"nothing is published. Check the base model (non-finite or wrongly cast weights), model.dtype and "
+            f"train.precision, or lower train.learning_rate, then rerun")
     ckpts = [p.name for _, p in complete_checkpoints(arm_dir)]
     summary = summarize(run.arm, history, spec, train)
     summary.update({

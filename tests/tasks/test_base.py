@@ -79,7 +79,12 @@ def test_tiny_base_stage_end_to_end(tmp_path):
     mdir = outputs["model"]
     names = {p.name for p in mdir.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-            "chat_template.jinja", "tandem_source.json"} <= names
+            "chat_template.jinja", "tandem_source.json", "tandem_manifest.json"} <= names
+    from tandem.models import verify_manifest
+
+    manifest = json.loads((mdir / "tandem_manifest.json").read_text())  # what was published, verified on load
+    assert set(manifest["files"]) == names - {"tandem_manifest.json"} and verify_manifest(mdir)
+    assert manifest["tensors"]["model.safetensors"]["model.embed_tokens.weight"]["dtype"] == "F32"
     assert not [n for n in names if n.endswith((".bin", ".pt", ".pth", ".pkl"))]
     assert not [p for p in mdir.parent.iterdir() if p.name.startswith(".")]  # no temporary dir left behind
     tok = load_tokenizer(mdir)
