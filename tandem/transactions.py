@@ -14,6 +14,12 @@ by every transaction and whenever a run takes the output root's lock): a move is
 staged inode, so finishing is idempotent. The owner holds `flock` on the staging directory's `lock` file, so
 recovery never touches a transaction whose process is alive (two arms of the train stage publish side by side).
 
+Optional outputs (declared with the others, or added while the block runs: `add_optional`) belong to the same
+commit but may be left unwritten: a written one is swapped in with the rest, an unwritten one's final path is
+removed. A metrics file's timing sidecar is one (`tasks.common.write_metrics`): it changes with its summary,
+so a run killed midway never leaves one run's summary beside another run's timings. `StageOutputs.of_staged`
+finds the open transaction of this process that staged a path.
+
 `temp_sibling(path)` is the temporary directory next to one file that `tasks.common.atomic_path` writes into
 (`.<name>.tandem-<pid>-<random>/`, with the same held lock); `sweep_temp_siblings(dir)` removes those of dead
 processes.
@@ -159,9 +165,15 @@ def _write_json_durably(path: Path, obj) -> None:
 
 
 def _apply(moves: list[list]) -> None:
-    """Swap every staged output in; idempotent (a move whose target carries the staged inode is done)."""
+    """Swap every staged output in; idempotent (a move whose target carries the staged inode is done). A move
+    without a staged path (an optional output left unwritten) removes its target."""
     parents = set()
     for staged, final, ino in moves:
+        if staged is None:
+            final = Path(final)
+            remove(final)
+            parents.add(final.parent)
+            continue
         staged, final = Path(staged), Path(final)
         if _ino(final) != ino and os.path.lexists(staged):
             swap_in(staged, final)
@@ -234,21 +246,32 @@ def recover(out_root: str | os.PathLike) -> list[str]:
     return done
 
 
+_OPEN: list["StageOutputs"] = []  # the transactions of this process whose block is running
+
+
 class StageOutputs:
     """One stage's outputs as one transaction: `with StageOutputs(root, "prepare", targets) as staged: ...`.
 
     `targets` maps a key to each final path; `staged[key]` is where the block writes that output (a file or a
     directory, not yet existing). Leaving the block normally commits every output together (each must have
-    been written); an exception discards them all and the old outputs stay. `dir` is the transaction's own
-    directory, removed with it, for files a stage needs only while it runs (a worker spec, error records).
+    been written); an exception discards them all and the old outputs stay. `optional` (key -> final path)
+    are staged the same way but may stay unwritten: the commit then removes their final path (a timing
+    sidecar of a run that has no timings). `dir` is the transaction's own directory, removed with it, for files
+    a stage needs only while it runs (a worker spec, error records).
     """
 
-    def __init__(self, out_root: str | os.PathLike, name: str, targets: dict[str, str | os.PathLike]):
+    def __init__(self, out_root: str | os.PathLike, name: str, targets: dict[str, str | os.PathLike],
+                 optional: dict[str, str | os.PathLike] | None = None):
         self.root, self.name = Path(out_root), name
         self.targets = {k: Path(v) for k, v in targets.items()}
+        self.optional = {k: Path(v) for k, v in (optional or {}).items()}
+        clash = set(self.targets) & set(self.optional)
+        if clash:
+            raise ValueError(f"{name}: outputs {sorted(clash)} are both required and optional")
         self.dir: Path | None = None
         self.staged: dict[str, Path] = {}
         self._fd: int | None = None
+        self._dev: int | None = None
         self._places: list[Path] = []
         self._keep = False  # a commit that failed after its commit point stays for `recover` to finish
 
@@ -261,21 +284,66 @@ class StageOutputs:
         self._fd = os.open(self.dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         (self.dir / "out").mkdir()
-        dev = os.stat(self.dir).st_dev
-        for i, (key, final) in enumerate(self.targets.items()):
-            final.parent.mkdir(parents=True, exist_ok=True)
-            if os.stat(final.parent).st_dev == dev:
-                place = self.dir / "out"
-            else:  # another file system: stage beside the output, so the swap stays a rename
-                place = final.parent / f".tandem-staging-{self.dir.name}"
+        self._dev = os.stat(self.dir).st_dev
+        for key, final in [*self.targets.items(), *self.optional.items()]:
+            self._stage(key, final)
+        self._write_plan()
+        _OPEN.append(self)
+        return dict(self.staged)
+
+    def _stage(self, key: str, final: Path) -> Path:
+        """Where output `key` (final path `final`) is written: in the staging directory, or beside the output
+        when that is on another file system (so the swap stays a rename); the place is created."""
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if os.stat(final.parent).st_dev == self._dev:
+            place = self.dir / "out"
+        else:
+            place = final.parent / f".tandem-staging-{self.dir.name}"
+            if place not in self._places:
                 self._places.append(place)
-            self.staged[key] = place / f"{i}-{final.name}"
+                self._write_plan()  # recorded before it exists, so recovery removes it after a kill
+                place.mkdir()
+        self.staged[key] = place / f"{len(self.staged)}-{final.name}"
+        return self.staged[key]
+
+    def _write_plan(self) -> None:
         _write_json_durably(self.dir / PLAN, {"name": self.name, "pid": os.getpid(),
                                               "targets": {k: str(v) for k, v in self.targets.items()},
+                                              "optional": {k: str(v) for k, v in self.optional.items()},
                                               "places": [str(p) for p in self._places]})
-        for place in self._places:
-            place.mkdir()
-        return dict(self.staged)
+
+    def add_optional(self, key: str, final: str | os.PathLike) -> Path:
+        """Declare one more optional output while the block runs; returns where to write it (the staged path
+        it already has when `final` was declared before)."""
+        final = Path(final)
+        for k, f in self.optional.items():
+            if f == final:
+                return self.staged[k]
+        if self.dir is None or self not in _OPEN:
+            raise RuntimeError(f"{self.name}: add_optional({final}) outside the transaction's block")
+        if key in self.targets or key in self.optional or final in self.targets.values():
+            raise ValueError(f"{self.name}: {key!r} ({final}) is already an output of this transaction")
+        self.optional[key] = final
+        staged = self._stage(key, final)
+        self._write_plan()
+        return staged
+
+    def staged_for(self, final: str | os.PathLike) -> Path | None:
+        """The staged path of the output whose final path is `final` (None when it is no output of this one)."""
+        final = Path(final)
+        for k, f in [*self.targets.items(), *self.optional.items()]:
+            if f == final:
+                return self.staged.get(k)
+        return None
+
+    @staticmethod
+    def of_staged(path: str | os.PathLike) -> "StageOutputs | None":
+        """The open transaction of this process whose block writes `path` (one of its staged outputs)."""
+        path = Path(path)
+        for txn in reversed(_OPEN):
+            if path in txn.staged.values():
+                return txn
+        return None
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
@@ -297,10 +365,10 @@ class StageOutputs:
             return None
         named = exc.path if isinstance(exc, DiskFullError) else getattr(exc, "filename", None)
         named = str(named) if named else None
+        finals = {**self.targets, **self.optional}
         for key, staged in self.staged.items():
             if named and (named == str(staged) or named.startswith(str(staged) + os.sep)):
-                final = self.targets[key] / os.path.relpath(named, staged) if named != str(staged) \
-                    else self.targets[key]
+                final = finals[key] / os.path.relpath(named, staged) if named != str(staged) else finals[key]
                 return DiskFullError(final, free_bytes(final))
         if isinstance(exc, DiskFullError):
             return None  # it names its path already
@@ -308,12 +376,15 @@ class StageOutputs:
         return DiskFullError(where, free_bytes(where))
 
     def commit(self) -> None:
-        missing = [str(self.targets[k]) for k, p in self.staged.items() if not os.path.lexists(p)]
+        missing = [str(self.targets[k]) for k in self.targets if not os.path.lexists(self.staged[k])]
         if missing:
             raise RuntimeError(f"{self.name}: outputs {missing} were not written; nothing was replaced")
         for p in self.staged.values():
             fsync_path(p)
         moves = [[str(self.staged[k]), str(self.targets[k]), _ino(self.staged[k])] for k in self.targets]
+        # optional outputs after the required ones: an unwritten one removes its final path (no stale sidecar)
+        moves += [[str(self.staged[k]), str(f), _ino(self.staged[k])] if os.path.lexists(self.staged[k])
+                  else [None, str(f), None] for k, f in self.optional.items()]
         _write_json_durably(self.dir / COMMIT, {"moves": moves})  # the commit point
         try:
             _apply(moves)
@@ -322,6 +393,8 @@ class StageOutputs:
             raise
 
     def _close(self) -> None:
+        if self in _OPEN:
+            _OPEN.remove(self)
         if not self._keep:
             for place in self._places:
                 remove(place)

@@ -28,8 +28,8 @@ from tandem.config import show as _show
 from tandem.errors import DiskFullError, disk_full_error, free_bytes
 from tandem.redact import redact
 from tandem.timing import merge_timing, split_timing
-from tandem.transactions import (StageOutputs, fsync_dir, fsync_path, recover, sweep_temp_siblings,  # noqa: F401
-                                 swap_in, temp_sibling)
+from tandem.transactions import (StageOutputs, fsync_dir, fsync_path, recover, remove,  # noqa: F401
+                                 sweep_temp_siblings, swap_in, temp_sibling)
 
 DEFAULT_PARAMS = "params.yaml"
 
@@ -118,8 +118,23 @@ class _ParamsLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _not_regular(name: str, mode: int) -> ParamsError | None:
+    """The refusal of a params file that is not a regular file (None for a regular one)."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return ParamsError([f"params file: {name} -> is a directory, not a params file"])
+    kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return ParamsError([f"params file: {name} -> is {kind}, not a regular file: save the params to a file and give "
+                        f"its path"])
+
+
 def _params_bytes(p: Path) -> bytes:
-    """The bytes of a params file, read only if it is a file (or a pipe) and at most MAX_PARAMS_BYTES long."""
+    """The bytes of a params file, read only if it is a regular file and at most MAX_PARAMS_BYTES long.
+
+    A named pipe, device or socket is refused without being read: opening a FIFO blocks until some process
+    writes to it. The file is opened non-blocking and checked again through its descriptor, so a path swapped
+    for a FIFO between the check and the open cannot hang the read either."""
     name = _show(str(p))
     try:
         st = p.stat()
@@ -127,15 +142,19 @@ def _params_bytes(p: Path) -> bytes:
         raise ParamsError([f"params file: {name} -> does not exist"]) from None
     except OSError as e:
         raise ParamsError([f"params file: {name} -> cannot be read ({e.strerror or e})"]) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ParamsError([f"params file: {name} -> is a directory, not a params file"])
-    if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
-        raise ParamsError([f"params file: {name} -> is not a regular file (a device or socket)"])
+    if (refused := _not_regular(name, st.st_mode)) is not None:
+        raise refused
     too_big = f"params file: {name} -> is larger than {MAX_PARAMS_BYTES // 1024} KiB (a params file is a few KB)"
     if st.st_size > MAX_PARAMS_BYTES:
         raise ParamsError([too_big])
     try:
-        with open(p, "rb") as f:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise ParamsError([f"params file: {name} -> cannot be read ({e.strerror or e})"]) from None
+    try:
+        with open(fd, "rb") as f:
+            if (refused := _not_regular(name, os.fstat(f.fileno()).st_mode)) is not None:
+                raise refused
             data = f.read(MAX_PARAMS_BYTES + 1)
     except OSError as e:
         raise ParamsError([f"params file: {name} -> cannot be read ({e.strerror or e})"]) from None
@@ -187,7 +206,8 @@ def load_params(path: str | os.PathLike = DEFAULT_PARAMS, environ: Mapping[str, 
     the file is the complete record of what a stage runs with. The one way to change a setting for a run is
     another file (`--params FILE`) or DVC editing this one (`dvc exp run -S key=value`); a deployment may
     override the few settings in `tandem.config.ENV_OVERRIDES` from `environ` (default: os.environ).
-    Hostile files (huge, not UTF-8, alias bombs, deep nesting, devices, directories) fail fast, one line each.
+    Hostile files (huge, not UTF-8, alias bombs, deep nesting, devices, named pipes, directories) fail fast,
+    one line each.
     """
     p = Path(path)
     name = _show(str(p))
@@ -338,28 +358,49 @@ def timing_path(path: str | os.PathLike) -> Path:
     return p.with_name(p.stem + TIMING_SUFFIX + p.suffix)
 
 
+def sidecar_of(path: str | os.PathLike, timing_to: str | os.PathLike | None = None) -> tuple[Path, bool]:
+    """(where the timing sidecar of the file at `path` is written, whether that is a staged path).
+
+    The sidecar's final path is `timing_to`, default `timing_path(path)`. When `path` is a staged output of an
+    open stage transaction of this process (`tandem.transactions.StageOutputs`), the sidecar is staged in the
+    same transaction (declared there as an optional output), so it is swapped in with its summary: a run
+    killed at any point leaves the old summary with the old timings, or the new with the new. A `timing_to`
+    that is itself a staged path (a launched worker writing into its stage's transaction) is used as it is."""
+    final = Path(timing_to) if timing_to is not None else timing_path(path)
+    txn = StageOutputs.of_staged(path)
+    if txn is None or final in txn.staged.values():
+        return final, txn is not None or StageOutputs.of_staged(final) is not None
+    return txn.staged_for(final) or txn.add_optional(f"timing:{final}", final), True
+
+
 def write_metrics(path: str | os.PathLike, doc: Any, timing_to: str | os.PathLike | None = None) -> Any:
     """Write a stage's metrics without their timings (those go to `timing_to`, default `timing_path(path)`);
     returns the part written to `path`. The stage's DVC-tracked output then depends on the inputs alone.
 
     A stage writing into its output transaction's staging directory passes the final sidecar path as
-    `timing_to`: the sidecar is no output (neither git nor DVC tracks it), so it is written in place."""
+    `timing_to` (or a staged path of its own, `sidecar_of`): the sidecar is staged in the same transaction and
+    changes with the summary, or is removed with it when this run has no timings. Written in place (no
+    transaction), the old sidecar is removed before the summary is replaced and the new one written after, so
+    a run killed in between leaves a summary without timings, never one beside another run's timings."""
     kept, timing = split_timing(doc)
+    side, staged = sidecar_of(path, timing_to)
+    if not staged:
+        remove(side)
     write_json(path, kept)
-    side = Path(timing_to) if timing_to is not None else timing_path(path)
     if timing is not None:
         write_json(side, timing)
-    elif side.exists():
-        side.unlink()
     return kept
 
 
 def read_metrics(path: str | os.PathLike, timing_to: str | os.PathLike | None = None) -> Any:
     """A metrics file with the timings of the run that wrote it merged back in (when its sidecar, `timing_to`
-    or `timing_path(path)`, exists)."""
+    or `timing_path(path)`, exists; for a staged `path`, the sidecar staged with it: `sidecar_of`)."""
     doc = read_json(path)
     side = Path(timing_to) if timing_to is not None else timing_path(path)
-    if side.exists():
+    txn = StageOutputs.of_staged(path)
+    if txn is not None and side not in txn.staged.values():
+        side = txn.staged_for(side)  # a staged summary reads the sidecar staged with it, never the old one
+    if side is not None and side.exists():
         try:
             return merge_timing(doc, read_json(side))
         except ValueError:  # a half-written sidecar from a killed run: the metrics themselves are what count
@@ -398,9 +439,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise DiskFullError(path, free_bytes(path)) from e
 
 
-def stage_outputs(params: Params, name: str, targets: dict[str, str | os.PathLike]) -> StageOutputs:
-    """One stage's outputs as one transaction (`tandem.transactions.StageOutputs`), staged under out_root."""
-    return StageOutputs(Layout.of(params).root, name, targets)
+def stage_outputs(params: Params, name: str, targets: dict[str, str | os.PathLike],
+                  optional: dict[str, str | os.PathLike] | None = None) -> StageOutputs:
+    """One stage's outputs as one transaction (`tandem.transactions.StageOutputs`), staged under out_root;
+    `optional` outputs (timing sidecars) may stay unwritten, which removes them at the commit."""
+    return StageOutputs(Layout.of(params).root, name, targets, optional)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from tandem.checkpoints import generations_file, list_checkpoints
+from tandem.checkpoints import check_published, generations_file, list_checkpoints
 from tandem.config import Params
 from tandem.eval_cache import JUNIOR, MODELS, ResultCache, plan_units
 from tandem.data.prompts import user_message
+from tandem.data.reader import DataFileError, FileProblem, read_problem_file
 from tandem.evaluation import (FORMAT_VERSION, Decoder, EvalSettings, content_hash, result_key, rows_hash,
                                run_benchmark, summarize_benchmark)
 from tandem.generation import eos_token_ids, stable_seed
@@ -30,7 +31,7 @@ from tandem.metrics.passk import macro_mean
 from tandem.rollout.factory import rollout_engine
 from tandem.run_keys import EVAL_RESULT_KEYS, EVAL_STREAM_KEYS, eval_estimate_fields, setting
 from tasks import headline, tracking
-from tasks.common import (Layout, junior_of, read_jsonl, stage_outputs, timing_path, write_csv, write_json,
+from tasks.common import (Layout, junior_of, stage_outputs, timing_path, write_csv, write_json,
                           write_jsonl, write_metrics)
 from tandem.errors import BadInputError
 
@@ -41,6 +42,8 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     lay = Layout.of(params)
     inputs = {"eval_data": lay.prepared / "eval", "base_model": lay.base_model, "junior_model": lay.junior_model,
               "checkpoints": lay.checkpoints}
+    for arm in params.train.arms:  # the train stage's summary of each arm: which checkpoints it published
+        inputs[f"train_summary_{arm}"] = lay.metrics / f"train_{arm}.json"
     outputs = {"metrics": lay.metrics / "eval.json", "headline": lay.metrics / "headline" / "eval.json",
                "generations": lay.generations, "plots": lay.plots / "eval", "cache": lay.scratch / "evaluate"}
     return inputs, outputs
@@ -78,14 +81,29 @@ def load_benchmarks(params: Params, inputs: dict) -> dict[str, list[dict]]:
         raise FileNotFoundError(
             f"evaluate: benchmarks {missing or '(none)'} not found; prepared ones in {eval_dir}: "
             f"{sorted(p for p in found) or 'none'} (run the prepare stage, or set evaluate.benchmark_files)")
-    out: dict[str, list[dict]] = {}
+    read: dict[str, list[dict]] = {}
+    problems: list[FileProblem] = []
     for b in wanted:
         if not found[b].exists():
             raise FileNotFoundError(f"evaluate: benchmark {b!r}: file {found[b]} does not exist")
-        rows = read_jsonl(found[b])
+        # the prepare stage's file-level rules (UTF-8, one JSON object per line, not truncated, bounded lines); a
+        # prepared row holds its problem twice (problem and prompt) and a solution, so its bound is wider
+        if b in ev.benchmark_files:
+            what, bound = f"evaluate.benchmark_files.{b}", params.data.max_row_bytes
+        else:
+            what, bound = f"prepared benchmark {b}", 4 * params.data.max_row_bytes + (1 << 16)
+        read[b], bad = read_problem_file(found[b], what, bound)
+        problems += bad
+    if problems:  # every file's problems in one report, before any model is loaded
+        raise DataFileError(problems)
+    out: dict[str, list[dict]] = {}
+    for b in wanted:
+        rows = read[b]
         for i, r in enumerate(rows):
+            line = str(r.pop("_where", i + 1)).rsplit(":", 1)[-1]
             if "id" not in r or "answer" not in r or ("prompt" not in r and "problem" not in r):
-                raise BadInputError(f"evaluate: {found[b]} row {i + 1} needs id, answer and problem (or prompt)")
+                raise BadInputError(f"evaluate: {found[b]}:{line} (benchmark {b!r}) needs id, answer and problem "
+                                    f"(or prompt)")
             if "prompt" not in r:
                 r["prompt"] = user_message(r["problem"])
             r["answer"] = str(r["answer"])
@@ -124,13 +142,35 @@ def junior_dir(params: Params, inputs: dict) -> Path:
 # Units
 # --------------------------------------------------------------------------------------------------
 
+def published_steps(inputs: dict, arm: str) -> tuple[list[str], Path] | None:
+    """The `step-<N>` folders the arm's training summary (`metrics/train_<arm>.json`, its `checkpoints`) says the
+    train stage published, with the summary's path; None when there is no summary (checkpoints from elsewhere)."""
+    import json
+
+    path = inputs.get(f"train_summary_{arm}")
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        listed = json.loads(Path(path).read_text()).get("checkpoints")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
+        raise BadInputError(f"evaluate: {path}: the training summary cannot be read ({type(e).__name__}); rerun "
+                            f"`tandem stage train --arm {arm}`") from None
+    return (list(listed), Path(path)) if isinstance(listed, list) else None
+
+
 def _all_checkpoints(params: Params, inputs: dict) -> dict[str, list]:
     """Every arm's checkpoints to evaluate (`evaluate.checkpoints`): an incomplete `step-<N>` folder is an error
-    naming it, and each listed checkpoint's model files are verified against the checksums recorded when it
-    was saved (`tandem.checkpoints.list_checkpoints`)."""
+    naming it, so is a folder the arm's training summary lists but that is missing (`check_published`: the
+    step before would pass for the final one), and each listed checkpoint's model files are verified against
+    the checksums recorded when it was saved (`tandem.checkpoints.list_checkpoints`)."""
     base = base_dir(params, inputs)
-    return {arm: list_checkpoints(inputs["checkpoints"], arm, base, params.evaluate.checkpoints)
-            for arm in params.train.arms}
+    out = {}
+    for arm in params.train.arms:
+        published = published_steps(inputs, arm)
+        if published is not None:
+            check_published(inputs["checkpoints"], arm, *published)
+        out[arm] = list_checkpoints(inputs["checkpoints"], arm, base, params.evaluate.checkpoints)
+    return out
 
 
 def plan(params: Params, inputs: dict | None = None) -> list[dict]:
@@ -387,6 +427,7 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     checkpoint's modes stay together so its weights load once); results meet in the on-disk cache.
     """
     inputs, outputs = _io(params, inputs, outputs)
+    load_benchmarks(params, inputs)  # every benchmark file reads as problem rows before any model is loaded
     groups: dict[str, list[dict]] = {}
     for unit in plan(params, inputs):
         groups.setdefault(unit["path"], []).append(unit)

@@ -4,10 +4,17 @@
 transaction directory, starts `python -m tasks.train --launch ...` (`launcher_main`: accelerate's launcher
 with the first failure recorded) on `python -m tasks.train --worker SPEC` (`worker_main`: one rank, which
 trains through the function the stage passes in) and waits; `worker_failure` turns what the workers and
-the launcher recorded into one message. The launcher dies with the stage and the workers with the launcher
-(Linux parent-death signal, `prctl PR_SET_PDEATHSIG`), and a worker whose stage is already gone does not
-start, so a killed stage leaves no orphan training behind. A free local port is picked for the workers'
-rendezvous.
+the launcher recorded into one message (`summarise_failure`). The launcher dies with the stage and the workers
+with the launcher (Linux parent-death signal, `prctl PR_SET_PDEATHSIG`), and a worker whose stage is already
+gone does not start, so a killed stage leaves no orphan training behind. A free local port is picked for the
+workers' rendezvous.
+
+Failures survive a full disk: the record files (one per rank and one for the launcher) are reserved, filled
+with blanks, before any process starts, and a failure is written over the reservation in place
+(`write_record`), which needs no new space. A rank's traceback goes to its log file
+(`scratch/logs/train-<arm>/rank-<r>.log`), not the terminal (`--debug` prints it again); an expected failure of
+any rank is the one line the same failure prints in one process. Torch elastic's log directory is set inside the
+transaction's directory (`--log_dir`), so nothing is left in /tmp; it is removed with the transaction.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 from tandem.config import Params, params_from_dict, tool_env
-from tandem.errors import WorkerFailedError
-from tasks.common import atomic_path, stage_outputs, timing_path
+from tandem.errors import LOW_SPACE_BYTES, DiskFullError, WorkerFailedError, free_bytes
+from tasks.common import fsync_dir, remove, stage_outputs, timing_path
 
 # the module whose `main` handles `--launch` and `--worker` (the workers import the stage, not this module)
 ENTRY = "tasks.train"
@@ -53,17 +60,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+ELASTIC_LOGS = "elastic"  # torch elastic's log directory, inside the transaction's directory (never /tmp)
+
+
 def launch_command(params: Params, spec_path: Path) -> list[str]:
     """`accelerate launch` of the training workers: torchrun under accelerate's multi-process launcher, run
     through `python -m tasks.train --launch` (`launcher_main`), which records the first failure for the stage's message.
 
     On a CPU-only machine the same launcher runs the workers on the gloo backend (accelerate's `--cpu` flag
     would pick its single-process launcher); `train.sharding: fsdp` adds FSDP (version 1, full sharding).
+    Torch elastic's log directory is `ELASTIC_LOGS` beside the spec (the transaction's directory, removed with
+    it): left to itself, torch makes a `/tmp/torchelastic_*` tree per launch and never removes it.
     """
     t = params.train
     cmd = [sys.executable, "-m", ENTRY, "--launch", "--num_processes",
            str(t.num_processes), "--num_machines", "1", "--main_process_port", str(_free_port()),
-           "--mixed_precision", "no", "--dynamo_backend", "no"]
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--log_dir", str(Path(spec_path).parent / ELASTIC_LOGS)]
     if t.sharding == "none":
         cmd += ["--multi_gpu"]  # accelerate's torchrun launcher (DDP); it picks gloo when there is no GPU
     else:
@@ -75,15 +87,76 @@ def launch_command(params: Params, spec_path: Path) -> list[str]:
 
 
 ERROR_DIR_ENV = "TANDEM_TRAIN_ERRORS"  # where the launcher and each worker record how they failed
+LOG_DIR_ENV = "TANDEM_TRAIN_LOGS"  # where each worker writes the traceback of its failure
 LAUNCHER_RECORD = "launcher.json"
+RECORD_BYTES = 4096  # reserved per record file (one block): a record is written over it in place
 
 
-def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict, targets: dict[str, Path]) -> dict:
+def rank_record(rank: int) -> str:
+    return f"rank-{rank}.json"
+
+
+def logs_dir(outputs: dict, arm: str) -> Path:
+    """The ranks' log files of one arm's launched run: `scratch/logs/train-<arm>/` (kept after the run)."""
+    return Path(outputs["scratch"]).parent / "logs" / f"train-{arm}"
+
+
+def reserve_records(errors: Path, n: int) -> None:
+    """Create the launcher's and each of `n` ranks' record files, `RECORD_BYTES` of blanks each, flushed to disk
+    before any process starts: a failure later written over them in place needs no new space on a full disk."""
+    for name in [LAUNCHER_RECORD, *(rank_record(r) for r in range(n))]:
+        with open(errors / name, "wb") as f:
+            f.write(b" " * RECORD_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    fsync_dir(errors)
+
+
+def _fit(record: dict) -> bytes:
+    """`record` as JSON within `RECORD_BYTES` (its message shortened as needed)."""
+    rec = dict(record)
+    data = json.dumps(rec).encode()
+    while len(data) > RECORD_BYTES and rec.get("message"):
+        rec["message"] = rec["message"][: len(rec["message"]) // 2] + "..."
+        data = json.dumps(rec).encode()
+    return data[:RECORD_BYTES]
+
+
+def write_record(path: Path, record: dict) -> bool:
+    """Write `record` over the reserved file `path` in place (no temporary file, no new blocks where the file
+    was reserved); False when it could not be written (never raises: the caller is already failing)."""
+    data = _fit(record)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            done = 0
+            while done < len(data):
+                done += os.pwrite(fd, data[done:], done)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
+
+
+def read_record(path: Path) -> dict | None:
+    """A record written by `write_record`, or None (still blank, missing, or unreadable)."""
+    try:
+        text = path.read_bytes().decode("utf-8", "replace").strip()
+        rec = json.loads(text) if text else None
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict, targets: dict[str, Path],
+               optional: dict[str, Path] | None = None) -> dict:
     """Train one arm in `train.num_processes` processes through `accelerate launch`; returns the summary.
 
-    The outputs (`targets`: name -> the path it replaces) are staged by this process's transaction and
-    written there by the main worker; they replace the previous ones only once every worker has exited
-    cleanly."""
+    The outputs (`targets`: name -> the path it replaces; `optional`: the timing sidecars, which may stay
+    unwritten) are staged by this process's transaction and written there by the main worker; they replace
+    the previous ones only once every worker has exited cleanly."""
     import torch
 
     from tasks.common import read_metrics
@@ -93,7 +166,7 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict, targets: d
         # and torch's FSDP1 refuses CPU modules ("FSDP needs a non-CPU accelerator device")
         raise ValueError(f"train.sharding: {params.train.sharding} needs GPUs; on this CPU-only machine use "
                          "train.sharding: none (every process holds the whole model)")
-    txn = stage_outputs(params, f"train-{arm}", targets)
+    txn = stage_outputs(params, f"train-{arm}", targets, optional)
     with txn as staged:
         spec = {"params": params.to_dict(), "arm": arm, "inputs": {k: str(v) for k, v in inputs.items()},
                 "outputs": {k: str(v) for k, v in outputs.items()},
@@ -102,10 +175,13 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict, targets: d
         spec_path.write_text(json.dumps(spec))
         errors = txn.dir / "errors"
         errors.mkdir()
+        reserve_records(errors, params.train.num_processes)
+        logs = logs_dir(outputs, arm)
+        remove(logs)  # the logs of an earlier launch of this arm (a rank that fails makes the folder again)
         repo = str(Path(__file__).resolve().parents[1])  # the workers import this very checkout
         env = {**tool_env(), "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1)),
                "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
-               "TANDEM_STAGE_PID": str(os.getpid()), ERROR_DIR_ENV: str(errors)}
+               "TANDEM_STAGE_PID": str(os.getpid()), ERROR_DIR_ENV: str(errors), LOG_DIR_ENV: str(logs)}
         proc = subprocess.Popen(launch_command(params, spec_path), env=env, preexec_fn=_die_with_parent)
         try:
             rc = proc.wait()
@@ -114,7 +190,7 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict, targets: d
             proc.wait(timeout=60)
             raise
         if rc != 0:
-            raise worker_failure(params, arm, rc, proc.pid, errors, Path(outputs["scratch"]) / arm)
+            raise worker_failure(params, arm, rc, proc.pid, errors, Path(outputs["scratch"]) / arm, logs)
         if not staged["metrics"].exists():
             raise RuntimeError(f"train: the workers of arm {arm!r} exited cleanly but wrote no summary "
                                f"({staged['metrics']})")
@@ -129,31 +205,45 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def worker_failure(params: Params, arm: str, rc: int, launcher_pid: int, errors: Path, scratch: Path) -> Exception:
-    """The one error that says why a multi-process run failed: a worker's expected error (its own message), a
-    rank or the launcher killed by a signal, or a bug in a worker (whose traceback is above).
-
-    Expected errors and kills are `WorkerFailedError`s (one line, exit code 1); anything else stays a bug."""
-    n = params.train.num_processes
-    again = f"rerun the stage: training resumes from the last complete checkpoint in {scratch}"
+def read_records(errors: Path) -> tuple[dict[int, dict], dict | None]:
+    """(rank -> its failure record, the launcher's record) from the error directory; blank reservations and
+    unreadable files count as no record."""
     records = {}
     for f in sorted(errors.glob("rank-*.json")):
+        rec = read_record(f)
         try:
-            rec = json.loads(f.read_text())
             records[int(rec["rank"])] = rec
-        except (OSError, ValueError, KeyError):
+        except (TypeError, KeyError, ValueError):
             continue
-    try:
-        launcher = json.loads((errors / LAUNCHER_RECORD).read_text())
-    except (OSError, ValueError):
-        launcher = None
+    return records, read_record(errors / LAUNCHER_RECORD)
+
+
+def worker_failure(params: Params, arm: str, rc: int, launcher_pid: int, errors: Path, scratch: Path,
+                   logs: Path | None = None) -> Exception:
+    """The one error that says why a multi-process run failed, from the records in `errors`
+    (`summarise_failure`)."""
+    records, launcher = read_records(errors)
+    return summarise_failure(params.train.num_processes, arm, rc, launcher_pid, records, launcher, scratch, logs)
+
+
+def summarise_failure(n: int, arm: str, rc: int, launcher_pid: int, records: dict[int, dict], launcher: dict | None,
+                      scratch: Path, logs: Path | None = None) -> Exception:
+    """The one error that says why an `n`-process run failed (launcher exit status `rc`): a rank's expected
+    error (the very error that rank raised, so the line reads as in one process), a rank or the launcher killed
+    by a signal, a bug in a rank (its traceback in its log file), or, with nothing recorded, a full disk where
+    the run writes.
+
+    Expected errors and kills are `UserError`s (one line, exit code 1); anything else stays a bug."""
+    again = f"rerun the stage: training resumes from the last complete checkpoint in {scratch}"
     if launcher is None and rc < 0:
         return WorkerFailedError(f"train: the launcher (accelerate launch, pid {launcher_pid}) of the {n}-process run "
                                  f"of arm {arm!r} was killed by {_signal_name(rc)}; its workers stopped with it. "
                                  f"Find what killed it (out of memory? see `dmesg`), then {again}")
     for rank, rec in sorted(records.items()):
         if rec.get("kind") == "expected":
-            return WorkerFailedError(f"train: rank {rank} of {n}: {rec.get('message', '')}")
+            if rec.get("type") == "DiskFullError" and rec.get("path"):
+                return DiskFullError(rec["path"], rec.get("free"))
+            return WorkerFailedError(str(rec.get("message") or f"train: rank {rank} of {n} failed ({rec.get('type')})"))
     failures = {int(r): f for r, f in (launcher or {}).get("failures", {}).items()}
     killed = sorted((r, f) for r, f in failures.items() if f.get("exitcode", 0) < 0)
     for rank, f in sorted(killed, key=lambda rf: rf[1]["exitcode"] == -signal.SIGTERM):
@@ -166,10 +256,17 @@ def worker_failure(params: Params, arm: str, rc: int, launcher_pid: int, errors:
                                  f"Once the cause is gone, {again}")
     for rank, rec in sorted(records.items()):
         if rec.get("kind") == "bug":
+            log = f": {logs / f'rank-{rank}.log'}" if logs is not None else " is in the rank's log"
             return RuntimeError(f"train: rank {rank} of the {n}-process run of arm {arm!r} failed with "
-                                f"{rec.get('type')}: {rec.get('message', '')} (its traceback is above)")
+                                f"{rec.get('type')}: {rec.get('message', '')} (its traceback{log})")
+    if not any(r.get("kind") in ("expected", "bug") for r in records.values()):
+        # no rank could say why (at most that a peer was lost): a disk with no space left is the likely reason
+        free = free_bytes(scratch)
+        if free is not None and free < LOW_SPACE_BYTES:
+            return DiskFullError(scratch, free)
+    where = f", their tracebacks in {logs}" if logs is not None else ""
     return RuntimeError(f"train: the {n}-process run of arm {arm!r} failed (accelerate launch exit status {rc}); "
-                        f"the workers' output is above")
+                        f"the ranks' output is above{where}")
 
 
 def _debug() -> bool:
@@ -202,18 +299,22 @@ def launcher_main(argv: list[str]) -> int:
             root, _ = e.get_first_failure()
             failures = {str(r): {"exitcode": f.exitcode, "pid": f.pid, "local_rank": f.local_rank}
                         for r, f in e.failures.items()}
-            (Path(errors) / LAUNCHER_RECORD).write_text(json.dumps({"root_rank": root, "failures": failures}))
+            write_record(Path(errors) / LAUNCHER_RECORD, {"root_rank": root, "failures": failures})
         if _debug():
             raise
         return 1
     return 0
 
 
-def _failure_record(e: BaseException) -> dict:
-    """What a worker says about its failure: expected (a UserError, a full disk, a missing file), the loss of
-    another rank (a collective that broke because a peer died), or a bug."""
-    from tandem.errors import as_user_error, is_expected
+def _failure_record(e: BaseException, where: str | os.PathLike | None = None) -> dict:
+    """What a worker says about its failure: expected (a UserError, a full disk, a missing file; a full disk
+    names its file, or `where`, and keeps the path and free space so the stage raises the same error), the loss
+    of another rank (a collective that broke because a peer died), or a bug."""
+    from tandem.errors import as_user_error, disk_full_error, is_expected
 
+    full = disk_full_error(e, where)
+    if full is not None:
+        return {"kind": "expected", "type": "DiskFullError", "message": str(full), "path": full.path, "free": full.free}
     if is_expected(e):
         return {"kind": "expected", "type": type(e).__name__, "message": str(as_user_error(e))}
     text = str(e)
@@ -223,12 +324,28 @@ def _failure_record(e: BaseException) -> dict:
     return {"kind": "bug", "type": type(e).__name__, "message": text[:2000]}
 
 
+def _log_traceback(rank: int, e: BaseException) -> None:
+    """The traceback of this rank's failure into its log file (`LOG_DIR_ENV`); nothing when it cannot be
+    written (a full disk: the record, written in place, still says what failed)."""
+    import traceback
+
+    logs = os.environ.get(LOG_DIR_ENV)
+    if not logs:
+        return
+    try:
+        Path(logs).mkdir(parents=True, exist_ok=True)
+        with open(Path(logs) / f"rank-{rank}.log", "a", encoding="utf-8") as f:
+            f.write("".join(traceback.format_exception(e)))
+    except OSError:
+        pass
+
+
 def worker_main(spec_path: Path, train: Callable[[Params, str, dict, dict, dict | None], dict]) -> int:
     """One process of `launch_arm`'s run: rebuild the params, train this rank's share of the arm with
     `train(params, arm, inputs, outputs, publish_to)`.
 
-    A failure is recorded for the stage's message; an expected one (or the loss of another rank) prints
-    nothing here unless debugging, a bug keeps its traceback."""
+    A failure is recorded for the stage's message (in place, in its reserved record file) and its traceback goes
+    to the rank's log file; the terminal shows neither unless debugging."""
     _die_with_parent()
     stage = int(os.environ.get("TANDEM_STAGE_PID", "0"))
     if stage and not _alive(stage):  # the stage died before this worker armed its signal: nothing to train for
@@ -238,12 +355,13 @@ def worker_main(spec_path: Path, train: Callable[[Params, str, dict, dict, dict 
     try:
         train(params, spec["arm"], spec["inputs"], spec["outputs"], spec.get("publish_to"))
     except Exception as e:
-        record = {"rank": int(os.environ.get("RANK", "0")), **_failure_record(e)}
+        rank = int(os.environ.get("RANK", "0"))
+        record = {"rank": rank, **_failure_record(e, spec["outputs"].get("scratch"))}
+        _log_traceback(rank, e)
         errors = os.environ.get(ERROR_DIR_ENV)
         if errors:
-            with atomic_path(Path(errors) / f"rank-{record['rank']}.json") as tmp:
-                tmp.write_text(json.dumps(record))
-        if record["kind"] == "bug" or _debug():
+            write_record(Path(errors) / rank_record(rank), record)
+        if _debug():
             raise
         return 1
     return 0

@@ -22,13 +22,15 @@ With `train.num_processes` N > 1, `run_arm` (the entry of `tandem stage train`, 
 starts `accelerate launch --num_processes N` (through `python -m tasks.train --launch`, which records which
 rank failed first and how) on `python -m tasks.train --worker SPEC` and waits: every worker trains its share,
 the main one writes the outputs into the transaction's staging directory, and the stage commits them once every
-worker has exited cleanly. A failed worker fails the stage with one message naming the rank and the cause (its
-expected error, or the signal that killed it). The spec and the workers' error records live in the
-transaction's directory under scratch/staging/, never in /tmp, so a killed run leaves nothing behind that the
-next run does not sweep. The launcher dies with this process and the workers with the launcher (Linux
-parent-death signal), so a killed stage leaves no orphan training behind and a rerun resumes from the last
-complete checkpoint. The launcher's machinery (accelerate's command line, the parent-death signal, the failure
-records and their one message) is `tasks/launch.py`.
+worker has exited cleanly. A failed worker fails the stage with one message: its expected error, as one process
+would print it (a full disk too: the error records are reserved before the run, so writing one needs no new
+space), or the rank and the signal that killed it; a rank's traceback goes to `scratch/logs/train-<arm>/`, not
+the terminal. The spec, the workers' error records and torch elastic's logs live in the transaction's directory
+under scratch/staging/, never in /tmp, so a killed run leaves nothing behind that the next run does not sweep.
+The launcher dies with this process and the workers with the launcher (Linux parent-death signal), so a killed
+stage leaves no orphan training behind and a rerun resumes from the last complete checkpoint. The launcher's
+machinery (accelerate's command line, the parent-death signal, the failure records and their one message) is
+`tasks/launch.py`.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ from pathlib import Path
 from tandem.config import Params, apply_tool_env
 from tandem.timing import is_timing_key
 from tasks import headline, launch, tracking
-from tasks.common import (Layout, atomic_path, junior_of, junior_record, load_params, read_jsonl, stage_outputs,
-                          timing_path, write_json, write_metrics)
+from tasks.common import (Layout, atomic_path, junior_of, junior_record, load_params, read_jsonl, remove,
+                          sidecar_of, stage_outputs, timing_path, write_json, write_metrics)
 
 
 def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
@@ -61,11 +63,14 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
 
 def write_step_table(path: Path, rows: list[dict], timing_to: Path | None = None) -> None:
     """The per-step table (`dvc plots`) without its timing columns, which go to `<arm>.timing.csv` beside it
-    (or `timing_to`): the table DVC hashes then depends on the run's inputs alone."""
+    (or `timing_to`): the table DVC hashes then depends on the run's inputs alone. Written into a stage
+    transaction, the timing table is staged with the table (`tasks.common.sidecar_of`)."""
     from tandem.train import TABLE_COLUMNS
 
     timing = ["step"] + [c for c in TABLE_COLUMNS if is_timing_key(c)]
-    side = Path(timing_to) if timing_to is not None else timing_path(path)
+    side, staged = sidecar_of(path, timing_to)
+    if not staged:  # in place: never the new table beside the old run's times, even for a moment
+        remove(side)
     for dest, cols in ((path, [c for c in TABLE_COLUMNS if not is_timing_key(c)]), (side, timing)):
         with atomic_path(dest) as tmp:
             with open(tmp, "w", newline="") as f:
@@ -114,13 +119,21 @@ def publish_targets(outputs: dict, arm: str) -> dict[str, Path]:
             "headline": Path(outputs[f"headline_{arm}"]), "plot": Path(outputs[f"plot_{arm}"])}
 
 
+def timing_targets(outputs: dict, arm: str) -> dict[str, Path]:
+    """The untracked timing sidecars of one arm's summary and per-step table: optional outputs of the same
+    transaction, so they change with the outputs they belong to."""
+    targets = publish_targets(outputs, arm)
+    return {f"{k}_timing": timing_path(targets[k]) for k in ("metrics", "plot")}
+
+
 def _write_outputs(dest: dict, final: dict, work_dir: Path, summary: dict, rows: list[dict]) -> None:
-    """The arm's outputs into `dest` (the transaction's staged paths); the untracked timing sidecars go straight
-    beside the `final` paths."""
+    """The arm's outputs into `dest` (the transaction's staged paths), the timing sidecars too (staged as
+    `<name>_timing` where the transaction declares them, else beside the `final` paths)."""
     materialise(work_dir, Path(dest["checkpoints"]))
-    write_metrics(dest["metrics"], summary, timing_to=timing_path(final["metrics"]))  # step and phase times
+    write_metrics(dest["metrics"], summary,  # step and phase times
+                  timing_to=dest.get("metrics_timing") or timing_path(final["metrics"]))
     write_json(dest["headline"], headline.train(summary))
-    write_step_table(Path(dest["plot"]), rows, timing_to=timing_path(final["plot"]))
+    write_step_table(Path(dest["plot"]), rows, timing_to=dest.get("plot_timing") or timing_path(final["plot"]))
 
 
 def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
@@ -135,7 +148,8 @@ def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
 
             check_model_dir(inputs["base_model"])
         _check_plan(params, arm, inputs)  # a plan that cannot fit is refused before any process starts
-        summary = launch.launch_arm(params, arm, inputs, outputs, publish_targets(outputs, arm))
+        summary = launch.launch_arm(params, arm, inputs, outputs, publish_targets(outputs, arm),
+                                    timing_targets(outputs, arm))
     else:
         summary = _run_in_this_process(params, arm, inputs, outputs)
     # the published checkpoints as the arm's W&B artifact (a no-op unless W&B is on; never raises)
@@ -199,7 +213,8 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
         if publish_to is not None:  # a launched worker: the launching stage commits what it writes there
             _write_outputs(publish_to, publish_targets(outputs, arm), work, res.summary, rows)
         else:
-            with stage_outputs(params, f"train-{arm}", publish_targets(outputs, arm)) as staged:
+            with stage_outputs(params, f"train-{arm}", publish_targets(outputs, arm),
+                               timing_targets(outputs, arm)) as staged:
                 _write_outputs(staged, publish_targets(outputs, arm), work, res.summary, rows)
     return res.summary
 
