@@ -42,8 +42,6 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     lay = Layout.of(params)
     inputs = {"eval_data": lay.prepared / "eval", "base_model": lay.base_model, "junior_model": lay.junior_model,
               "checkpoints": lay.checkpoints}
-    for arm in params.train.arms:  # the train stage's summary of each arm: which checkpoints it published
-        inputs[f"train_summary_{arm}"] = lay.metrics / f"train_{arm}.json"
     outputs = {"metrics": lay.metrics / "eval.json", "headline": lay.metrics / "headline" / "eval.json",
                "generations": lay.generations, "plots": lay.plots / "eval", "cache": lay.scratch / "evaluate"}
     return inputs, outputs
@@ -142,13 +140,21 @@ def junior_dir(params: Params, inputs: dict) -> Path:
 # Units
 # --------------------------------------------------------------------------------------------------
 
-def published_steps(inputs: dict, arm: str) -> tuple[list[str], Path] | None:
-    """The `step-<N>` folders the arm's training summary (`metrics/train_<arm>.json`, its `checkpoints`) says the
-    train stage published, with the summary's path; None when there is no summary (checkpoints from elsewhere)."""
+def training_summary(params: Params, arm: str) -> Path:
+    """The train stage's summary of `arm` (`metrics/train_<arm>.json`). A guard, not an input: evaluate reads only
+    which checkpoints it lists, to refuse a listed one that is missing, and writes nothing from it; the summary is
+    published together with `models/checkpoints/<arm>`, which dvc.yaml declares (listing every arm's summary
+    there would tie the stage to the arms of one params file)."""
+    return Layout.of(params).metrics / f"train_{arm}.json"
+
+
+def published_steps(params: Params, arm: str) -> tuple[list[str], Path] | None:
+    """The `step-<N>` folders the arm's training summary (`training_summary`, its `checkpoints`) says the train
+    stage published, with the summary's path; None when there is no summary (checkpoints from elsewhere)."""
     import json
 
-    path = inputs.get(f"train_summary_{arm}")
-    if path is None or not Path(path).is_file():
+    path = training_summary(params, arm)
+    if not path.is_file():
         return None
     try:
         listed = json.loads(Path(path).read_text()).get("checkpoints")
@@ -166,7 +172,7 @@ def _all_checkpoints(params: Params, inputs: dict) -> dict[str, list]:
     base = base_dir(params, inputs)
     out = {}
     for arm in params.train.arms:
-        published = published_steps(inputs, arm)
+        published = published_steps(params, arm)
         if published is not None:
             check_published(inputs["checkpoints"], arm, *published)
         out[arm] = list_checkpoints(inputs["checkpoints"], arm, base, params.evaluate.checkpoints)

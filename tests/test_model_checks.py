@@ -247,7 +247,7 @@ def test_evaluate_refuses_a_listed_checkpoint_missing_on_disk(tmp_path):
     params = params_from_dict({"out_root": str(tmp_path), "train": {"arms": ["grpo"]},
                                "evaluate": {"checkpoints": "final"}})
     inputs, _ = ev.default_io(params)
-    assert inputs["train_summary_grpo"] == summary
+    assert ev.training_summary(params, "grpo") == summary
     assert [c.step for c in ev._all_checkpoints(params, inputs)["grpo"]] == [0, 4]
     shutil.rmtree(ck / "step-4")
     with pytest.raises(CheckpointError) as exc:  # never step-2 as "final" in its place
