@@ -148,11 +148,14 @@ def training_summary(params: Params, arm: str) -> Path:
     return Layout.of(params).metrics / f"train_{arm}.json"
 
 
-def published_steps(params: Params, arm: str) -> tuple[list[str], Path] | None:
+def published_steps(params: Params, inputs: dict, arm: str) -> tuple[list[str], Path] | None:
     """The `step-<N>` folders the arm's training summary (`training_summary`, its `checkpoints`) says the train
-    stage published, with the summary's path; None when there is no summary (checkpoints from elsewhere)."""
+    stage published, with the summary's path; None when there is no summary, or when the checkpoints evaluated
+    are not the params' own (`inputs["checkpoints"]` elsewhere: no summary of this root describes them)."""
     import json
 
+    if Path(inputs["checkpoints"]).resolve() != Layout.of(params).checkpoints.resolve():
+        return None
     path = training_summary(params, arm)
     if not path.is_file():
         return None
@@ -172,7 +175,7 @@ def _all_checkpoints(params: Params, inputs: dict) -> dict[str, list]:
     base = base_dir(params, inputs)
     out = {}
     for arm in params.train.arms:
-        published = published_steps(params, arm)
+        published = published_steps(params, inputs, arm)
         if published is not None:
             check_published(inputs["checkpoints"], arm, *published)
         out[arm] = list_checkpoints(inputs["checkpoints"], arm, base, params.evaluate.checkpoints)
