@@ -63,6 +63,8 @@ OTHER_FILES = {
     "Makefile": "the README's two commands (`make run`, `make test`) plus setup, repro, bench",
     "README.md": "the front door: what tandem is, the two commands, the pipeline, params, where to read on",
     "docs/architecture.md": "layers, stage contract, artifact layout, the axis-letter glossary",
+    "docs/gpu/h200-mid.json": "scripts/gpu_check_bare.py's JSON lines from an H200, ~220M model (docs/results.md#gpu-checks)",
+    "docs/gpu/h200-qwen3-4b.json": "the same at Qwen3-4B's shape (`--shape qwen3-4b`); tests/test_plan.py reads both",
     "docs/file-map.md": "this map: one line per tracked file (`python scripts/file_map.py --write`)",
     "docs/metrics.md": "every metric's formula, units and direction; JSON/CSV schemas",
     "docs/operations.md": "deployments, work pools, schedule, promotion, W&B, DVC views, environment, failure behaviour, GPUs",

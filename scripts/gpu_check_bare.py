@@ -41,6 +41,9 @@ when any check fails. `--out DIR` also writes every line to DIR/gpu_check_bare.j
 --dry runs the same code paths on the CPU with tiny sizes (well under a minute; `make test` runs it through
 tests/test_gpu_check_bare.py). Without --dry the script refuses, with one line, when torch sees no CUDA GPU.
 On an H200 the whole run is sized to stay under 8 minutes (the last line gives the total seconds).
+`--shape qwen3-4b` runs the throughput, training and memory checks on a Qwen3-4B-shaped pair instead (random
+weights, 8 rows x 128 new tokens per step; the float64 catch-up check is skipped): the plan of the paper preset's
+model against its measured step, also under 8 minutes on an H200.
 """
 
 from __future__ import annotations
@@ -93,8 +96,24 @@ GPU_BUDGET_S = 480         # the whole run on an H200 (8 minutes)
 MIB = 2**20
 
 
-def sizes(dry: bool) -> dict:
-    """Every size the checks use: tiny on the CPU (--dry), mid-sized on a GPU."""
+# Qwen3-4B-Instruct-2507's shape (its config.json), random weights: what the paper preset trains
+QWEN3_4B = dict(hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=9728,
+                vocab_size=151936, max_position=1024)
+SHAPES = ("mid", "qwen3-4b")
+
+
+def sizes(dry: bool, shape: str = "mid") -> dict:
+    """Every size the checks use: tiny on the CPU (--dry), mid-sized on a GPU; `shape="qwen3-4b"` trains and
+    measures a Qwen3-4B-shaped pair instead (with --dry: the tiny model with Qwen3's vocabulary of 151,936, the
+    logits' share of the plan)."""
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
+    if shape == "qwen3-4b":
+        model = QWEN3_4B if not dry else {**sizes(True)["model"], "vocab_size": QWEN3_4B["vocab_size"]}
+        return dict(model=model, catchup_prompts=8, catchup_tokens=24, tput_rows=8 if dry else 32,
+                    tput_tokens=16 if dry else 64,
+                    train=dict(prompts_per_step=2, group_size=4, max_new_tokens=12 if dry else 128,
+                               micro_batch_size=4, kl_rows=4))
     if dry:
         return dict(model=dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                                intermediate_size=128, vocab_size=512, max_position=512),
@@ -453,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry", action="store_true", help="the same code paths on the CPU with tiny sizes")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON lines to OUT/gpu_check_bare.json")
     ap.add_argument("--bundle-list", action="store_true", help="print the wheels to bring (NAME==VERSION) and exit")
+    ap.add_argument("--shape", choices=SHAPES, default="mid",
+                    help="the model the throughput, training and memory checks use: mid (~220M, the default) or "
+                         "qwen3-4b (Qwen3-4B's shape, random weights; the float64 catch-up check is skipped)")
     args = ap.parse_args(argv)
     if args.bundle_list:
         print("\n".join(bundle_list()))
@@ -470,11 +492,13 @@ def main(argv: list[str] | None = None) -> int:
     dev = "cpu" if args.dry else "cuda"
     if args.dry:
         torch.set_num_threads(1)  # tiny models; one thread is steadiest on a busy machine
-    sz = sizes(args.dry)
+    sz = sizes(args.dry, args.shape)
     rep = Report(args.out)
     rep.emit({"gpu_check_bare": "start", "dry": args.dry, "device": dev,
-              "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else None, **versions()})
-    rep.run("catchup == lockstep (float64)", check_catchup, dev, sz)
+              "gpu": torch.cuda.get_device_name(0) if dev == "cuda" else None, "shape": args.shape,
+              **versions()})
+    if args.shape == "mid":  # the kernel's equality needs no big model; float64 at 4B would only cost minutes
+        rep.run("catchup == lockstep (float64)", check_catchup, dev, sz)
     rep.run("hf engine tokens/s (bf16 on CUDA)", check_throughput, dev, sz)
     workdir = Path(tempfile.mkdtemp(prefix="gpu-check-bare-"))
     memory: dict = {}

@@ -18,7 +18,8 @@ peak = persistent + max(rollout phase, training phase)
   one recomputed layer), the attention mask, the fused LM head's tiles (trl scores log-probs in tiles of at most
   4,096 tokens x 32,768 vocabulary entries, never the full `[tokens, vocab]` logits) and its float32 weight
   gradient, and the gradients of earlier micro-batches when an update has several. The optimizer step holds the
-  gradients plus AdamW's temporaries.
+  gradients (twice under DDP) plus AdamW's temporaries: none on CUDA for the fused AdamW the trainer runs
+  (`precision.OPTIMIZER`), and on a CPU two copies of the largest tensor (measured).
 
 The shape comes from the model directory's config.json when it exists, else from the `model` section (tiny),
 else from `KNOWN_SHAPES` for a hub id. `tests/test_plan.py` checks the training phase against the peak memory
@@ -342,8 +343,10 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     if procs > 1 and shard == "none":
         held["ddp_buckets"] = P * m  # DDP's gradient buckets, a second copy of the gradients
     fwd_bwd = sum(held.values()) + max(passing.values())
-    # AdamW step: gradients + temporaries (foreach on GPU: one fp32 copy of the local weights; CPU: per tensor)
-    opt_temp = P * m / split_o if device == "cuda" else 2 * shape.largest_param * m
+    # AdamW step: gradients + temporaries. The fused kernel (precision.OPTIMIZER) updates in place: nothing more on
+    # CUDA (an H200 step of a Qwen3-4B shape measured the forward/backward as the peak, docs/results.md); on a CPU
+    # two copies of the largest tensor (tests/test_plan.py measures it)
+    opt_temp = 0.0 if device == "cuda" else 2 * shape.largest_param * m
     step = grads + opt_temp + held.get("ddp_buckets", 0.0)
     training = {**held, **passing, "optimizer_step": step}
     margin = CUDA_OVERHEAD_GIB * GIB if device == "cuda" else 0.0

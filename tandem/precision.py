@@ -19,6 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PRECISIONS = ("fp32", "bf16_mixed")
+# The optimizer every arm trains with (transformers' name, passed to GRPOConfig as `optim`): AdamW as one fused
+# kernel over all parameters, which updates weights and moments in place with no temporary copy of the weights
+# (the unfused "foreach" AdamW holds one). tandem/plan.py prices the optimizer step by this choice.
+OPTIMIZER = "adamw_torch_fused"
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 

@@ -307,3 +307,50 @@ def test_vllm_kv_for_every_row_at_full_length_or_a_failed_tandem_plan_naming_lay
     assert any("vLLM KV cache holds" in n and "solo rollouts" in n for n in grpo.notes)
     ok = plan_train_arm(_params("params.paper.yaml"), "tandem", shape, device="cuda")  # 16 rows per process
     assert not any("vLLM KV" in c for c in ok.checks) and any("holds all 16 rows" in n for n in ok.notes)
+
+
+@pytest.mark.parametrize("record", ["h200-mid.json", "h200-qwen3-4b.json"])
+def test_plan_matches_the_step_measured_on_an_h200(record):
+    """The plan's training step against the CUDA memory that scripts/gpu_check_bare.py measured on an H200 (the
+    records in docs/gpu/: two bf16_mixed tandem GRPO steps of a ~220M and a Qwen3-4B-shaped model): the plan is
+    recomputed from the record's shape and batch with the current code, so a change to the plan is checked
+    against a real GPU step, within the script's tolerance."""
+    import importlib.util
+
+    from tandem.plan import model_shape, plan_train_arm
+
+    spec = importlib.util.spec_from_file_location("gpu_check_bare", REPO / "scripts" / "gpu_check_bare.py")
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
+    lines = json.loads((REPO / "docs" / "gpu" / record).read_text())
+    start = lines[0]
+    checks = {ln["check"]: ln for ln in lines if "check" in ln}
+    train, memory = checks["tandem GRPO steps (bf16_mixed)"], checks["memory plan vs measured CUDA step peak"]
+    assert start["device"] == "cuda" and "H200" in start["gpu"] and memory["steps_measured"] == 2
+    sz = g.sizes(False, start.get("shape", "mid"))
+    params = g.make_params("cpu", sz, train["seq_tokens"] - sz["train"]["max_new_tokens"])
+    shape = model_shape(params)
+    assert shape.n_params == train["n_params"]  # the record's model is the one planned here
+    plan = plan_train_arm(params, "tandem", shape, device="cuda")
+    plan_step = plan.peak_bytes - sum(plan.persistent.values())
+    lo, hi = g.TOLERANCE
+    assert lo <= plan_step / 2**20 / memory["measured_step_mib"] <= hi
+    # what the step started from (weights, AdamW moments, junior) is the plan's persistent part less its margin
+    assert abs(memory["plan_base_mib"] / memory["measured_base_mib"] - 1) < 0.1
+
+
+def test_the_trainer_runs_the_optimizer_the_plan_prices(tmp_path):
+    """GRPOConfig gets precision.OPTIMIZER (fused AdamW: no temporary copy of the weights), and the plan's CUDA
+    optimizer step is then the gradients alone."""
+    from tandem.plan import model_shape, plan_train_arm
+    from tandem.precision import OPTIMIZER
+    from tandem.train.run import ArmRun
+    from tandem.train.trainer import grpo_config
+
+    params = params_from_dict({"model": {"source": "tiny"}, "train": {"arms": ["tandem"], "steps": 2,
+                                                                       "save_every": 2}})
+    run = ArmRun("tandem", None, None, None, [], params.train, params.rollout, tmp_path / "tandem")
+    assert OPTIMIZER == "adamw_torch_fused" and grpo_config(run).optim == OPTIMIZER
+    shape = model_shape(params)
+    plan = plan_train_arm(params, "tandem", shape, device="cuda")
+    assert plan.training["optimizer_step"] == shape.n_params * 4  # float32 gradients, nothing else

@@ -92,6 +92,8 @@ def grpo_config(run: ArmRun, precision: dict | None = None):
     `run.arm_dir`. `precision`: GRPOConfig keywords (see `precision_kwargs`; default fp32)."""
     from trl import GRPOConfig
 
+    from tandem.precision import OPTIMIZER
+
     spec, train, geo, seed = run.spec, run.train, run.geometry, run.seed
     report_to = run.report_to or "none"
     return GRPOConfig(
@@ -103,7 +105,7 @@ def grpo_config(run: ArmRun, precision: dict | None = None):
         # trl counts optimizer updates; a tandem step is one rollout batch of `geo.updates` updates
         max_steps=geo.to_updates(train.steps), warmup_steps=geo.to_updates(train.warmup_steps),
         save_steps=geo.to_updates(train.save_every), logging_steps=geo.to_updates(1),
-        learning_rate=train.learning_rate, lr_scheduler_type=train.lr_schedule,
+        learning_rate=train.learning_rate, lr_scheduler_type=train.lr_schedule, optim=OPTIMIZER,
         max_grad_norm=train.max_grad_norm, weight_decay=0.0,
         epsilon=train.clip_epsilon, beta=spec.beta, loss_type=train.loss_type, scale_rewards="group",
         temperature=train.temperature, top_p=1.0, top_k=0, max_completion_length=train.max_new_tokens,
