@@ -1,6 +1,6 @@
 """The rollout service never outlives the stage that started it: after `kill -9` of the stage no service or
-engine process is left, and neither is its shared-memory inbox (pushed weights, counters) nor its temporary
-run directory (the log). Slow (one service start); needs `.venv-vllm` like tests/rollout/test_vllm_service.py.
+engine process is left, and neither is its shared-memory inbox (pushed weights, counters), the engines' shared
+memory (vLLM's message queues) nor its temporary run directory (the log). Slow (one service start); needs `.venv-vllm` like tests/rollout/test_vllm_service.py.
 """
 
 from __future__ import annotations
@@ -43,6 +43,18 @@ def _group(pgid: int) -> list[int]:
     return out
 
 
+def _shm_mapped_by(pids) -> set:
+    """The /dev/shm files (`psm_*`: Python shared memory) that these processes map."""
+    out = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        out |= {Path(ln.split()[-1]) for ln in maps.splitlines() if "/dev/shm/psm_" in ln}
+    return out
+
+
 def test_no_process_or_residue_after_kill_9_of_the_stage(tmp_path):
     need_vllm()
     from tandem.rollout import toy
@@ -55,13 +67,16 @@ def test_no_process_or_residue_after_kill_9_of_the_stage(tmp_path):
         info = json.loads(stage.stdout.readline())
         pid = info["pid"]
         assert Path(info["inbox"]).is_dir() and Path(info["run_dir"]).is_dir() and _group(pid)
+        segments = _shm_mapped_by(_group(pid))
         os.kill(stage.pid, signal.SIGKILL)
         stage.wait()
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (_group(pid) or Path(info["inbox"]).exists()):
+        while time.monotonic() < deadline and (_group(pid) or Path(info["inbox"]).exists()
+                                               or any(p.exists() for p in segments)):
             time.sleep(0.5)
         assert not _group(pid), f"service processes left after the stage was killed: {_group(pid)}"
         assert not Path(info["inbox"]).exists() and not Path(info["run_dir"]).exists()
+        assert not [p for p in segments if p.exists()], "the engines' shared memory was left in /dev/shm"
     finally:
         if stage.poll() is None:
             stage.kill()

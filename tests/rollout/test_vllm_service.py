@@ -7,7 +7,8 @@ per authorship run (switch stops = handoffs, decoded = kept), budget/EOS/stop id
 engine, log-probs equal the transformers model's (< 1e-3), replay from the seed independent of the batch
 split, a rollout needing more KV than the engines hold finishes with the same tokens, a resumed session is
 not re-seeded, a weight push reaches the engine (prefix cache reset asserted), the service refuses requests
-without its secret or with a foreign Host, and a killed service is restarted by the next request.
+without its secret or with a foreign Host, and a service killed alone (`kill -9` of its pid) takes its engines with it
+and is restarted by the next request, its shared memory released and its inbox removed.
 Without `.venv-vllm` these tests skip, unless TANDEM_REQUIRE_VLLM=1 (`make test`), where they fail.
 """
 
@@ -17,6 +18,8 @@ import http.client
 import json
 import os
 import signal
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +29,7 @@ from tandem.rollout.core import SamplingParams
 from tandem.rollout.engine import TandemEngine
 from tandem.rollout.schedule import naive_authors
 from tandem.rollout.toy import rollout
+from tandem.rollout.vllm import lifecycle
 from tandem.rollout.vllm.client import LaunchOptions, VLLMService
 from tandem.rollout.vllm.knobs import EngineKnobs
 from tandem.rollout.vocab import token_texts
@@ -281,6 +285,18 @@ def test_the_service_serves_its_pipeline_only(setup, tmp_path):
     assert svc.health()["senior"]  # the client's token sees it
 
 
+def _shm_mapped_by(pids) -> set:
+    """The /dev/shm files (`psm_*`: Python shared memory) that these processes map."""
+    out = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        out |= {Path(ln.split()[-1]) for ln in maps.splitlines() if "/dev/shm/psm_" in ln}
+    return out
+
+
 def test_a_killed_service_is_restarted_by_the_next_request(setup):
     tok, d, svc = setup["tok"], setup["dirs"], setup["svc"]
     senior = _load(d["senior"])
@@ -288,9 +304,27 @@ def test_a_killed_service_is_restarted_by_the_next_request(setup):
     prompts = toy.prompts(tok, 4)
     sp = SamplingParams(max_new_tokens=16)
     first = rollout(eng, prompts, "word", sp, seed=4)
-    os.killpg(svc.proc.pid, signal.SIGKILL)
+    old, old_inbox = svc.proc.pid, svc.inbox
+    assert (old_inbox / lifecycle.OWNER_FILE).exists()
+    segments = _shm_mapped_by(lifecycle.group_members(old))
+    assert segments  # vLLM's message queues
+    engines = [p for p in lifecycle.group_members(old) if p != old and not lifecycle.is_tracker(p)]
+    assert engines
+    os.kill(old, signal.SIGKILL)  # the service alone
     svc.proc.wait()
+    # its engines die with it (their parent-death signal), before any request notices it is gone
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and [p for p in lifecycle.group_members(old) if p in engines]:
+        time.sleep(0.2)
+    assert not [p for p in lifecycle.group_members(old) if p in engines]
     again = rollout(eng, prompts, "word", sp, seed=4)
     assert svc.restarts == 1 and svc.alive()
+    # the restart ended the old group (no orphaned engines) and the spared trackers released its shared memory
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (lifecycle.group_members(old) or any(p.exists() for p in segments)):
+        time.sleep(0.5)
+    assert not lifecycle.group_members(old)
+    assert not [p for p in segments if p.exists()]
+    assert not old_inbox.exists() and svc.inbox != old_inbox  # the killed service's inbox went with it
     assert again.completion_ids == first.completion_ids and again.owner == first.owner
     assert svc.health()["senior"] == eng._backend.senior_spec["tag"]

@@ -11,8 +11,16 @@ imports vLLM. `shared_service(rollout, start_dir, roots)` keeps one service per 
 every arm and evaluates every unit in one process): the first caller starts it (or attaches to
 `rollout.vllm_url`), the rest reuse it, and it is stopped at exit.
 
-Security. A started service gets a fresh per-run secret (`secrets.token_urlsafe`) in its environment; every
-request but `/health` carries it (`Authorization: Bearer`). A service on another machine is started with
+Security. A started service gets a fresh per-run secret (`secrets.token_urlsafe`) in its environment (never on
+its command line). It binds its port itself (`rollout.vllm_port`, or one of the system's choosing when 0) and
+reports the port to this process over a pipe only the two share, so nothing else can be listening there; a
+fixed port already taken is a one-line error before the service starts. Before sending anything secret, the
+client asks `/health` to prove it holds the secret (an HMAC of a fresh challenge; a wrong or missing proof is a
+one-line error, and nothing was sent), on every health check and so also for a service attached by URL. Every
+request after that carries the secret (`Authorization: Bearer`), and an owned service is checked to be alive
+before each one. Stopping or restarting a service ends its whole process group (its engines included, when the
+service alone was killed), sparing the resource trackers that release vLLM's shared memory
+(`tandem/rollout/vllm/lifecycle.py`). A service on another machine is started with
 its own secret (`TANDEM_VLLM_TOKEN` there) and attached to with the same value in this process's
 `TANDEM_VLLM_TOKEN` (see docs/rollout.md, "A service on another machine"). The service loads weight
 directories only under the roots the stage names (the run's output root and the base model's directory),
@@ -33,10 +41,13 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import hmac
 import http.client
 import json
 import os
+import re
 import secrets
+import select
 import shutil
 import socket
 import subprocess
@@ -44,12 +55,16 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlparse
 
+from tandem.errors import UserError
 from tandem.rollout.core import RolloutBatch
+from tandem.rollout.vllm import lifecycle
+from tandem.rollout.vllm.lifecycle import CHALLENGE_HEADER, health_proof
 from tandem.rollout.vllm.knobs import EngineKnobs
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -69,10 +84,30 @@ class ServiceStarting(ServiceError):
     """The service answers but its engines are still loading."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+class ServiceStartError(ServiceError, UserError):
+    """The service could not be started or trusted: it exited while starting, its port is taken, or what answers
+    cannot prove it holds the run's secret. One line; the service's log has the details."""
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether `port` on `host` is bound by some process (then the service could not listen there)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the service's server binds (TIME_WAIT is free)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def last_error_line(log: str) -> str:
+    """The line of a log that says what went wrong: the last exception line (`SomeError: ...`) or one-line
+    message of the service (`tandem vllm service: ...`), else the last non-empty line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("tandem vllm service:") or re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b:?", ln):
+            return ln[:300]
+    return lines[-1][:300] if lines else "(its log is empty)"
 
 
 def _is_local(url: str) -> bool:
@@ -134,7 +169,11 @@ class VLLMService:
         weights only under `roots`; `options` (a `LaunchOptions`) say how it is started."""
         o = options if options is not None else LaunchOptions()
         py = o.vllm_python()
-        host, port = o.host, o.port or free_port(o.host)
+        host, port = o.host, o.port
+        if port and port_taken(host, port):
+            raise ServiceStartError(f"rollout.vllm_port {port} on {host} is already in use by another process; "
+                                    f"nothing was sent to it (set rollout.vllm_port: 0 and the service picks a "
+                                    f"free port itself)")
         run_dir = Path(tempfile.mkdtemp(prefix="tandem-vllm-"))
         log = Path(o.log_path) if o.log_path else run_dir / "service.log"
         cmd = [str(py), "-m", "tandem.rollout.vllm.service", "--senior", str(Path(senior_dir).resolve()),
@@ -158,7 +197,11 @@ class VLLMService:
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # AsyncLLM: each engine core in its own process
         svc = cls(f"http://{host}:{port}", token, None, cmd, env, log, o.start_timeout)
         svc.run_dir = run_dir
-        svc._spawn()
+        try:
+            svc._spawn()
+        except BaseException:
+            svc._stop_proc(timeout=10.0)  # nothing of a failed start is left running; its log is kept
+            raise
         return svc
 
     @classmethod
@@ -173,30 +216,73 @@ class VLLMService:
         return svc
 
     def _spawn(self) -> None:
+        """Start the service process in a session of its own and learn its port from it: the service binds the
+        port, then writes {"port", "pid"} to a pipe only this process reads; then wait for /health."""
         assert self.cmd is not None and self.log_path is not None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, cwd=str(REPO_ROOT), start_new_session=True)
+        rfd, wfd = os.pipe()
+        try:
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen([*self.cmd, "--ready-fd", str(wfd)], env=self.env, stdout=log,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(REPO_ROOT),
+                                             start_new_session=True, pass_fds=(wfd,))
+            os.close(wfd)
+            wfd = -1
+            port = self._read_port(rfd, time.monotonic() + self.start_timeout)
+        finally:
+            os.close(rfd)
+            if wfd >= 0:
+                os.close(wfd)
+        u = urlparse(self.url)
+        self.url = f"http://{u.hostname if ':' not in (u.hostname or '') else f'[{u.hostname}]'}:{port}"
         self.wait_healthy(self.start_timeout)
+
+    def _read_port(self, rfd: int, deadline: float) -> int:
+        """The port the starting service reports on the pipe (one JSON line), or a one-line error when it exits
+        first (the port taken, vLLM missing or refused) or stays silent past the deadline."""
+        buf = b""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([rfd], [], [], 0.5)
+            chunk = os.read(rfd, 4096) if ready else b""
+            buf += chunk
+            if b"\n" in buf:
+                try:
+                    msg = json.loads(buf.split(b"\n", 1)[0])
+                    port, pid = int(msg["port"]), int(msg["pid"])
+                except (ValueError, KeyError, TypeError):
+                    raise ServiceStartError(f"the vLLM rollout service reported no port ({buf[:80]!r}); "
+                                            f"log: {self.log_path}") from None
+                if pid != self.proc.pid or not 0 < port < 65536:
+                    raise ServiceStartError(f"the vLLM rollout service reported pid {pid} port {port}, not its own "
+                                            f"pid {self.proc.pid}; log: {self.log_path}")
+                return port
+            if (ready and not chunk) or self.proc.poll() is not None:  # the pipe closed: the service is gone
+                self.proc.wait()
+                self._exited_while_starting()
+        raise ServiceStartError(f"the vLLM rollout service did not report its port within {self.start_timeout:.0f} s;"
+                                f" log: {self.log_path}")
+
+    def _exited_while_starting(self) -> None:
+        raise ServiceStartError(f"the vLLM rollout service exited with code {self.proc.returncode} while starting: "
+                                f"{last_error_line(self.log_tail(200))} (log: {self.log_path})")
 
     def wait_healthy(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise ServiceError(f"the vLLM rollout service exited with code {self.proc.returncode} while "
-                                   f"starting; its log ({self.log_path}) ends with:\n{self.log_tail()}")
+                self._exited_while_starting()
             try:
                 self.info = self.health(timeout=5.0)
                 if "inbox" in self.info:
                     return self.info
-                raise ServiceError("the service did not accept this client's token")
+                raise ServiceStartError(f"the rollout service at {self.url} proved it holds the secret but did "
+                                        f"not return its state")
             except (OSError, http.client.HTTPException, ServiceStarting) as e:
                 last = e
                 time.sleep(0.5)
-        raise ServiceError(f"the vLLM rollout service at {self.url} did not answer /health within {timeout:.0f} s "
-                           f"({last}); log: {self.log_path}\n{self.log_tail()}")
+        raise ServiceStartError(f"the vLLM rollout service at {self.url} did not answer /health within "
+                                f"{timeout:.0f} s ({last}); log: {self.log_path}")
 
     def log_tail(self, n: int = 30) -> str:
         if not self.log_path or not self.log_path.exists():
@@ -208,8 +294,10 @@ class VLLMService:
         return self.cmd is not None
 
     def alive(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            return False
         try:
-            self.health(timeout=5.0)
+            self.health(timeout=5.0, full=False)
             return True
         except (OSError, http.client.HTTPException, ServiceError):
             return False
@@ -218,19 +306,19 @@ class VLLMService:
         """Start the service again (same command); only for a service this process started."""
         if not self.owned:
             raise ServiceError(f"cannot restart a service this process did not start ({self.url})")
-        old_inbox = self.inbox
-        self._stop_proc()
-        if old_inbox is not None:  # a killed service could not remove its own inbox (weights, counters)
-            shutil.rmtree(old_inbox, ignore_errors=True)
+        self._stop_proc()  # a killed service's inbox (weights, counters) is removed there
         self.restarts += 1
         self._spawn()
 
     def _stop_proc(self, timeout: float = 60.0) -> None:
+        """Stop the service (asked, then SIGTERM, then SIGKILL) and end what is left of its process group: engines
+        orphaned by a service killed alone, sparing the resource trackers that unlink their shared memory."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
             try:
-                self._request("POST", "/shutdown", b"{}", timeout=5.0)
+                if self.alive():  # the process is ours and listening: the secret goes only to it
+                    self._request("POST", "/shutdown", b"{}", timeout=5.0)
             except (OSError, http.client.HTTPException, ServiceError):
                 pass
             try:
@@ -242,6 +330,10 @@ class VLLMService:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait()
+        left = lifecycle.end_group(self.proc.pid)  # the session we started it in: its group id is its pid
+        if left:
+            warnings.warn(f"rollout service processes {left} outlived SIGKILL of their group", stacklevel=2)
+        lifecycle.remove_inbox(self.inbox)  # what a killed service could not remove (only a dead owner's)
         self.proc = None
 
     def stop(self, timeout: float = 60.0) -> None:
@@ -251,11 +343,10 @@ class VLLMService:
             shutil.rmtree(run_dir, ignore_errors=True)
 
     # -- requests ------------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
-                 content_type: str = "application/json") -> dict:
+    def _send(self, method: str, path: str, body: bytes | None, timeout: float | None, headers: dict
+              ) -> tuple[int, dict]:
         u = urlparse(self.url)
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-        headers = {"Content-Type": content_type, "Authorization": f"Bearer {self.token}"}
         try:
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
@@ -266,22 +357,48 @@ class VLLMService:
             obj = json.loads(data or b"{}")
         except ValueError:
             obj = {"error": data[:200].decode(errors="replace")}
-        if resp.status == 409:
+        return resp.status, obj if isinstance(obj, dict) else {"error": str(obj)[:200]}
+
+    def _request(self, method: str, path: str, body: bytes | None = None, timeout: float | None = None,
+                 content_type: str = "application/json") -> dict:
+        status, obj = self._send(method, path, body, timeout,
+                                 {"Content-Type": content_type, "Authorization": f"Bearer {self.token}"})
+        return self._result(path, status, obj)
+
+    def _result(self, path: str, status: int, obj: dict) -> dict:
+        if status == 409:
             raise ServiceConflict(obj.get("error", "conflict"))
-        if resp.status == 503:
+        if status == 503:
             raise ServiceStarting(obj.get("error", "starting"))
-        if resp.status != 200:
-            raise ServiceError(f"rollout service {path}: HTTP {resp.status}: {obj.get('error')}"
+        if status != 200:
+            raise ServiceError(f"rollout service {path}: HTTP {status}: {obj.get('error')}"
                                + (f" (details in {self.log_path})" if self.log_path else ""))
         return obj
 
-    def health(self, timeout: float = 10.0) -> dict:
-        return self._request("GET", "/health", timeout=timeout)
+    def health(self, timeout: float = 10.0, full: bool = True) -> dict:
+        """The service's /health, once it has proved it holds the secret: a challenge goes out without the
+        secret, and the answer's HMAC must match (`health_proof`); only then, with `full`, the secret is sent
+        for the service's state (inbox, loaded weights). A wrong or missing proof is a `ServiceStartError`."""
+        challenge = secrets.token_hex(16)
+        status, obj = self._send("GET", "/health", None, timeout, {CHALLENGE_HEADER: challenge})
+        if not hmac.compare_digest(str(obj.get("proof", "")), health_proof(self.token, challenge)):
+            raise ServiceStartError(f"what answers at {self.url} is not the rollout service this run started or "
+                                    f"named: it cannot prove it holds the run's secret (HTTP {status}); nothing "
+                                    f"secret was sent to it")
+        self._result("/health", status, obj)  # 503: still starting
+        return self._request("GET", "/health", timeout=timeout) if full else {"ok": True}
 
     def post(self, path: str, obj: dict | bytes, timeout: float | None = None, recover: bool = True,
              content_type: str = "application/json") -> dict:
-        """POST with one recovery: a lost connection restarts (owned) or waits for (attached) the service."""
+        """POST with one recovery: a lost connection restarts (owned) or waits for (attached) the service. An
+        owned service found dead is recovered before the request, so its port never receives the secret after
+        the service has let it go."""
         body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+        if self.proc is not None and self.proc.poll() is not None:
+            if not recover:
+                raise ServiceError(f"the rollout service (pid {self.proc.pid}) has exited "
+                                   f"(code {self.proc.returncode}); log: {self.log_path}")
+            self.recover()
         try:
             return self._request("POST", path, body, timeout, content_type)
         except (OSError, http.client.HTTPException):

@@ -45,7 +45,7 @@ except ImportError:  # the pipeline's environment has no vLLM: the module import
     RequestStatus = EngineCoreEvent = EngineCoreEventType = LogprobsLists = None
 
 from tandem.rollout.schedule import LookupTables
-from tandem.rollout.vllm import returns, submit
+from tandem.rollout.vllm import lifecycle, returns, submit
 from tandem.rollout.vllm.turns import STOP_SWITCH, ChunkRule, tandem_args
 
 submit.install()  # the engine core's utility for batched chunk submissions (submit.py)
@@ -110,6 +110,7 @@ class TandemScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        lifecycle.die_with_parent()  # this engine core dies with the service, however the service dies
         extra = getattr(self.vllm_config, "additional_config", None) or {}
         self.tandem_counters = Counters(extra.get("tandem_stats"))
         self._t_step = None

@@ -24,7 +24,12 @@ reset must succeed (it is refused while any block is in use).
 Security: it serves the pipeline that started it, nobody else on the machine.
 - Every request but `GET /health` must carry `Authorization: Bearer <token>`, the per-run secret the
   starting stage generated (environment `TANDEM_VLLM_TOKEN`, or `--token-file`); `/health` without it says
-  only that the service is up.
+  only that the service is up, and answers an `X-Tandem-Challenge` header with the HMAC of it under the secret
+  (`lifecycle.health_proof`), so that a client sends its secret only to a process that proves it holds it.
+- The service binds its own port (`--port 0`: one the system picks) and reports it on the client's private pipe
+  (`--ready-fd`); a port it cannot bind is one line on stderr and exit code 2.
+- At most 64 connections at a time, each closed after 60 s of silence; a failed connection is one log line
+  (the first 20 of them).
 - `Host` must name the bound address (or `--allow-host`); requests with an `Origin` header (a browser) are
   refused; bodies are JSON (`Content-Type: application/json`, at most `--max-json-mb`) except `/upload`
   (`application/octet-stream`, streamed to disk, at most `--max-upload-gb`).
@@ -32,7 +37,9 @@ Security: it serves the pipeline that started it, nobody else on the machine.
   inbox (`inbox` in the authenticated `/health`; each file is deleted once loaded) or by upload (one file per
   role, replaced by the next upload).
 - Errors answer with one short line; details and tracebacks go to the service log (stderr).
-- A watchdog stops the service when the process that started it dies (`--parent-pid`), and every exit
+- A watchdog stops the service when the process that started it dies (`--parent-pid`); a service stopped while
+  its engines start ends its process group but the resource trackers that release the engines' shared
+  memory (`lifecycle.end_group`, which the client also runs after every stop and restart); and every exit
   removes its inbox (`/dev/shm/tandem-vllm-*`, which holds pushed weights, the engines' counters and the
   submission and return sockets) and its
   run directory (`--run-dir`, the client's `/tmp/tandem-vllm-*` with the log) unless it exits on an error.
@@ -62,7 +69,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -76,6 +82,8 @@ from urllib.parse import parse_qs, urlparse
 from tandem.rollout.vllm.compat import (ENGINE_ENV, ENGINE_FIXED, UnsupportedVLLMError, check_version,
                                         supported_text)
 from tandem.rollout.vllm.knobs import EngineKnobs
+from tandem.rollout.vllm.lifecycle import (CHALLENGE_HEADER, end_group, health_proof, make_inbox, port_report,
+                                          sweep_stale_inboxes)
 from tandem.rollout.vllm.returns import Returns
 from tandem.rollout.vllm.submit import Submitter
 from tandem.rollout.vllm.turns import STOP_ROUNDS, STOP_SWITCH, Chunk
@@ -115,9 +123,11 @@ def resolve_dtype(dtype: str, model_dir: str) -> str:
 
 
 def _inbox_root() -> Path:
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return Path(tempfile.mkdtemp(prefix="tandem-vllm-", dir=base))
+    """This service's inbox (`lifecycle.make_inbox`), after removing those of services killed before they could."""
+    stale = sweep_stale_inboxes()
+    if stale:
+        LOG.info("removed %d inbox(es) of services that are gone: %s", len(stale), ", ".join(map(str, stale)))
+    return make_inbox()
 
 
 class Session:
@@ -705,10 +715,55 @@ class Service:
 # HTTP
 # ---------------------------------------------------------------------------------------------------------
 
+class Server(ThreadingHTTPServer):
+    """The HTTP server, bounded: at most `MAX_CONNECTIONS` connections at a time (more are closed at once, one
+    warning), and a failed connection (reset, timed out) is one log line, at most `ERROR_LINES` of them; each
+    connection's socket times out after `SOCKET_TIMEOUT_S` of silence (`Handler.timeout`)."""
+
+    daemon_threads = True
+    MAX_CONNECTIONS = 64
+    ERROR_LINES = 20
+
+    def __init__(self, *args, **kwargs):
+        self._slots = threading.BoundedSemaphore(self.MAX_CONNECTIONS)
+        self._refused = self._errors = 0
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self._refused += 1
+            if self._refused in (1, 10, 100, 1000):
+                LOG.warning("over %d open connections: closed %d so far", self.MAX_CONNECTIONS, self._refused)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request, client_address):
+        self._errors += 1
+        if self._errors <= self.ERROR_LINES:
+            e = sys.exc_info()[1]
+            LOG.warning("connection from %s failed: %s: %s%s", client_address[0], type(e).__name__, e,
+                        " (further failures are not logged)" if self._errors == self.ERROR_LINES else "")
+
+
+SOCKET_TIMEOUT_S = 60.0  # a connection silent this long (an idle or stalled client) is closed
+
+
 def make_handler(service: Service | None, server_ref: list, token: str, hosts: set[str], max_json: int,
                  max_upload: int):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = SOCKET_TIMEOUT_S
 
         def log_message(self, fmt, *args):  # one line per request on stderr is noise at a step a second
             pass
@@ -761,9 +816,12 @@ def make_handler(service: Service | None, server_ref: list, token: str, hosts: s
                 self._check(write=False)
                 if urlparse(self.path).path != "/health":
                     raise Refused(404, "no such route")
+                # a client proves this is its service before it sends the secret: answer its challenge
+                challenge = self.headers.get(CHALLENGE_HEADER)
+                proof = {"proof": health_proof(token, challenge[:128])} if challenge and token else {}
                 if service is None:
-                    raise Refused(503, "starting")
-                return self._send(200, service.health(full=self._authorised()))
+                    return self._send(503, {"error": "starting", **proof})
+                return self._send(200, {**service.health(full=self._authorised()), **proof})
             except Exception as e:  # noqa: BLE001 - one short line to the client, details to the log
                 return self._fail(e)
 
@@ -891,6 +949,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-host", action="append", default=[], help="extra accepted Host header values")
     ap.add_argument("--token-file", default=None, help="file holding the secret (else $TANDEM_VLLM_TOKEN)")
     ap.add_argument("--parent-pid", type=int, default=0, help="stop when this process is gone")
+    ap.add_argument("--ready-fd", type=int, default=-1,
+                    help="a pipe to report {port, pid} on once listening (the client that started the service)")
     ap.add_argument("--run-dir", default=None, help="the starter's temporary directory, removed on a clean exit")
     ap.add_argument("--max-json-mb", type=float, default=256.0)
     ap.add_argument("--max-upload-gb", type=float, default=64.0)
@@ -909,8 +969,17 @@ def main(argv: list[str] | None = None) -> int:
     LOG.info("vLLM %s (supported: %s); engine environment %s; fixed engine arguments %s", version,
              supported_text(), ENGINE_ENV, ENGINE_FIXED)
     ref: list = []
-    server = ThreadingHTTPServer((a.host, a.port), make_handler(None, ref, token, set(), 0, 0))
+    try:
+        server = Server((a.host, a.port), make_handler(None, ref, token, set(), 0, 0))
+    except OSError as e:
+        print(f"tandem vllm service: cannot listen on {a.host}:{a.port}: {e.strerror or e}", file=sys.stderr)
+        return 2
     port = server.server_address[1]
+    if a.ready_fd >= 0:  # the port is ours now: tell the client that started us, over its private pipe
+        try:
+            os.write(a.ready_fd, port_report(port))
+        finally:
+            os.close(a.ready_fd)
     hosts = {f"{a.host}:{port}".lower(), a.host.lower()} | {h.lower() for h in a.allow_host}
     if a.host in ("127.0.0.1", "localhost", "::1"):
         hosts |= {f"127.0.0.1:{port}", f"localhost:{port}"}
@@ -962,8 +1031,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(a.run_dir, ignore_errors=True)
         if service is None and stopping.is_set() and os.getpgid(0) == os.getpid():
             # stopped while the engines were starting: their processes (this process group, which the client
-            # made ours) would otherwise finish starting and linger; the files are already removed
-            os.killpg(os.getpid(), signal.SIGKILL)
+            # made ours) would otherwise finish starting and linger; the resource trackers are spared, so the
+            # engines' shared memory is released (lifecycle.end_group)
+            end_group(os.getpid(), grace=5.0, tracker_wait=0.0)
     return 0
 
 

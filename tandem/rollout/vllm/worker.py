@@ -194,6 +194,9 @@ def install_patches() -> dict[str, bool]:
         import vllm  # noqa: F401
     except ImportError:
         return {}
+    from tandem.rollout.vllm.lifecycle import die_with_parent
+
+    die_with_parent()  # a worker process of its own (multi-GPU engines) dies with its engine core
     got = {"row_arrays": install_row_arrays() is not None, "cpu_generator_rewind": install_cpu_generator_rewind()}
     runner = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "unset")
     log = logging.getLogger("tandem.vllm.worker")
