@@ -210,9 +210,20 @@ def save_model(model, tokenizer, path: str | os.PathLike) -> None:
 _FINITE_CHUNK = 1 << 24  # elements per isfinite call: bounds the boolean temporary of a huge embedding
 
 
-def _all_finite(t: torch.Tensor) -> bool:
-    flat = t.detach().reshape(-1)
-    return all(bool(torch.isfinite(c).all()) for c in flat.split(_FINITE_CHUNK))
+def _nonfinite_count(t: torch.Tensor, stop_at_first: bool = False) -> int:
+    """How many values of `t` are NaN or infinite, chunk by chunk (no full-size temporary); a dtype without
+    `isfinite` (float8) is judged in float32. With `stop_at_first`, 1 as soon as one chunk holds any."""
+    bad = 0
+    for c in t.detach().reshape(-1).split(_FINITE_CHUNK):
+        try:
+            finite = torch.isfinite(c)
+        except (RuntimeError, NotImplementedError):
+            finite = torch.isfinite(c.float())
+        n = int((~finite).sum())
+        if n and stop_at_first:
+            return 1
+        bad += n
+    return bad
 
 
 def _tensor_file(path: Path, name: str) -> str:
@@ -242,20 +253,13 @@ def check_finite(model, path: str | os.PathLike) -> None:
         if ident in seen:
             continue
         seen.add(ident)
-        if _isfinite_all(t):
+        bad = _nonfinite_count(t)
+        if not bad:
             continue
-        bad = int(sum(int((~torch.isfinite(c.float())).sum()) for c in t.detach().reshape(-1).split(_FINITE_CHUNK)))
         dtype = str(t.dtype).removeprefix("torch.")
         raise ModelFileError(f"{_tensor_file(path, name)}: tensor {name!r} holds {bad} NaN or infinite value"
                              f"{'s' if bad != 1 else ''} (of {t.numel()}, loaded as {dtype}): a model with non-finite "
                              f"weights cannot generate or train. {REPAIR}")
-
-
-def _isfinite_all(t: torch.Tensor) -> bool:
-    try:
-        return _all_finite(t)
-    except (RuntimeError, NotImplementedError):  # a dtype without isfinite (float8): judged in float32
-        return all(bool(torch.isfinite(c.float()).all()) for c in t.detach().reshape(-1).split(_FINITE_CHUNK))
 
 
 def check_weights_finite(model_dir: str | os.PathLike) -> None:
@@ -276,7 +280,7 @@ def _nonfinite_tensor(model_dir: Path) -> str | None:
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():
                 t = st.get_tensor(name)
-                if (t.is_floating_point() or t.is_complex()) and t.numel() and not _isfinite_all(t):
+                if (t.is_floating_point() or t.is_complex()) and t.numel() and _nonfinite_count(t, stop_at_first=True):
                     return f"{f}: tensor {name!r} holds NaN or infinite values"
     return None
 
