@@ -225,6 +225,22 @@ def drop_clock(path: str | os.PathLike, names: tuple[str, ...]) -> None:
     (path / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
 
+def drop_files(path: str | os.PathLike, prefixes: tuple[str, ...]) -> list[str]:
+    """Remove the files of checkpoint folder `path` whose names start with `prefixes`, and their records from the
+    state file's checksums, so the folder still verifies; returns the names removed."""
+    path = Path(path)
+    state = read_state(path)
+    recorded = state.get(FILES_KEY)
+    gone = sorted(f.name for f in path.iterdir() if f.is_file() and f.name.startswith(prefixes))
+    for name in gone:
+        (path / name).unlink()
+        if isinstance(recorded, dict):
+            recorded.pop(name, None)
+    if gone:
+        (path / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    return gone
+
+
 def resume_only(rel: str) -> bool:
     """Whether a checkpoint file is read only when training resumes (optimizer, scheduler, RNG, trainer state)."""
     return Path(rel).name.startswith(RESUME_ONLY)

@@ -83,6 +83,11 @@ def write_step_table(path: Path, rows: list[dict], timing_to: Path | None = None
 # Checkpoint files that carry the run's clock (trl's per-step times, the save time): the published copy gets
 # them without those values, so a rerun with the same inputs publishes bit-identical checkpoints.
 CLOCKED_STATE = ("trainer_state.json", "tandem_state.json")
+# Checkpoint files the published copy leaves out: the trainer's snapshot of the process's global RNGs (Python,
+# NumPy, torch) at the save. Only a resumed run reads it, and runs resume from scratch/train/, never from a
+# published copy; its bytes depend on what else the process did (a `tandem run` runs every stage in one
+# process), not on the run's inputs. The generators that shape training are seeded from the params.
+PROCESS_STATE = ("rng_state",)
 
 
 def materialise(work_dir: Path, out_dir: Path) -> list[str]:
@@ -92,10 +97,12 @@ def materialise(work_dir: Path, out_dir: Path) -> list[str]:
     Copies, not hard links: a published file that is later damaged or edited must not change the resume copy.
     A damaged checkpoint in `work_dir` raises `CheckpointError` naming the file (nothing is published).
 
-    The state files in `CLOCKED_STATE` lose their timing values in the published copy, whose recorded
-    checksums follow (scratch/, where a run resumes, keeps them as saved).
+    The state files in `CLOCKED_STATE` lose their timing values in the published copy, and the files of
+    `PROCESS_STATE` are left out of it; its recorded checksums follow (scratch/, where a run resumes, keeps
+    everything as saved).
     """
-    from tandem.checkpoints import complete_checkpoints, copy_verified, damaged_checkpoints, drop_clock
+    from tandem.checkpoints import (complete_checkpoints, copy_verified, damaged_checkpoints, drop_clock,
+                                    drop_files)
     from tandem.errors import CheckpointError
 
     damaged = damaged_checkpoints(work_dir)
@@ -108,6 +115,7 @@ def materialise(work_dir: Path, out_dir: Path) -> list[str]:
     for _, ckpt in complete_checkpoints(work_dir):
         copy_verified(ckpt, Path(out_dir) / ckpt.name)
         drop_clock(Path(out_dir) / ckpt.name, CLOCKED_STATE)
+        drop_files(Path(out_dir) / ckpt.name, PROCESS_STATE)
         names.append(ckpt.name)
     return names
 

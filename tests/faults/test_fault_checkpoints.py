@@ -170,6 +170,25 @@ def test_published_checkpoints_are_verified_copies_not_links(tmp_path):
     assert read_state(out / "step-4") == read_state(work / "step-4")
 
 
+def test_the_published_copy_leaves_the_process_rng_snapshot_out_and_still_verifies(tmp_path):
+    """rng_state*.pth (the process's global RNGs at the save) stays in scratch/, where runs resume, and is left
+    out of the published copy, whose recorded checksums follow: it verifies as a whole."""
+    from tandem.checkpoints import verify_checkpoint
+    from tasks.train import materialise
+
+    work, out = tmp_path / "scratch" / "tandem", tmp_path / "models" / "checkpoints" / "tandem"
+    d = scratch_checkpoint(work, 2)
+    (d / "rng_state.pth").write_bytes(b"process rng " * 8)
+    from tandem.checkpoints import write_state
+    write_state(d, {"fingerprint": "A", "step": 2, "complete": True})  # records the new file too
+    verify_checkpoint(d, "all")
+    assert materialise(work, out) == ["step-2"]
+    assert (d / "rng_state.pth").exists() and not (out / "step-2" / "rng_state.pth").exists()
+    assert "rng_state.pth" not in read_state(out / "step-2")["files"]
+    verify_checkpoint(out / "step-2", "all")
+    assert (out / "step-2" / "optimizer.pt").read_bytes() == (d / "optimizer.pt").read_bytes()
+
+
 def test_publication_refuses_a_damaged_resume_copy(tmp_path):
     from tasks.train import materialise
 

@@ -186,7 +186,10 @@ def test_two_process_stage_resumes_after_sigkill_of_the_launcher(boxing_src, tmp
         ck = root / "models" / "checkpoints" / "tandem"
         assert [p.name for _, p in complete_checkpoints(ck)] == want
         assert not [p for p in ck.iterdir() if p.name.startswith(("checkpoint-", ".old-"))]
-        assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (ck / want[-1]).iterdir()}
+        # the ranks' RNG snapshots stay in the resume copy; the published copy leaves them out (PROCESS_STATE)
+        assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (root / "scratch" / "train" / "tandem" /
+                                                                         want[-1]).iterdir()}
+        assert not [p for p in (ck / want[-1]).iterdir() if p.name.startswith("rng_state")]
         state = json.loads((ck / want[-1] / "tandem_state.json").read_text())
         assert state["step"] == MP_STEPS and state["optimizer_updates"] == 2 * MP_STEPS
         s = json.loads((root / "metrics" / "train_tandem.json").read_text())
