@@ -1,5 +1,6 @@
 """The vLLM benchmark's vocabulary A/B: `relabel` rewrites one vocabulary's text into another's so that the word
-schedule redraws at the same positions, hence the same owners, chunks and handoffs in both (no vLLM needed)."""
+schedule redraws at the same positions, hence the same owners, chunks and handoffs in both; and its counters'
+arithmetic on a service's stats (no vLLM needed)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 import pytest
 
 from tandem.rollout.schedule import LookupTables, RowSchedule
-from tandem.rollout.vllm.bench import relabel
+from tandem.rollout.vllm.bench import _counters, relabel
 
 
 def _tables(word: list[int]) -> LookupTables:
@@ -46,3 +47,15 @@ def test_relabel_keeps_word_starts_and_avoids_ids():
 def test_relabel_needs_both_kinds_of_id():
     with pytest.raises(ValueError, match="word-start and other ids"):
         relabel([[0, 1]], [0, 1], [1, 1, 0], {2})
+
+
+def test_counters_give_engine_steps_per_generated_token_per_engine():
+    from collections import defaultdict
+
+    engines = {"senior": defaultdict(float, steps=30, computed_tokens=70, busy_seconds=1.0, scheduled_rows_sum=60),
+               "junior": defaultdict(float, steps=20, computed_tokens=60, busy_seconds=1.0, scheduled_rows_sum=40)}
+    st = defaultdict(float, engines=engines, kept=50, seconds=2.0, chunks=13, decoded=50)
+    out = _counters(st)
+    assert out["engine_steps_per_token_senior"] == pytest.approx(30 / 50)
+    assert out["engine_steps_per_token_junior"] == pytest.approx(20 / 50)
+    assert out["chunks_per_token"] == pytest.approx(13 / 50) and out["computed_per_token"] == pytest.approx(130 / 50)

@@ -5,7 +5,8 @@ measures solo (the senior alone) against tandem (`word` schedule), best of `repe
 warm-up:
 - `solo_tok_s`, `tandem_tok_s`, `tandem_over_solo`: completion tokens per second;
 - the counters of the tandem rollout (the service's stats; see docs/rollout.md, "Counters"): engine steps per
-  engine, chunks and session starts per generated token, computed tokens per generated token (both engines),
+  engine and per generated token (`engine_steps_per_token_<role>`, and `solo_engine_steps_per_token` for the
+  solo rollout: each step reads the weights once on a GPU), chunks and session starts per generated token, computed tokens per generated token (both engines),
   handoff latency in partner steps (p50, p90), idle row-steps, idle engine time, scheduler CPU per step,
   engine-core CPU per chunk, frontend CPU per generated token, decoded vs kept tokens, switch stops;
 - `stream_*` (with `compare_stream`): the same tandem rollout through `AsyncLLM.generate`'s streaming
@@ -194,6 +195,8 @@ def _counters(st: dict, prefix: str = "") -> dict:
         c = e[role]
         steps = c["steps"]
         out[f"{prefix}engine_steps_{role}"] = int(steps)
+        # engine steps per generated (kept) token of the whole rollout: what a GPU pays the weights' read for
+        out[f"{prefix}engine_steps_per_token_{role}"] = steps / kept
         out[f"{prefix}engine_idle_fraction_{role}"] = max(0.0, 1 - c["busy_seconds"] / st["seconds"]) if steps else 1.0
         out[f"{prefix}sched_cpu_us_per_step_{role}"] = 1e6 * c["sched_cpu_seconds"] / steps if steps else 0.0
         out[f"{prefix}mean_rows_per_step_{role}"] = c["scheduled_rows_sum"] / steps if steps else 0.0
@@ -373,6 +376,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
         res["return_cpu_us_per_message"] = (1e6 * st_t.get("return_cpu_seconds", 0.0)
                                             / max(st_t.get("return_messages", 0), 1))
         res["solo_engine_steps"] = int(st_s["engines"]["senior"]["steps"])
+        res["solo_engine_steps_per_token"] = st_s["engines"]["senior"]["steps"] / max(st_s["kept"], 1)
         res["solo_sched_cpu_us_per_step"] = (1e6 * st_s["engines"]["senior"]["sched_cpu_seconds"]
                                              / max(st_s["engines"]["senior"]["steps"], 1))
         gpu_shape = ModelShape(**KNOWN_SHAPES["Qwen/Qwen3-4B-Instruct-2507"], source="Qwen3-4B")
