@@ -12,7 +12,7 @@ import yaml
 
 from tandem.errors import BadInputError
 from flows import pilot
-from tests.params_files import TINY, complete_params
+from tests.params_files import complete_params
 
 ROOT = Path(__file__).resolve().parents[2]
 

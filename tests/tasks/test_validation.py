@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 import json
-from pathlib import Path
 
 from tandem.config import DataConfig
 from tasks.validation import RULES, DataValidationError, normalise_problem, validate_splits
