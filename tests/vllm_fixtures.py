@@ -1,10 +1,11 @@
-"""Helpers of the vLLM service tests: the environment check, a script run in vLLM's environment, and two steered tiny
-models saved to directories."""
+"""Helpers of the vLLM service tests: the environment check, a script run in vLLM's environment, two steered tiny
+models saved to directories, and the shared memory a process group maps."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,3 +59,13 @@ def tiny_dirs(root, tok) -> dict:
     return dirs
 
 
+def shm_mapped_by(pids) -> set:
+    """The /dev/shm files (`psm_*`: Python shared memory, vLLM's message queues) that these processes map."""
+    out = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        out |= {Path(ln.split()[-1]) for ln in maps.splitlines() if "/dev/shm/psm_" in ln}
+    return out

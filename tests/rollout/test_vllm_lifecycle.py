@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fixtures import need_vllm, tiny_dirs
+from tandem.rollout.vllm.lifecycle import group_members
+from vllm_fixtures import need_vllm, shm_mapped_by, tiny_dirs
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -30,31 +31,6 @@ time.sleep(600)
 """
 
 
-def _group(pgid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                out.append(int(d.name))
-    return out
-
-
-def _shm_mapped_by(pids) -> set:
-    """The /dev/shm files (`psm_*`: Python shared memory) that these processes map."""
-    out = set()
-    for pid in pids:
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
-            continue
-        out |= {Path(ln.split()[-1]) for ln in maps.splitlines() if "/dev/shm/psm_" in ln}
-    return out
-
-
 def test_no_process_or_residue_after_kill_9_of_the_stage(tmp_path):
     need_vllm()
     from tandem.rollout import toy
@@ -66,15 +42,15 @@ def test_no_process_or_residue_after_kill_9_of_the_stage(tmp_path):
     try:
         info = json.loads(stage.stdout.readline())
         pid = info["pid"]
-        assert Path(info["inbox"]).is_dir() and Path(info["run_dir"]).is_dir() and _group(pid)
-        segments = _shm_mapped_by(_group(pid))
+        assert Path(info["inbox"]).is_dir() and Path(info["run_dir"]).is_dir() and group_members(pid)
+        segments = shm_mapped_by(group_members(pid))
         os.kill(stage.pid, signal.SIGKILL)
         stage.wait()
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and (_group(pid) or Path(info["inbox"]).exists()
+        while time.monotonic() < deadline and (group_members(pid) or Path(info["inbox"]).exists()
                                                or any(p.exists() for p in segments)):
             time.sleep(0.5)
-        assert not _group(pid), f"service processes left after the stage was killed: {_group(pid)}"
+        assert not group_members(pid), f"service processes left after the stage was killed: {group_members(pid)}"
         assert not Path(info["inbox"]).exists() and not Path(info["run_dir"]).exists()
         assert not [p for p in segments if p.exists()], "the engines' shared memory was left in /dev/shm"
     finally:

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -33,7 +32,7 @@ from tandem.rollout.vllm import lifecycle
 from tandem.rollout.vllm.client import LaunchOptions, VLLMService
 from tandem.rollout.vllm.knobs import EngineKnobs
 from tandem.rollout.vocab import token_texts
-from vllm_fixtures import need_vllm, tiny_dirs
+from vllm_fixtures import need_vllm, shm_mapped_by, tiny_dirs
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -285,18 +284,6 @@ def test_the_service_serves_its_pipeline_only(setup, tmp_path):
     assert svc.health()["senior"]  # the client's token sees it
 
 
-def _shm_mapped_by(pids) -> set:
-    """The /dev/shm files (`psm_*`: Python shared memory) that these processes map."""
-    out = set()
-    for pid in pids:
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
-            continue
-        out |= {Path(ln.split()[-1]) for ln in maps.splitlines() if "/dev/shm/psm_" in ln}
-    return out
-
-
 def test_a_killed_service_is_restarted_by_the_next_request(setup):
     tok, d, svc = setup["tok"], setup["dirs"], setup["svc"]
     senior = _load(d["senior"])
@@ -306,7 +293,7 @@ def test_a_killed_service_is_restarted_by_the_next_request(setup):
     first = rollout(eng, prompts, "word", sp, seed=4)
     old, old_inbox = svc.proc.pid, svc.inbox
     assert (old_inbox / lifecycle.OWNER_FILE).exists()
-    segments = _shm_mapped_by(lifecycle.group_members(old))
+    segments = shm_mapped_by(lifecycle.group_members(old))
     assert segments  # vLLM's message queues
     engines = [p for p in lifecycle.group_members(old) if p != old and not lifecycle.is_tracker(p)]
     assert engines
