@@ -1,6 +1,6 @@
 """The vLLM engine core's stop rule in isolation: `TandemScheduler._update_request_with_output` per sampled token on
 real vLLM `Request`s and real `TandemScheduler`s (built, with their token tables, as
-`tandem/rollout/vllm/stepbench.py` builds them), Qwen3's vocabulary size against a small one, interleaved in one
+`benchmarks/sched_step.py` builds them), Qwen3's vocabulary size against a small one, interleaved in one
 process.
 
 What it measures: the scheduler's per-token work for a tandem chunk (vLLM's own `append_output_token_ids` with
@@ -46,14 +46,14 @@ def main() -> None:
     init_none_hash(sha256_cbor)
     hasher = get_request_block_hasher(32, sha256_cbor)
 
-    from tandem.rollout.vllm.stepbench import _model_dir, _scheduler, _tables
+    from benchmarks.sched_step import _model_dir, _scheduler, _tables
 
     root = tempfile.mkdtemp(prefix="tandem-stop-rule-")
     scheds = {V: _scheduler(_model_dir(root, V), a.rows, a.tokens + 1000, 32) for V in a.vocab}  # real ones
     tables = {V: _tables(V, V, root)[0] for V in a.vocab}
 
     def args(V: int, row: int) -> dict:
-        return {"kind": "word", "role": 1, "row": row, "seed": 7, "p": 1.0, "gap_cap": 32, "rounds_cap": 150,
+        return {"kind": "word", "role": 1, "row": row, "seed": 7, "p_senior": 1.0, "max_gap_tokens": 32, "max_rounds": 150,
                 "budget": a.tokens + 10, "t0": 0, "gap": 0, "newline": False, "turns": 0, "tables": tables[V],
                 "hold": True}
 

@@ -469,6 +469,29 @@ def check_params(file: str = typer.Argument("params.yaml", help="params file to 
         typer.echo(f"  {section}: {json.dumps(getattr(p, section).__dict__, default=str)}")
 
 
+def _print_rollout_plan(r: dict) -> None:
+    """`tandem plan`'s rollout section: the layout, the rows each engine holds, and the predicted tandem/solo."""
+    typer.secho(f"\nrollout: layout {r['layout']} on {r['gpu']} ({r['gpu_memory_gib']:g} GiB): {r['gpus_note']}",
+                bold=True)
+    today = f" (per call today {r['rows_per_call']})" if r["rows_per_call"] != r["rows_per_engine"] else ""
+    typer.echo(f"  rows per engine {r['rows_per_engine']}{today}; KV per row at full "
+               f"length {r['kv_gib_per_row']} GiB; {r['vllm_gpu_memory']} of a GPU per engine leaves "
+               f"{r['room_gib']} GiB: {r['resident_rows']} rows resident, {r['admission_waves']} admission wave(s)")
+    typer.echo(f"  engine steps per generated token of a row: tandem {r['engine_steps_per_token']['tandem']} per "
+               f"engine, solo {r['engine_steps_per_token']['solo']}; computed tokens per generated token: tandem "
+               f"{r['computed_per_token']['tandem']}, solo {r['computed_per_token']['solo']}")
+    if r["step_ms"]:
+        s = r["step_ms"]
+        typer.echo(f"  step (ms): weights {s['weights']}; tandem senior {s['tandem_gpu_senior']} + gap "
+                   f"{s['tandem_gap_senior']}, junior {s['tandem_gpu_junior']} + gap {s['tandem_gap_junior']}; "
+                   f"solo {s['solo']} (asynchronous scheduling, {r['solo_rows_per_gpu']} rows per GPU)")
+    ratio = r["predicted_tandem_over_solo"]
+    typer.echo(f"  predicted tandem/solo: {ratio if ratio is not None else 'n/a'} (tandem {r['tandem_s']} s, solo "
+               f"{r['solo_s']} s per rollout)")
+    for n in r["notes"]:
+        typer.echo(f"  - {n}")
+
+
 @app.command("plan")
 def plan(params: str = PARAMS_OPT,
          as_json: bool = typer.Option(False, "--json", help="print one JSON line (per_gpu_gib, gpus, fits, breakdown)"),
@@ -506,6 +529,8 @@ def plan(params: str = PARAMS_OPT,
             typer.secho(f"  ! {c}", fg=typer.colors.RED)
         for n in pj["notes"]:
             typer.echo(f"  - {n}")
+    if res.get("rollout"):
+        _print_rollout_plan(res["rollout"])
     typer.secho(f"\nworst: {res['worst_arm']} at {res['per_gpu_gib']:.2f} GiB per device; fits: {res['fits']}", bold=True)
     raise typer.Exit(code=0 if res["fits"] else 1)
 
@@ -518,12 +543,10 @@ def bench_rollout(o: BenchRolloutOptions) -> None:
     transformers and the weight-sync check."""
     model_dir = o.model if o.model else ("models/base" if Path("models/base/config.json").exists() else None)
     if o.backend == "vllm":
-        from tandem.rollout.bench import BenchWorkload
-        from tandem.rollout.vllm.bench import VLLMBenchOptions, bench_rollout_vllm
-
-        work = BenchWorkload(n_prompts=o.prompts, n_samples=o.samples or (4 if o.vocab == "qwen3" else 8),
+        vb = load_benchmark("vllm_rollout")
+        work = load_benchmark("rollout").BenchWorkload(n_prompts=o.prompts, n_samples=o.samples or (4 if o.vocab == "qwen3" else 8),
                              max_new_tokens=o.max_new_tokens, repeats=o.repeats)
-        res = bench_rollout_vllm(model_dir, o.url, work, VLLMBenchOptions(
+        res = vb.bench_rollout_vllm(model_dir, o.url, work, vb.VLLMBenchOptions(
             vocab=o.vocab, gpu=o.gpu, gpu_rows=o.gpu_rows, compare_stream=o.compare_stream,
             compare_vocab=o.compare_vocab, compare_isolated=o.compare_isolated))
         _print_bench(res, o.as_json)
@@ -533,9 +556,7 @@ def bench_rollout(o: BenchRolloutOptions) -> None:
     if o.backend != "hf":
         typer.secho(f"unknown backend {o.backend!r}; choose hf or vllm", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2)
-    from tandem.rollout.bench import bench_rollout as _bench
-
-    res = _bench(model_dir=model_dir)
+    res = load_benchmark("rollout").bench_rollout(model_dir=model_dir)
     _print_bench(res, o.as_json)
 
 
@@ -568,13 +589,14 @@ def _benchmark_file(name: str) -> Path:
 
 
 def load_benchmark(name: str):
-    """The module `benchmarks/<name>.py`, imported from its file."""
-    import importlib.util
+    """The module `benchmarks.<name>` of this source checkout (the checkout's root put on the import path, so
+    that benchmarks import each other as `benchmarks.<name>`)."""
+    import importlib
 
-    spec = importlib.util.spec_from_file_location(f"benchmarks.{name}", _benchmark_file(name))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    root = str(_benchmark_file(name).parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def _print_bench(res: dict, as_json: bool) -> None:

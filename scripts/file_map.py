@@ -133,8 +133,29 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+# Folders whose size the map states (lines of tracked Python, counted by `build`), and what each holds.
+COUNTED = {
+    "tandem/": "the library",
+    "tandem/rollout/vllm/": "the vLLM rollout path as it runs in production: the service, its client, the "
+                            "engine-core scheduler, worker and sockets (no benchmark, step bench, cost model or "
+                            "A/B session kind: those are in `benchmarks/` and `tandem/rollout/cost.py`)",
+    "benchmarks/": "measurement, outside the library: each file prints ratios measured in one process",
+}
+
+
+def sizes(files: list[str]) -> str:
+    """The COUNTED folders' Python files and lines, as a table."""
+    rows = ["| folder | Python files | lines | holds |", "|---|---|---|---|"]
+    for folder, what in COUNTED.items():
+        py = [f for f in files if f.startswith(folder) and f.endswith(".py")]
+        lines = sum(len((ROOT / f).read_text().splitlines()) for f in py)
+        rows.append(f"| `{folder}` | {len(py)} | {lines:,} | {_cell(what)} |")
+    return "\n".join(rows)
+
+
 def build() -> tuple[str, list[str]]:
-    """(the table's markdown, problems): a problem is a file with nothing to say about it."""
+    """(the map's markdown: the COUNTED sizes, then one row per file; problems): a problem is a file with
+    nothing to say about it."""
     rows, problems, groups_seen = [], [], []
     for f in tracked_files():
         group = next((g for g in GROUPED if fnmatch.fnmatch(f, g)), None)
@@ -155,7 +176,7 @@ def build() -> tuple[str, list[str]]:
         rows.append(f"| `{f}` | {_cell(what)} |")
     for g in groups_seen:
         rows.append(f"| `{g}` | {_cell(GROUPED[g])} |")
-    return "\n".join(["| file | what |", "|---|---|", *rows]), problems
+    return sizes(tracked_files()) + "\n\n" + "\n".join(["| file | what |", "|---|---|", *rows]), problems
 
 
 def current(text: str) -> str:

@@ -68,7 +68,7 @@ if not torch.cuda.is_available():
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tandem.rollout.bench import _prompts
+from benchmarks.rollout import _prompts  # the working directory (the checkout) is on the path
 from tandem.rollout.engine import RolloutSettings, SamplingParams, TandemEngine
 from tandem.rollout.lockstep import lockstep_generate
 from tandem.rollout.toy import rollout

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from tandem.rollout.core import SamplingParams, collect_eos_ids
-from tandem.rollout.schedule import check_schedule, uses_junior, uses_senior
+from tandem.rollout.schedule import ScheduleSpec
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,12 @@ class RolloutSettings:
     max_gap_tokens: int = 32
     max_rounds: int = 150
     batch_size: int = 0  # rows generated together in one group (0 = all rows of a call)
+    # the schedule and its settings as the one value that crosses into the rollout service and its engine cores
+    spec: ScheduleSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_schedule(self.schedule, self.p_senior, self.max_gap_tokens, self.max_rounds)
+        object.__setattr__(self, "spec", ScheduleSpec(self.schedule, self.p_senior, self.max_gap_tokens,
+                                                      self.max_rounds))  # validates them
         if not isinstance(self.sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(self.sampling).__name__}")
         if self.batch_size < 0:
@@ -59,11 +62,11 @@ class RolloutSettings:
 
     @property
     def needs_junior(self) -> bool:
-        return uses_junior(self.schedule, self.p_senior)
+        return self.spec.needs_junior
 
     @property
     def needs_senior(self) -> bool:
-        return uses_senior(self.schedule, self.p_senior)
+        return self.spec.needs_senior
 
     def replace(self, **changes: Any) -> "RolloutSettings":
         """A copy with some fields changed (validated again)."""

@@ -17,6 +17,7 @@ author of completion position t+1 depends only on the tokens emitted up to t and
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -37,6 +38,47 @@ def check_schedule(schedule: str, p_senior: float, max_gap_tokens: int, max_roun
         raise ValueError(f"max_gap_tokens must be >= 1, got {max_gap_tokens}")
     if max_rounds < 1:
         raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """Which schedule and its settings: the one value that travels from params (`RolloutSettings.spec`) through
+    the rollout service (`/generate`'s "schedule") to every chunk the engine core stops (`turns.chunk_args`),
+    under the same field names on each side. Validated once, at construction (`check_schedule`)."""
+
+    kind: str = "word"
+    p_senior: float = 0.5
+    max_gap_tokens: int = 32
+    max_rounds: int = 150
+
+    def __post_init__(self) -> None:
+        check_schedule(self.kind, self.p_senior, self.max_gap_tokens, self.max_rounds)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON- and msgpack-friendly: {"kind", "p_senior", "max_gap_tokens", "max_rounds"}."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "ScheduleSpec":
+        """From `as_dict()`'s shape; a missing, unknown or mistyped field raises ValueError naming it."""
+        names = [f.name for f in fields(cls)]
+        if not isinstance(d, Mapping) or set(d) != set(names):
+            got = sorted(d) if isinstance(d, Mapping) else type(d).__name__
+            raise ValueError(f"a schedule is an object with exactly the fields {', '.join(names)}; got {got}")
+        kind, p, gap, rounds = (d[n] for n in names)
+        if not isinstance(kind, str) or isinstance(p, bool) or not isinstance(p, (int, float)) \
+                or any(isinstance(v, bool) or not isinstance(v, int) for v in (gap, rounds)):
+            raise ValueError("a schedule's kind is a string, p_senior a number, max_gap_tokens and max_rounds "
+                             "integers")
+        return cls(kind, float(p), gap, rounds)
+
+    @property
+    def needs_junior(self) -> bool:
+        return uses_junior(self.kind, self.p_senior)
+
+    @property
+    def needs_senior(self) -> bool:
+        return uses_senior(self.kind, self.p_senior)
 
 
 def uses_junior(schedule: str, p_senior: float = 0.5) -> bool:
@@ -181,6 +223,17 @@ class RowSchedule:
         else:
             self.author = JUNIOR if kind == "junior" else SENIOR
         self.gap, self.newline, self.turns = 0, False, 0
+
+    @classmethod
+    def of(cls, spec: ScheduleSpec, tables: "TokenTables | LookupTables", seed: int, row_id: int) -> "RowSchedule":
+        """Row `row_id`'s state machine at its start, for a validated `spec` (no second validation)."""
+        st = cls.resume(spec.kind, tables, seed, row_id, spec.p_senior, spec.max_gap_tokens, spec.max_rounds,
+                        {"author": 0, "gap": 0, "newline": False, "turns": 0})
+        if spec.kind in ("word", "token"):
+            st.author = int(uniform_int(seed, STREAM_FIRST, row_id, 0) < spec.p_senior)
+        else:
+            st.author = JUNIOR if spec.kind == "junior" else SENIOR
+        return st
 
     @classmethod
     def resume(cls, kind: str, tables: "TokenTables | LookupTables", seed: int, row_id: int, p_senior: float,

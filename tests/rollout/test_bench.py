@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.rollout.bench import BenchWorkload, bench_rollout
+from cli.main import load_benchmark
+
+_bench = load_benchmark("rollout")
+BenchWorkload, bench_rollout = _bench.BenchWorkload, _bench.bench_rollout
 
 
 @pytest.mark.slow

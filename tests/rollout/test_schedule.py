@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.rollout.schedule import Schedule, RowSchedule, naive_authors, uses_junior, uses_senior
+from tandem.rollout.schedule import RowSchedule, Schedule, ScheduleSpec, naive_authors, uses_junior, uses_senior
 from tandem.rollout.vocab import tables_from_texts
 
 TEXTS = ["a", "b", " c", " d", "\n", "\n\n", "x\n", "\ny", "", "e"]
@@ -120,3 +120,33 @@ def test_p_senior_extremes_and_usage():
         Schedule("random", TABLES, 0, torch.arange(2))
     with pytest.raises(ValueError, match="p_senior"):
         Schedule("word", TABLES, 0, torch.arange(2), p_senior=1.5)
+
+
+def test_schedule_spec_is_validated_once_and_crosses_boundaries_under_its_own_names():
+    from dataclasses import fields
+
+    from tandem.rollout.request import RolloutSettings
+    from tandem.rollout.vllm.turns import chunk_args
+
+    spec = ScheduleSpec("step", 0.25, 7, 3)
+    assert ScheduleSpec.from_dict(spec.as_dict()) == spec
+    with pytest.raises(ValueError, match="p_senior must lie in"):
+        ScheduleSpec("word", 1.5)
+    with pytest.raises(ValueError, match="exactly the fields kind, p_senior, max_gap_tokens, max_rounds"):
+        ScheduleSpec.from_dict({"kind": "word", "p": 0.5, "max_gap_tokens": 32, "max_rounds": 150})
+    with pytest.raises(ValueError, match="integers"):
+        ScheduleSpec.from_dict({**spec.as_dict(), "max_rounds": "3"})
+    settings = RolloutSettings("token", p_senior=0.75, max_gap_tokens=9, max_rounds=4)
+    assert settings.spec == ScheduleSpec("token", 0.75, 9, 4) and settings.replace(p_senior=0.5).spec.p_senior == 0.5
+    # the engine core's chunk arguments carry the spec's fields under the same names
+    row = RowSchedule.of(spec, TABLES, 5, 2)
+    args = chunk_args(row, row.author, 0, 10, "t")
+    assert {f.name: args[f.name] for f in fields(ScheduleSpec)} == spec.as_dict()
+
+
+@pytest.mark.parametrize("kind", ["word", "token", "step", "solo", "junior"])
+def test_row_schedule_of_a_spec_equals_the_validated_constructor(kind):
+    spec = ScheduleSpec(kind, 0.3, 5, 2)
+    for row in range(20):
+        a, b = RowSchedule.of(spec, TABLES, 11, row), RowSchedule(kind, TABLES, 11, row, 0.3, 5, 2)
+        assert a.state() == b.state() and (a.kind, a.p_senior, a.max_gap, a.max_rounds) == (b.kind, 0.3, 5, 2)

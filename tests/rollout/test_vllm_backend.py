@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from tandem.rollout.schedule import LookupTables, RowSchedule, Schedule, naive_authors
+from tandem.rollout.schedule import LookupTables, RowSchedule, Schedule, ScheduleSpec, naive_authors
 from tandem.rollout.vllm.turns import (Chunk, ChunkReferee, ChunkRule, RolloutContext, RolloutError,
                                        rollout_counters, run_rows, session_seed, walk_turn)
 from tandem.rollout.vocab import tables_from_texts
@@ -73,7 +73,7 @@ def _run(kind, p, budget=40, rows=12, gap=4, rounds=6, break_rule=False):
         sessions.append((b, s))
         return s
 
-    ctx = RolloutContext(kind, LOOKUP, "tables", 9, p, gap, rounds, budget, frozenset(EOS))
+    ctx = RolloutContext(ScheduleSpec(kind, p, gap, rounds), LOOKUP, "tables", 9, budget, frozenset(EOS))
     batch, records, extra = asyncio.run(run_rows(prompts, row_ids, ctx, open_session))
     return batch, records, extra, sessions, log, prompts, row_ids
 
@@ -241,7 +241,7 @@ def test_admission_keeps_rows_within_the_kv_capacity():
     def run(capacity):
         def open_session(role, b):
             return FakeSession(role, weights[role], session_seed(3, rows[b], role), [])
-        ctx = RolloutContext("word", LOOKUP, "t", 3, 0.5, 4, 6, 30, frozenset(EOS))
+        ctx = RolloutContext(ScheduleSpec("word", 0.5, 4, 6), LOOKUP, "t", 3, 30, frozenset(EOS))
         return asyncio.run(run_rows(prompts, rows, ctx, open_session, capacity, 8))
 
     full, _, e_full = run(None)

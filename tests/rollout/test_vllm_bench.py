@@ -9,7 +9,10 @@ import random
 import pytest
 
 from tandem.rollout.schedule import LookupTables, RowSchedule
-from tandem.rollout.vllm.bench import _counters, relabel
+from cli.main import load_benchmark
+
+_bench = load_benchmark("vllm_rollout")
+_counters, relabel = _bench._counters, _bench.relabel
 
 
 def _tables(word: list[int]) -> LookupTables:

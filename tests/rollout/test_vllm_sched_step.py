@@ -1,5 +1,5 @@
-"""The scheduler step in isolation (`tandem/rollout/vllm/stepbench.py`), run as `tandem bench rollout --vocab
-qwen3` runs it (`bench._isolated`: vLLM's environment, a subprocess): two real `TandemScheduler`s stepped as a
+"""The scheduler step in isolation (`benchmarks/sched_step.py`), run as `tandem bench rollout --vocab
+qwen3` runs it (`vllm_rollout._isolated`: vLLM's environment, a subprocess): two real `TandemScheduler`s stepped as a
 tandem rollout's engine cores. Every chunk the stop rule ends must be where the frontend's schedule switches
 authors and every row must end at its budget (the harness raises otherwise), the four cases (two vocabulary
 sizes x two history lengths) must run the same schedule token by token, paused sessions must wait outside
@@ -11,10 +11,12 @@ import math
 
 import pytest
 
-from tandem.rollout.vllm import stepbench
-from tandem.rollout.vllm.bench import _isolated
+from cli.main import load_benchmark
 from tandem.rollout.vllm.client import LaunchOptions
 from vllm_fixtures import need_vllm
+
+stepbench = load_benchmark("sched_step")
+_isolated = load_benchmark("vllm_rollout")._isolated
 
 
 def test_isolated_step_runs_one_schedule_in_every_case():
@@ -41,5 +43,5 @@ def test_isolated_step_runs_one_schedule_in_every_case():
 
 @pytest.mark.parametrize("kw", [{"history": (400, 16)}, {"rows": 0}, {"tokens": 1}, {"repeats": 0}])
 def test_stepbench_refuses_impossible_settings(kw):
-    with pytest.raises(ValueError, match="stepbench needs"):
+    with pytest.raises(ValueError, match="the isolated step needs"):
         stepbench.measure(**kw)

@@ -2,7 +2,9 @@
 
 One service is started for the whole module (two tiny random Qwen3 models, head_dim 32, float32, a KV cache of
 48 blocks of 32 tokens per engine, so that the memory-pressure test really runs short of it) and shared by
-every test; the restart test runs last. Checks: owners follow the schedule rules for every schedule, one chunk
+every test; the restart test runs last. It is the benchmark's service (`benchmarks/vllm_ab_service.py`: the
+production service, whose rows go through `DirectSession` unless a request names another way), so that the
+ways the benchmark compares can be checked to make the same rollout. Checks: owners follow the schedule rules for every schedule, one chunk
 per authorship run (switch stops = handoffs, decoded = kept), budget/EOS/stop ids and the gap cap as in the hf
 engine, log-probs equal the transformers model's (< 1e-3), replay from the seed independent of the batch
 split, a rollout needing more KV than the engines hold finishes with the same tokens, a resumed session is
@@ -50,7 +52,7 @@ def setup(tmp_path_factory):
         knobs=EngineKnobs(dtype="float32", max_model_len=512, kv_blocks=KV_BLOCKS, max_num_batched_tokens=STEP_TOKENS,
                           max_num_seqs=STEP_TOKENS),
         log_path=root / "service.log",
-        start_timeout=1500))
+        start_timeout=1500, service="benchmarks.vllm_ab_service"))
     yield {"svc": svc, "tok": tok, "dirs": dirs, "root": root}
     svc.stop()
 
@@ -176,11 +178,11 @@ def test_replay_is_exact_and_independent_of_the_batch_split_and_of_kv_pressure(s
     from tandem.rollout.request import RolloutSettings
 
     req = RolloutSettings("word", sp).request(prompts[:6], 7, rows[:6])
-    stream = eng._backend._generate(req, sessions="stream")
+    stream = eng._backend._generate(req, {"sessions": "stream"})
     assert stream.completion_ids == full.completion_ids[:6] and stream.owner == full.owner[:6]
     assert max(abs(a - b) for x, y in zip(stream.senior_logprobs, full.senior_logprobs) for a, b in zip(x, y)) < 1e-5
     # and the chunks back through vLLM's output path instead of the chunk returns: the same rollout, exactly
-    out = eng._backend._generate(req, sessions="direct-vllm-out")
+    out = eng._backend._generate(req, {"sessions": "direct-vllm-out"})
     assert eng._backend.last_stats["return_chunks"] == 0
     assert out.completion_ids == full.completion_ids[:6] and out.owner == full.owner[:6]
     assert out.senior_logprobs == full.senior_logprobs[:6] and out.finish_reason == full.finish_reason[:6]

@@ -118,8 +118,10 @@ def _is_local(url: str) -> bool:
 class LaunchOptions:
     """How `VLLMService.start` starts the rollout service: vLLM's Python (None = `.venv-vllm`), the address
     (port 0 = a free one), the engines' knobs (`knobs.EngineKnobs`: dtype, context length, GPU memory share,
-    eager mode, KV blocks, rows per step, replay; passed to the service as its flags), KV cache GiB on the CPU
-    build, how long to wait for /health and the log file (None = in the service's run directory)."""
+    eager mode, KV blocks, rows per step; passed to the service as its flags), KV cache GiB on the CPU
+    build, how long to wait for /health, the log file (None = in the service's run directory), and the module
+    that serves (`service`, run as `python -m`, with `service_args` after the flags: the benchmark runs its own
+    subclass of the service, `benchmarks.vllm_ab_service`)."""
 
     python: str | os.PathLike | None = None
     host: str = "127.0.0.1"
@@ -128,6 +130,12 @@ class LaunchOptions:
     cpu_kv_cache_gb: int = 1
     start_timeout: float = 600.0
     log_path: str | os.PathLike | None = None
+    service: str = "tandem.rollout.vllm.service"
+    service_args: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", self.service):
+            raise ValueError(f"service is a dotted module name run with `python -m`, got {self.service!r}")
 
     @classmethod
     def from_config(cls, rollout: Any) -> "LaunchOptions":
@@ -176,9 +184,9 @@ class VLLMService:
                                     f"free port itself)")
         run_dir = Path(tempfile.mkdtemp(prefix="tandem-vllm-"))
         log = Path(o.log_path) if o.log_path else run_dir / "service.log"
-        cmd = [str(py), "-m", "tandem.rollout.vllm.service", "--senior", str(Path(senior_dir).resolve()),
+        cmd = [str(py), "-m", o.service, "--senior", str(Path(senior_dir).resolve()),
                "--junior", str(Path(junior_dir or senior_dir).resolve()), "--host", host, "--port", str(port),
-               "--parent-pid", str(os.getpid()), "--run-dir", str(run_dir), *o.knobs.to_argv()]
+               "--parent-pid", str(os.getpid()), "--run-dir", str(run_dir), *o.knobs.to_argv(), *o.service_args]
         for r in roots:
             cmd += ["--allow-root", str(Path(r).resolve())]
         token = secrets.token_urlsafe(32)
@@ -594,21 +602,19 @@ class VLLMEngine:
         out.timings = {"seconds": time.perf_counter() - t0, "service_seconds": service_s}
         return out
 
-    def _generate(self, request: Any, replay: Sequence[Sequence[int]] | None = None,
-                  sessions: str | None = None) -> RolloutBatch:
+    def _generate(self, request: Any, extra: dict | None = None) -> RolloutBatch:
+        """One group's rollout; `extra`: further request fields for a service that reads them (the
+        benchmark's service: "sessions", "replay")."""
         s = request.settings
         sp = s.sampling
         payload = {"tables": self._tables_msg["key"], "senior": self.senior_spec, "junior": self.junior_spec,
                    "prompts": [list(p) for p in request.prompts], "rows": list(request.row_ids),
-                   "schedule": s.schedule,
+                   "schedule": s.spec.as_dict(),
                    "sampling": {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k,
                                 "max_new_tokens": sp.max_new_tokens},
-                   "seed": int(request.seed), "eos": request.eos(self.eos_ids), "p_senior": s.p_senior,
-                   "max_gap_tokens": s.max_gap_tokens, "max_rounds": s.max_rounds}
-        if replay is not None:
-            payload["replay"] = [list(map(int, t)) for t in replay]
-        if sessions is not None:  # the benchmark's A/B: "direct" (the default), "direct-single" or "stream"
-            payload["sessions"] = sessions
+                   "seed": int(request.seed), "eos": request.eos(self.eos_ids)}
+        if extra:
+            payload.update(extra)
         out = self._call("/generate", payload)
         batch = RolloutBatch(out["completion_ids"], out["owner"], out["senior_logprobs"], out["handoffs"],
                              out["finish_reason"])

@@ -1,5 +1,5 @@
 """The vLLM versions the rollout service supports, the engine settings it relies on, and every private vLLM
-touchpoint of `tandem/rollout/vllm/`, in one place.
+touchpoint of `tandem/rollout/vllm/` (and of the benchmarks that drive it, `benchmarks/`), in one place.
 
 The service reaches into vLLM where no public API does the job (docs/rollout.md says why for each piece): a
 scheduler subclass that stops a row at an authorship switch inside the engine core, engine-core utilities that
@@ -115,8 +115,7 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
                "requests built from the first chunk's EngineCoreRequest (a msgspec struct) can be copied"),
     Touchpoint("service.Router", "AsyncLLM.output_processor, AsyncLLM._run_output_handler", "attribute",
                "the output handler loop is started lazily and feeds output_processor"),
-    Touchpoint("service", "vllm.engine.protocol.StreamingInput; vllm.inputs.TokensPrompt", "import",
-               "streaming-input sessions over token prompts"),
+    Touchpoint("service", "vllm.inputs.TokensPrompt", "import", "token prompts"),
     Touchpoint("service", "SamplingParams.extra_args, logprobs_mode='processed_logprobs'", "attribute",
                "extra_args reach the scheduler with the request; processed log-probs are after temperature"),
     # the worker (CPU build, V1 model runner)
@@ -128,12 +127,14 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     Touchpoint("worker.install_cpu_generator_rewind", "vllm.v1.worker.gpu_model_runner.GPUModelRunner._sample, _bookkeeping_sync, "
                "discard_request_mask, input_batch.generators", "patch",
                "V1 model runner only: a discarded sample's generator is rewound by offset (CUDA) in bookkeeping"),
-    # benchmark only
-    Touchpoint("stepbench", "vllm.config (VllmConfig, ModelConfig, CacheConfig, SchedulerConfig); "
+    # benchmark only (benchmarks/, which the service never imports)
+    Touchpoint("benchmarks/vllm_ab_service.StreamSession", "vllm.engine.protocol.StreamingInput", "import",
+               "AsyncLLM.generate's streaming-input sessions (the frontend A/B)"),
+    Touchpoint("benchmarks/sched_step", "vllm.config (VllmConfig, ModelConfig, CacheConfig, SchedulerConfig); "
                "vllm.v1.kv_cache_interface; vllm.v1.structured_output.StructuredOutputManager; "
                "vllm.v1.core.kv_cache_utils; vllm.utils.hashing; vllm.v1.request.Request", "import",
                "a Scheduler can be built and stepped without engines (the isolated step bench)"),
-    Touchpoint("replay.ReplayLogitsProcessor", "vllm.v1.sample.logits_processor.LogitsProcessor, BatchUpdate",
+    Touchpoint("benchmarks/vllm_replay.ReplayLogitsProcessor", "vllm.v1.sample.logits_processor.LogitsProcessor, BatchUpdate",
                "subclass", "V1-interface logits processors (the benchmark's replay; V1 model runner only)"),
 )
 
@@ -146,6 +147,6 @@ PUBLIC_IMPORTS: frozenset[str] = frozenset({
 
 def touchpoints_table() -> str:
     """The touchpoints as a Markdown table (docs/rollout.md shows it)."""
-    rows = ["| where (tandem/rollout/vllm/) | vLLM | kind | relies on |", "|---|---|---|---|"]
+    rows = ["| where (tandem/rollout/vllm/, else as named) | vLLM | kind | relies on |", "|---|---|---|---|"]
     rows += [f"| `{t.where}` | `{t.vllm}` | {t.kind} | {t.relies_on} |" for t in TOUCHPOINTS]
     return "\n".join(rows)

@@ -20,7 +20,6 @@ HELP = {
     "max_num_seqs": "rows each engine batches at most",
     "block_size": "KV block size (0 = 32 on the CPU build, else vLLM's)",
     "max_num_batched_tokens": "tokens each engine computes per step at most (0 = vLLM's); a longer prefill is split",
-    "replay": "benchmark: engines that can be made to emit given text",
 }
 
 
@@ -36,7 +35,6 @@ class EngineKnobs:
     max_num_seqs: int = 256
     block_size: int = 0
     max_num_batched_tokens: int = 0
-    replay: bool = False
 
     def __post_init__(self):
         if not 0.0 < self.gpu_memory <= 1.0:

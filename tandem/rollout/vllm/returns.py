@@ -3,7 +3,7 @@
 A direct session's chunk comes back as one merged output when it stops (`sched.TandemScheduler` holds the
 per-step outputs back). Through vLLM's own output path that output costs the frontend, per engine-core message:
 a `zmq.asyncio` receive (a future and poller events per message), the msgpack decode of `EngineCoreOutputs`
-with its log-prob arrays, and `AsyncLLM`'s output handler; counted with the thread's CPU clock (cProfile on
+with its log-prob arrays, and `AsyncLLM`'s output handler; counted with the thread's CPU clock (the benchmark service's cProfile,
 `TANDEM_VLLM_PROFILE_DIR`), the receive, decode and handler were about 43% of the service's frontend CPU
 in a tandem rollout. Here the scheduler sends the chunks that stopped in one step as one small msgpack
 message, a list of `(request id, token ids, sampled log-probs or None, finish reason, stop reason, time of the

@@ -15,8 +15,8 @@ scheduling off (vLLM says so in its log); the handoff is then at most one step l
 
 One output per chunk. vLLM emits an `EngineCoreOutput` per request per step: for a chunk of n tokens the engine
 core serialises n messages and the frontend decodes them and wakes the row n times, though the row only acts at
-the chunk's end. For the chunks of direct sessions (`args["hold"]`: `service.DirectSession`; `AsyncLLM`'s own
-streaming sessions, `"sessions": "stream"`, are left alone) the scheduler holds each step's output back and
+the chunk's end. For the chunks of direct sessions (`args["hold"]`: `service.DirectSession`; chunks without it, such as
+`AsyncLLM`'s own streaming sessions, are left alone) the scheduler holds each step's output back and
 emits one merged output when the chunk stops: all its tokens, the sampled log-prob rows concatenated, the
 finish and stop reason of its last step, and two `events` whose timestamps are the engine-core times of the
 chunk's first and last token (`time.perf_counter`, CLOCK_MONOTONIC on Linux: the frontend's clock too), so the

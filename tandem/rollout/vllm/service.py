@@ -50,8 +50,8 @@ Endpoints (JSON in and out; served one at a time, except /health):
 - POST /tables {"key", "vocab_size", "word_start", "step_end", "starts_newline", "ends_newline", "empty"}
 - POST /weights {"role", "tag", "dir" | "file" | (an uploaded tag)}
 - POST /upload?role=R&tag=T (octet-stream body): weights for role R, loaded by a later /weights or /generate
-- POST /generate {"tables", "senior", "junior", "prompts", "rows", "schedule", "sampling", "seed", "eos",
-  "p_senior", "max_gap_tokens", "max_rounds"[, "sessions": one of SESSION_KINDS, "replay"]}: a `RolloutBatch`
+- POST /generate {"tables", "senior", "junior", "prompts", "rows", "schedule": {"kind", "p_senior",
+  "max_gap_tokens", "max_rounds"} (`schedule.ScheduleSpec`), "sampling", "seed", "eos"}: a `RolloutBatch`
   as JSON plus {"stats": counters}
 - POST /score {"role", "weights", "sequences", "starts"}: teacher-forced log-probs (temperature 1)
 - POST /shutdown
@@ -89,9 +89,6 @@ from tandem.rollout.vllm.submit import Submitter
 from tandem.rollout.vllm.turns import STOP_ROUNDS, STOP_SWITCH, Chunk
 
 ROLES = {"senior": 1, "junior": 0}
-# how a rollout's rows reach the engines: direct engine-core sessions with batched submissions and the chunk
-# returns; the same with vLLM's output path; one message per chunk each way; AsyncLLM's streaming sessions
-SESSION_KINDS = ("direct", "direct-vllm-out", "direct-single", "stream")
 _STOPS = {STOP_SWITCH: "switch", STOP_ROUNDS: "rounds"}  # a chunk's stop: the engine core's stop reason, else
 _FINISHES = {"length": "length", "stop": "eos"}  # vLLM's finish reason (EOS is vLLM's own stop)
 ROLE_NAMES = {1: "senior", 0: "junior"}
@@ -128,96 +125,6 @@ def _inbox_root() -> Path:
     if stale:
         LOG.info("removed %d inbox(es) of services that are gone: %s", len(stale), ", ".join(map(str, stale)))
     return make_inbox()
-
-
-class Session:
-    """One row's streaming-input session on one engine (`turns.Session`)."""
-
-    def __init__(self, svc: "Service", role: int, request_id: str, make_sp, extra: dict | None = None):
-        self.svc, self.role, self.rid, self.make_sp = svc, role, request_id, make_sp
-        self.extra = extra or {}
-        self.q: asyncio.Queue = asyncio.Queue()
-        self.gen = None
-
-    async def _inputs(self):
-        while True:
-            item = await self.q.get()
-            if item is None:
-                return
-            yield item
-
-    async def send(self, tokens, args):
-        from vllm.engine.protocol import StreamingInput
-        from vllm.inputs import TokensPrompt
-
-        from tandem.rollout.vllm.turns import STOP_ROUNDS, STOP_SWITCH, Chunk
-
-        sp = self.make_sp(self.role, {**args, **self.extra} if self.extra else args)
-        t_sub = time.perf_counter()
-        await self.q.put(StreamingInput(prompt=TokensPrompt(prompt_token_ids=list(tokens)), sampling_params=sp))
-        if self.gen is None:
-            self.gen = self.svc.engines[self.role].generate(prompt=self._inputs(), sampling_params=sp,
-                                                            request_id=self.rid)
-            self.svc.open_sessions += 1
-        toks: list[int] = []
-        lps: list[float] | None = [] if self.role == 1 else None
-        t_first = t_last = 0.0
-        while True:
-            out = await self.gen.__anext__()
-            o = out.outputs[0]
-            if o.token_ids:
-                t_last = time.perf_counter()
-                if not toks:
-                    t_first = t_last
-                toks += list(o.token_ids)
-                if lps is not None:
-                    got = o.logprobs or []
-                    for d, t in zip(got, o.token_ids):
-                        lps.append(d[t].logprob if d is not None and t in d else float("nan"))
-            if o.finish_reason is not None:
-                if o.stop_reason == STOP_SWITCH:
-                    stop = "switch"
-                elif o.stop_reason == STOP_ROUNDS:
-                    stop = "rounds"
-                elif o.finish_reason == "length":
-                    stop = "length"
-                elif o.finish_reason == "stop":
-                    stop = "eos"
-                else:
-                    stop = str(o.finish_reason)
-                return Chunk(toks, lps, stop, t_sub, t_first, t_last)
-
-    async def close(self):
-        if self.gen is None:
-            return
-        await self.q.put(None)
-        try:
-            async def drain():
-                async for _ in self.gen:
-                    pass
-            await asyncio.wait_for(drain(), 60)
-        finally:
-            self.gen = None
-            self.svc.open_sessions -= 1
-
-
-PROFILE_ENV = "TANDEM_VLLM_PROFILE_DIR"
-
-
-def _profiler():
-    """A running cProfile of the event-loop thread (the rows, the submissions and the output handler all run
-    there) when $TANDEM_VLLM_PROFILE_DIR names a folder, else None: each rollout's profile is written there
-    (`rollout-<call>.prof`, for `python -m pstats`). It times with the thread's CPU clock: on shared cores a
-    wall clock charges the thread's preemptions to whatever call it was in (a socket send, a clock read). It
-    slows the thread, so its rollouts are not timed ones."""
-    if not os.environ.get(PROFILE_ENV):
-        return None
-    import cProfile
-
-    Path(os.environ[PROFILE_ENV]).mkdir(parents=True, exist_ok=True)
-    prof = cProfile.Profile(time.thread_time_ns, 1e-9)  # this thread's CPU, not the wall clock
-    prof.enable()  # this thread only
-    return prof
 
 
 class Router:
@@ -264,20 +171,19 @@ class DirectSession:
     processed sampling parameters); every later chunk is an `EngineCoreRequest` built from that one with the
     chunk's tokens and a shallow copy of its sampling parameters (the chunk's `extra_args` and `max_tokens`),
     sent with the chunks other rows send the same engine in the same event-loop turn, as one message
-    (`submit.Submitter`; `batched=False`: one `add_request_async` per chunk): the engine core resumes the parked
-    session (`_update_request_as_session`).
+    (`submit.Submitter`): the engine core resumes the parked session (`_update_request_as_session`).
     Its chunks carry `hold`: the engine core sends one output per chunk, with the engine-core times of the
     chunk's first and last tokens (`sched.TandemScheduler`), on the engine's chunk returns (`returns.Returns`,
-    `on_chunk`; `returns=False`: through vLLM's output path, `Router`, `on_output`). Closing aborts the request,
-    which frees its KV blocks."""
+    `on_chunk`; until the frontend has opened them, through vLLM's output path: `Router`, `on_output`).
+    Closing aborts the request, which frees its KV blocks. This is the one way rows reach the engines; the
+    alternatives it was measured against live with the benchmark (`benchmarks/vllm_ab_service.py`)."""
 
-    def __init__(self, svc: "Service", role: int, request_id: str, make_sp, extra: dict | None = None,
-                 batched: bool = True, returns: bool = True):
+    def __init__(self, svc: "Service", role: int, request_id: str, make_sp, extra: dict | None = None):
         self.svc, self.role, self.rid, self.make_sp = svc, role, request_id, make_sp
         self.extra = extra or {}
         self.router: Router = svc.routers[role]
-        self.submitter: Submitter | None = svc.submitters.get(role) if batched else None
-        self.hold = "returns" if returns and role in svc.returns else True
+        self.submitter: Submitter = svc.submitters[role]
+        self.hold = "returns" if role in svc.returns else True
         self.first = None  # the processed first chunk: the template of the later ones
         self.fut: asyncio.Future | None = None
         self.toks: list[int] = []
@@ -342,10 +248,7 @@ class DirectSession:
             req.arrival_time = time.time()
         self.toks, self.lps = [], ([] if self.role == 1 else None)
         self.fut = asyncio.get_running_loop().create_future()
-        if self.submitter is not None:
-            self.submitter.add(req)
-        else:
-            await eng.engine_core.add_request_async(req)
+        await self._submit(req)
         finish, reason, t_last = await self.fut
         self.fut = None
         stop = _STOPS.get(reason) or _FINISHES.get(str(finish), str(finish))
@@ -357,12 +260,15 @@ class DirectSession:
         self.router.sessions.pop(self.rid, None)
         self.first = None
         try:
-            if self.submitter is not None:  # the same path as its chunks: the abort never overtakes them
-                self.submitter.abort([self.rid])
-            else:
-                await self.svc.engines[self.role].engine_core.abort_requests_async([self.rid])
+            await self._abort()
         finally:
             self.svc.open_sessions -= 1
+
+    async def _submit(self, req) -> None:
+        self.submitter.add(req)
+
+    async def _abort(self) -> None:
+        self.submitter.abort([self.rid])  # the same path as its chunks: the abort never overtakes them
 
 
 @dataclass(frozen=True)
@@ -400,7 +306,6 @@ class Service:
 
         for f in self.stats_files.values():
             f.write_bytes(b"\0" * (8 * len(FIELDS)))
-        self.replay = spec.knobs.replay
         self.engines = self._run(self._start(spec))
         self.loaded = {1: f"dir:{Path(senior).resolve()}", 0: f"dir:{Path(junior).resolve()}"}
         cc = self.engines[1].vllm_config.cache_config
@@ -441,8 +346,7 @@ class Service:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         def args(model: str, role: int) -> AsyncEngineArgs:
-            return AsyncEngineArgs(**engine_kwargs(spec.knobs, model, role, spec.seed, str(self.stats_files[role]),
-                                                   resolve_dtype(spec.knobs.dtype, model), current_platform.is_cpu()))
+            return AsyncEngineArgs(**self._engine_kwargs(spec, model, role, current_platform.is_cpu()))
 
         loop = asyncio.get_running_loop()
         # both engine cores start at once (each in its own processes): about half the start time; the engines'
@@ -450,6 +354,11 @@ class Service:
         s, j = await asyncio.gather(loop.run_in_executor(None, AsyncLLM.from_engine_args, args(spec.senior, 1)),
                                     loop.run_in_executor(None, AsyncLLM.from_engine_args, args(spec.junior, 0)))
         return {1: s, 0: j}
+
+    def _engine_kwargs(self, spec: EngineSpec, model: str, role: int, is_cpu: bool) -> dict[str, Any]:
+        """One engine's `AsyncEngineArgs` (`engine_kwargs`; a hook for the benchmark's service)."""
+        return engine_kwargs(spec.knobs, model, role, spec.seed, str(self.stats_files[role]),
+                             resolve_dtype(spec.knobs.dtype, model), is_cpu)
 
     def shutdown(self) -> None:
         for s in [*getattr(self, "submitters", {}).values(), *getattr(self, "returns", {}).values()]:
@@ -588,6 +497,21 @@ class Service:
                 "return_messages": sum(x.messages for x in rets), "return_chunks": sum(x.chunks for x in rets),
                 "return_cpu_seconds": sum(x.cpu_seconds for x in rets)}
 
+    def _sessions(self, req: dict, call: str, rows: list[int], make_sp, budget: int, eos: list[int]):
+        """How this rollout's rows reach the engines: (open_session(role, b), cleanup after the rollout). One
+        `DirectSession` per row and model; the benchmark's service (`benchmarks/vllm_ab_service.py`) overrides
+        this with the alternatives it measures against."""
+        def open_session(role: int, b: int) -> DirectSession:
+            return DirectSession(self, role, f"{call}-{rows[b]}-{role}", make_sp)
+
+        return open_session, lambda: None
+
+    async def _run_rows(self, prompts, rows, ctx, open_session, call: str):
+        """`turns.run_rows` under the engines' KV capacity (a hook for the benchmark's profiler)."""
+        from tandem.rollout.vllm.turns import run_rows
+
+        return await run_rows(prompts, rows, ctx, open_session, self.kv_blocks, self.block_size)
+
     def generate(self, req: dict) -> dict:
         key = self._table_key(str(req["tables"]))
         self.ensure(1, req.get("senior"))
@@ -598,13 +522,14 @@ class Service:
         from vllm import SamplingParams as VSP
         from vllm.sampling_params import RequestOutputKind
 
-        from tandem.rollout.schedule import check_schedule
-        from tandem.rollout.vllm.turns import RolloutContext, rollout_counters, run_rows, session_seed
+        from tandem.rollout.schedule import ScheduleSpec
+        from tandem.rollout.vllm.turns import RolloutContext, rollout_counters, session_seed
 
         s = req["sampling"]
-        kind, p = str(req["schedule"]), float(req["p_senior"])
-        gap, rounds = int(req["max_gap_tokens"]), int(req["max_rounds"])
-        check_schedule(kind, p, gap, rounds)
+        try:
+            schedule = ScheduleSpec.from_dict(req["schedule"])  # validated here, once per rollout
+        except ValueError as e:
+            raise Refused(400, str(e)) from None
         budget, seed = int(s["max_new_tokens"]), int(req["seed"])
         prompts = [[int(t) for t in q] for q in req["prompts"]]
         rows = [int(r) for r in req["rows"]]
@@ -629,45 +554,15 @@ class Service:
                 kw["logprobs"] = 0  # the sampled token's log-prob only
             return VSP(**kw)
 
-        sessions = str(req.get("sessions", "direct"))
-        if sessions not in SESSION_KINDS:
-            raise Refused(400, f"sessions must be one of {', '.join(SESSION_KINDS)}")
-        cls = Session if sessions == "stream" else DirectSession
-        kw = ({"batched": sessions != "direct-single", "returns": sessions == "direct"}
-              if cls is DirectSession else {})
-        replay_path = None
-        if req.get("replay") is not None:
-            if not self.replay:
-                raise Refused(400, "replayed text needs a service started with --replay")
-            import numpy as np
-
-            text = req["replay"]
-            if len(text) != len(prompts):
-                raise Refused(400, "replay needs one token list per row")
-            arr = np.full((len(prompts), budget), eos[0] if eos else 0, dtype=np.int32)
-            for b, t in enumerate(text):
-                n = min(len(t), budget)
-                arr[b, :n] = np.asarray(t[:n], dtype=np.int32)
-            replay_path = self.inbox / f"replay-{call}.i32"
-            np.concatenate([np.asarray([len(prompts), budget], dtype=np.int32), arr.ravel()]).tofile(replay_path)
-
-        def open_session(role: int, b: int):
-            extra = {"replay": str(replay_path), "replay_row": b} if replay_path else None
-            return cls(self, role, f"{call}-{rows[b]}-{role}", make_sp, extra, **kw)
-
+        open_session, cleanup = self._sessions(req, call, rows, make_sp, budget, eos)
         before, sockets0 = self.counters(), self.socket_counters()
         t0, c0 = time.perf_counter(), time.thread_time()
-        ctx = RolloutContext(kind, self.lookup[key], self.tables[key], seed, p, gap, rounds, budget, frozenset(eos))
-        prof = _profiler()
+        ctx = RolloutContext(schedule, self.lookup[key], self.tables[key], seed, budget, frozenset(eos))
         try:
-            batch, records, extra = await run_rows(prompts, rows, ctx, open_session, self.kv_blocks, self.block_size)
+            batch, records, extra = await self._run_rows(prompts, rows, ctx, open_session, call)
         finally:
             wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-            if prof is not None:
-                prof.disable()
-                prof.dump_stats(str(Path(os.environ[PROFILE_ENV]) / f"rollout-{call}.prof"))
-        if replay_path is not None:
-            replay_path.unlink(missing_ok=True)
+            cleanup()
         after = self.counters()
         eng = {ROLE_NAMES[r]: {k: after[r][k] - before[r][k] for k in after[r]} for r in after}
         for r in ("senior", "junior"):
@@ -917,8 +812,6 @@ def engine_kwargs(knobs: EngineKnobs, model: str, role: int, seed: int, stats_fi
         kw["num_gpu_blocks_override"] = knobs.kv_blocks
     if knobs.max_num_batched_tokens:
         kw["max_num_batched_tokens"] = knobs.max_num_batched_tokens
-    if knobs.replay:  # the benchmark's replayed real text (replay.py)
-        kw["logits_processors"] = ["tandem.rollout.vllm.replay:ReplayLogitsProcessor"]
     if knobs.block_size:
         kw["block_size"] = knobs.block_size
     elif is_cpu:
@@ -938,7 +831,8 @@ def check_vllm() -> str:
     return vllm.__version__
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, service_cls: type[Service] = Service) -> int:
+    """Serve until stopped (`service_cls`: the benchmark's service passes its subclass)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--senior", required=True, help="model directory the senior engine starts from")
     ap.add_argument("--junior", required=True, help="model directory of the frozen junior")
@@ -1009,7 +903,7 @@ def main(argv: list[str] | None = None) -> int:
         server.RequestHandlerClass = make_handler(None, ref, token, hosts, 0, 0)
         server_thread.start()  # /health answers "starting" (503) while the engines load
         spec = EngineSpec(a.senior, a.junior, EngineKnobs.from_args(a))
-        service = Service(spec, roots=a.allow_root, inbox=inbox)
+        service = service_cls(spec, roots=a.allow_root, inbox=inbox)
         server.RequestHandlerClass = make_handler(service, ref, token, hosts, int(a.max_json_mb * 2**20),
                                                   int(a.max_upload_gb * 2**30))
         print(json.dumps({"listening": f"http://{a.host}:{port}", "pid": os.getpid()}), flush=True)

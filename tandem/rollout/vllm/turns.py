@@ -31,7 +31,7 @@ from typing import Callable, Protocol, Sequence
 
 from tandem.rollout.core import FINISH_EOS, FINISH_LENGTH, FINISH_ROUNDS, RolloutBatch, count_handoffs
 from tandem.rollout.sampling import MASK32, STREAM_REDRAW, mix32_int, uniform_at, uniform_prefix
-from tandem.rollout.schedule import LookupTables, RowSchedule
+from tandem.rollout.schedule import LookupTables, RowSchedule, ScheduleSpec
 
 STREAM_VLLM_SEED = 3
 STOP_SWITCH, STOP_ROUNDS = "tandem_switch", "tandem_rounds"  # stop reasons set by the engine core
@@ -271,8 +271,9 @@ def _mix32_np(np, x):
 def chunk_args(state: RowSchedule, role: int, t0: int, budget: int, tables: str) -> dict:
     """What the engine core needs to stop a chunk of `role` starting at completion position t0: the schedule's
     settings and state there, the budget and the token tables' file. JSON/msgpack-friendly."""
-    return {"kind": state.kind, "role": int(role), "row": int(state.row_id), "seed": int(state.seed),
-            "p": float(state.p_senior), "gap_cap": int(state.max_gap), "rounds_cap": int(state.max_rounds),
+    return {"kind": state.kind, "p_senior": float(state.p_senior), "max_gap_tokens": int(state.max_gap),
+            "max_rounds": int(state.max_rounds),  # the ScheduleSpec's fields, under its names
+            "role": int(role), "row": int(state.row_id), "seed": int(state.seed),
             "budget": int(budget), "t0": int(t0), "gap": int(state.gap), "newline": bool(state.newline),
             "turns": int(state.turns), "tables": tables}
 
@@ -284,8 +285,8 @@ class ChunkRule:
     __slots__ = ("state", "role", "t0", "budget")
 
     def __init__(self, args: dict, tables: LookupTables):
-        self.state = RowSchedule.resume(args["kind"], tables, args["seed"], args["row"], args["p"],
-                                        args["gap_cap"], args["rounds_cap"], {**args, "author": args["role"]})
+        self.state = RowSchedule.resume(args["kind"], tables, args["seed"], args["row"], args["p_senior"],
+                                        args["max_gap_tokens"], args["max_rounds"], {**args, "author": args["role"]})
         self.role, self.t0, self.budget = int(args["role"]), int(args["t0"]), int(args["budget"])
 
     def step(self, token: int, i: int) -> str | None:
@@ -349,16 +350,14 @@ class RowResult:
 
 @dataclass(frozen=True)
 class RolloutContext:
-    """What every row of one rollout shares: the schedule and its settings, the call's seed, the token budget,
-    the EOS ids, and the token tables (in memory for the frontend's referee, by file for the engine cores)."""
+    """What every row of one rollout shares: the schedule and its settings (`ScheduleSpec`, validated), the call's
+    seed, the token budget, the EOS ids, and the token tables (in memory for the frontend's referee, by file for
+    the engine cores)."""
 
-    kind: str
+    schedule: ScheduleSpec
     tables: LookupTables
     tables_ref: str
     seed: int
-    p_senior: float
-    max_gap_tokens: int
-    max_rounds: int
     budget: int
     eos: frozenset[int]
 
@@ -367,16 +366,15 @@ class RolloutContext:
         """The frontend's check of every chunk (built once per rollout)."""
         return ChunkReferee(self.tables, sorted(self.eos))
 
-    def schedule(self, row_id: int) -> RowSchedule:
-        return RowSchedule(self.kind, self.tables, self.seed, row_id, self.p_senior, self.max_gap_tokens,
-                           self.max_rounds)
+    def row_schedule(self, row_id: int) -> RowSchedule:
+        return RowSchedule.of(self.schedule, self.tables, self.seed, row_id)
 
 
 async def run_row(prompt: Sequence[int], row_id: int, ctx: RolloutContext,
                   open_session: Callable[[int], Session]) -> RowResult:
     """Roll out one row: replay the schedule, feed each model exactly the tokens its session has not seen."""
     budget, tables_ref, referee = ctx.budget, ctx.tables_ref, ctx.referee
-    state = ctx.schedule(row_id)
+    state = ctx.row_schedule(row_id)
     hist = [int(t) for t in prompt]
     comp: list[int] = []
     owner: list[int] = []

@@ -204,7 +204,7 @@ def bench_rollout(model_dir: str | None = None, work: BenchWorkload = BenchWorkl
         torch.set_num_threads(old_threads)
 
 
-if __name__ == "__main__":  # python -m tandem.rollout.bench [model_dir]
+if __name__ == "__main__":  # python benchmarks/rollout.py [model_dir]
     import json
     import sys
 

@@ -10,7 +10,8 @@ warm-up:
   handoff latency in partner steps (p50, p90), idle row-steps, idle engine time, scheduler CPU per step,
   engine-core CPU per chunk, frontend CPU per generated token, decoded vs kept tokens, switch stops;
 - `stream_*` (with `compare_stream`): the same tandem rollout through `AsyncLLM.generate`'s streaming
-  sessions instead of the direct engine-core sessions (`service.DirectSession`), interleaved with the others:
+  sessions instead of the direct engine-core sessions (`service.DirectSession`), interleaved with the others
+  (the benchmark's own service, `vllm_ab_service.py`, serves these alternatives):
   its ratio, latency, idle and frontend counters, GPU prediction, and whether its tokens are the same;
 - `single_*` (with `compare_stream`): the direct sessions with one engine-core message per chunk instead of
   the batched submissions (`submit.py`), and their chunks back through vLLM's output path, interleaved
@@ -21,7 +22,7 @@ warm-up:
   `return_chunks_per_message`, `return_cpu_us_per_token` / `_per_message`: the chunks one returns message
   carried, and the frontend thread's CPU in receiving, decoding and handing them out;
 - `predicted_gpu_tandem_over_solo` (and `_two_gpus`): the counts of both rollouts priced on a GPU by the cost
-  model of `cost.py` (Qwen3-4B on an H200 at 128 rows by default);
+  model of `tandem/rollout/cost.py` (Qwen3-4B on an H200 at 128 rows by default);
 - `logprob_max_abs_diff`: the service's log-probs against the transformers model's on the same tokens
   (teacher-forced on both engines, and the sampled senior log-probs of the tandem batch);
 - `weights_synced`: one real optimizer step (AdamW on the senior's own tokens) is pushed like training does;
@@ -30,13 +31,13 @@ warm-up:
 Models: `model_dir` (default models/base when it exists, else a random tiny Qwen3 with a byte-level BPE built
 here). `vocab="qwen3"`: Qwen3's real tokenizer (`qwen3_vocab.py`) on a random tiny Qwen3 body with 151,936
 output rows, rows of replayed real text at full length (the engines are made to emit the project's docs and
-arithmetic solutions, `replay.py`), counted at `max_new_tokens` and at a short history (`short_tokens`) so
+arithmetic solutions, `vllm_replay.py`), counted at `max_new_tokens` and at a short history (`short_tokens`) so
 that the per-step CPU can be compared; no log-prob or sync check there (the tokens are forced). With
 `compare_vocab` (qwen3 only) a second service runs the same body on the fallback's byte-level BPE (334 tokens) and
 the same rollout relabelled into it (`relabel`: word starts onto word starts, so every redraw, chunk and handoff
 is the same), interleaved with the others: `small_vocab_*` and `sched_cpu_per_{row,step}_qwen3_over_small_vocab_*`
 compare the engine-core CPU across vocabulary sizes with nothing else changed but the model's output rows.
-With `compare_isolated` (qwen3 only), once the services have stopped, `stepbench.py` steps two real
+With `compare_isolated` (qwen3 only), once the services have stopped, `sched_step.py` steps two real
 `TandemScheduler`s alone (`rows` x `short_tokens` after 16 and after `max_new_tokens - short_tokens` tokens of
 history, both table sizes, interleaved): `isolated_sched_cpu_long_over_short_*` and
 `isolated_sched_cpu_qwen3_over_small_vocab_*` are the engine-core CPU per step across history and vocabulary
@@ -49,6 +50,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -57,13 +59,16 @@ from typing import Any
 
 import torch
 
-from tandem.rollout.bench import BenchWorkload
-from tandem.rollout.core import SamplingParams
-from tandem.rollout.request import RolloutSettings
-from tandem.rollout.vllm.client import LaunchOptions
-from tandem.rollout.vllm.sched import CONTEXT_BINS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.* and the library, from this checkout
+
+from benchmarks.rollout import BenchWorkload  # noqa: E402
+from tandem.rollout.core import SamplingParams  # noqa: E402
+from tandem.rollout.request import RolloutSettings  # noqa: E402
+from tandem.rollout.vllm.client import LaunchOptions  # noqa: E402
+from tandem.rollout.vllm.sched import CONTEXT_BINS  # noqa: E402
 
 TOLERANCE = 0.1
+AB_SERVICE = "benchmarks.vllm_ab_service"  # the production service plus the alternatives measured here
 
 
 def _hf_logprobs(model: Any, seqs: list[list[int]], starts: list[int], temperature: float = 1.0) -> list[list[float]]:
@@ -86,7 +91,7 @@ def _max_diff(a: list[list[float]], b: list[list[float]], mask: list[list[int]] 
 
 
 def _model_dir(model_dir: str | None) -> tuple[Path, str]:
-    from tandem.rollout.bench import DEFAULT_MODEL_DIR
+    from benchmarks.rollout import DEFAULT_MODEL_DIR
 
     path = Path(model_dir or DEFAULT_MODEL_DIR)
     if path.is_dir() and any(path.glob("*.safetensors")):
@@ -238,7 +243,7 @@ class VLLMBenchOptions:
     Qwen3's real vocabulary, replayed real text), the GPU and row count the prediction prices (`gpu`,
     `gpu_rows`), the short history of the qwen3 counters (`short_tokens`), the streaming-session A/B
     (`compare_stream`) and, with qwen3, the vocabulary A/B (`compare_vocab`) and the scheduler step in isolation
-    (`compare_isolated`: `stepbench.py`)."""
+    (`compare_isolated`: `sched_step.py`)."""
 
     vocab: str = "model"
     gpu: str = "h200"
@@ -258,10 +263,10 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
     benchmark sets the weight roots, the replay flag, the context length of a replay and a 30-minute start)."""
     from tandem.models import load_tokenizer
     from tandem.plan import KNOWN_SHAPES, ModelShape
-    from tandem.rollout.bench import _prompts
+    from benchmarks.rollout import _prompts
     from tandem.rollout.engine import TandemEngine
     from tandem.rollout.vllm.client import VLLMService
-    from tandem.rollout.vllm.cost import predict
+    from tandem.rollout.cost import predict
 
     n_prompts, n_samples, max_new_tokens, temperature, seed, repeats = (
         work.n_prompts, work.n_samples, work.max_new_tokens, work.temperature, work.seed, work.repeats)
@@ -282,19 +287,19 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
     base = _prompts(tok, n_prompts, seed)
     prompts = [p for p in base for _ in range(n_samples)]
     t0 = time.perf_counter()
-    knobs = replace(launch.knobs, replay=replay,
-                    max_model_len=(budget + max(map(len, prompts)) + 64) if replay else 0)
+    knobs = replace(launch.knobs, max_model_len=(budget + max(map(len, prompts)) + 64) if replay else 0)
+    launch = replace(launch, knobs=knobs, start_timeout=1800, service=AB_SERVICE,
+                     service_args=("--replay",) if replay else ())
     if url:
         svc, owned = VLLMService.attach(url), False
     else:
-        svc = VLLMService.start(path, path, roots=[path], options=replace(launch, knobs=knobs, start_timeout=1800))
+        svc = VLLMService.start(path, path, roots=[path], options=launch)
         owned = True
     small = None  # the vocabulary A/B: (service, model dir) of the same body on the small vocabulary
     if compare_vocab:
         small_path, _ = _small_vocab_model_dir(budget + 256)
         try:
-            small = (VLLMService.start(small_path, small_path, roots=[small_path],
-                                       options=replace(launch, knobs=knobs, start_timeout=1800)), small_path)
+            small = (VLLMService.start(small_path, small_path, roots=[small_path], options=launch), small_path)
         except BaseException:
             shutil.rmtree(small_path, ignore_errors=True)
             if owned:
@@ -323,8 +328,10 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
             backend, rows_prompts = side
             req = RolloutSettings(schedule, settings_sp).request(rows_prompts, seed=seed)
             t = time.perf_counter()
-            b = backend._generate(req, sessions=sessions,
-                                  replay=[r[:settings_sp.max_new_tokens] for r in rows_text] if rows_text else None)
+            extra: dict = {"sessions": sessions}
+            if rows_text:
+                extra["replay"] = [r[:settings_sp.max_new_tokens] for r in rows_text]
+            b = backend._generate(req, extra)
             return time.perf_counter() - t, b, dict(backend.last_stats)
 
         variants = [("solo", "solo", "direct"), ("tandem", "word", "direct")]
@@ -423,7 +430,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
 
 
 def _isolated(res: dict, launch: LaunchOptions, rows: int, tokens: int, long_history: int) -> None:
-    """`stepbench.py` in vLLM's environment (`rows` x `tokens` after 16 and `long_history` tokens of history);
+    """`sched_step.py` in vLLM's environment (`rows` x `tokens` after 16 and `long_history` tokens of history);
     its figures under `isolated_step`, its two flatness ratios per engine (CPU per step, Qwen3's table at the
     long history over the short one, and over the small table at the long history) and its CPU per scheduled row
     over solo's (the same scheduler, plain requests) as `isolated_*`."""
@@ -435,7 +442,7 @@ def _isolated(res: dict, launch: LaunchOptions, rows: int, tokens: int, long_his
     py = launch.vllm_python()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
     env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
-    cmd = [str(py), "-m", "tandem.rollout.vllm.stepbench", "--rows", str(rows), "--tokens", str(tokens),
+    cmd = [str(py), str(REPO_ROOT / "benchmarks" / "sched_step.py"), "--rows", str(rows), "--tokens", str(tokens),
            "--history", "16", str(long_history)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=3600)
     if r.returncode != 0:
@@ -535,7 +542,7 @@ def _checks(res: dict, eng: Any, be: Any, senior: Any, prompts: list, b_t: Any, 
                 "weights_synced": bool(new_diff <= TOLERANCE and old_diff > max(10 * new_diff, 0.01))})
 
 
-if __name__ == "__main__":  # python -m tandem.rollout.vllm.bench [model_dir]
+if __name__ == "__main__":  # python benchmarks/vllm_rollout.py [model_dir]
     import json
     import sys
 

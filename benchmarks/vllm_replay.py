@@ -1,10 +1,10 @@
 """`ReplayLogitsProcessor`: makes the engines emit predetermined text, so that the benchmark counts a rollout of
 real text (real word starts, turns and handoffs) on a model that cannot write it (a random tiny body).
 
-Loaded by the service only in the benchmark's replay mode (`--replay`: `logits_processors` of both engines,
-vLLM's V1 logits-processor interface, the one the CPU build's runner uses). A chunk whose
-`extra_args["tandem"]` names a replay file (`"replay"`, int32 rows x budget, written by the service once per
-rollout) and its row (`"replay_row"`) gets, at each step, every logit but the row's next text token set to
+Loaded by the benchmark's service (`benchmarks/vllm_ab_service.py`) only in its replay mode (`--replay`:
+`logits_processors` of both engines, vLLM's V1 logits-processor interface, the one the CPU build's runner uses).
+A chunk whose `extra_args["tandem"]` names a replay file (`"replay"`, int32 rows x budget, written by the service
+once per rollout) and its row (`"replay_row"`) gets, at each step, every logit but the row's next text token set to
 -inf: position = the chunk's start `t0` + the tokens it has sampled. The text is forced, the engines still run
 every step, the stop rule and the counters see real text; the sampled log-probs are 0 (a forced token).
 """

@@ -1,4 +1,4 @@
-"""The GPU cost model (`tandem/rollout/vllm/cost.py`) on tiny hand-made counts: one engine's step priced as the
+"""The GPU cost model (`tandem/rollout/cost.py`) on tiny hand-made counts: one engine's step priced as the
 roofline by hand, the one-GPU ratio of two engines that each do solo's work, the frontend floor, and the
 scheduler CPU scaled with the rows (`cpu_per_row`) against taken as measured (no vLLM needed)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.rollout.vllm.cost import GPU, GPUS, engine_time, predict
+from tandem.rollout.cost import GPU, GPUS, engine_time, predict
 
 
 class Shape:
