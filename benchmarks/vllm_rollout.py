@@ -131,7 +131,7 @@ def real_text_rows(tok: Any, rows: int, length: int, seed: int = 0) -> list[list
 
     from tandem.data.synthetic import generate
 
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[1]
     docs = [p.read_text() for p in sorted((root / "docs").glob("*.md"))] + [(root / "README.md").read_text()]
     sols = [f"{p.problem}\n\n{p.solution}" for p in generate(200, 2, 8, seed=seed, prefix="replay")]
     rng = random.Random(seed)

@@ -473,8 +473,8 @@ def _print_rollout_plan(r: dict) -> None:
     """`tandem plan`'s rollout section: the layout, the rows each engine holds, and the predicted tandem/solo."""
     typer.secho(f"\nrollout: layout {r['layout']} on {r['gpu']} ({r['gpu_memory_gib']:g} GiB): {r['gpus_note']}",
                 bold=True)
-    today = f" (per call today {r['rows_per_call']})" if r["rows_per_call"] != r["rows_per_engine"] else ""
-    typer.echo(f"  rows per engine {r['rows_per_engine']}{today}; KV per row at full "
+    per_call = f" (per call {r['rows_per_call']})" if r["rows_per_call"] != r["rows_per_engine"] else ""
+    typer.echo(f"  rows per engine {r['rows_per_engine']}{per_call}; KV per row at full "
                f"length {r['kv_gib_per_row']} GiB; {r['vllm_gpu_memory']} of a GPU per engine leaves "
                f"{r['room_gib']} GiB: {r['resident_rows']} rows resident, {r['admission_waves']} admission wave(s)")
     typer.echo(f"  engine steps per generated token of a row: tandem {r['engine_steps_per_token']['tandem']} per "

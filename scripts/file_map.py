@@ -80,6 +80,7 @@ OTHER_FILES = {
     "infra/prefect.yaml": "Prefect deployments: scheduled retraining (cron), GPU retraining, checkpoint evaluation",
     "params.yaml": "the embedded default's parameters: every setting of every stage (what `make run` runs)",
     "params.paper.yaml": "the paper's settings for Qwen3-4B-Instruct-2507 on GPUs (complete params file)",
+    "params.paper-dedicated.yaml": "the paper's settings with a dedicated rollout service, one GPU per model: a layout `tandem plan` prices (complete params file)",
     "params.real.yaml": "a real pretrained model (SmolLM2-135M-Instruct from a PyPI wheel) through the whole pipeline on a CPU",
     "params.study.yaml": "the study run: the default run's data and base, hundreds of training steps (complete params file)",
     "pyproject.toml": "package metadata, pinned stack, extras (pipeline, test), pytest markers",

@@ -18,7 +18,8 @@ fields stay explicit, in each section's `cross_problems()`; they run once every 
 its own rule, so they can rely on well-typed values in range (and one bad value gives one message).
 
 To add a setting: add the field with its help and rule to its section, then the key to every params file
-(params.yaml, params.study.yaml, params.paper.yaml, params.real.yaml, tests/flows/tiny_params.yaml), with the
+(params.yaml, params.study.yaml, params.paper.yaml, params.paper-dedicated.yaml, params.real.yaml,
+tests/flows/tiny_params.yaml; and the study files studies/pilot/*.yaml, studies/junior-control/params.yaml), with the
 value of params.yaml as the code default; tests/test_config.py fails until all of that holds. Example:
 
     max_turns: int = _f(64, "cap on authorship turns per row", ge=1, le=10_000)
@@ -623,12 +624,21 @@ class RolloutConfig(_Section):
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f("auto", "vllm backend: engine dtype (auto = the model's)")
     vllm_max_model_len: int = _f(0, "vllm backend: longest prompt + completion the engines accept (0 = the model's limit)",
                                  ge=0, le=8 * MAX_TOKENS, note="0 = the model's limit")
-    vllm_gpu_memory: float = _f(0.35, "vllm backend: fraction of GPU memory for each of the two engines", gt=0, lt=0.5,
-                                note="two engines share the GPU")
+    vllm_gpu_memory: float = _f(0.35, "vllm backend: fraction of GPU memory for each of the two engines (of the GPU they share, or of its own GPU with vllm_layout dedicated)",
+                                gt=0, lt=1, note="a share of one GPU's memory")
+    vllm_layout: Literal["shared", "dedicated"] = _f("shared", "vllm backend, where the engines run: shared (each training process starts a service whose senior and junior engines share its GPU) or dedicated (a rollout service on GPUs of its own, one per model, attached with vllm_url; the trainer's GPUs hold no engine). `tandem plan` prices either")
     vllm_enforce_eager: bool = _f(True, "vllm backend: no torch.compile / CUDA graphs (fast start; set false on GPUs for long runs)")
     vllm_cpu_kv_cache_gb: int = _f(1, "vllm backend, CPU build: KV-cache GiB per engine (VLLM_CPU_KVCACHE_SPACE)", ge=1, le=4096)
     vllm_start_timeout: float = _f(600.0, "vllm backend: seconds to wait for the service to answer /health", gt=0, le=MAX_SECONDS)
     vllm_weight_transport: Literal["auto", "file", "http"] = _f("auto", "vllm backend: how trained weights reach the service: file (a transfer directory, /dev/shm when present), http (posted bytes: a service on another machine), auto (file for a service on this machine)")
+
+    def cross_problems(self) -> list[str]:
+        p: list[str] = []
+        if self.vllm_layout == "shared":
+            self._rule(p, self.vllm_gpu_memory < 0.5, "vllm_gpu_memory",
+                       "must be < 0.5 with rollout.vllm_layout shared (two engines share one GPU); "
+                       "rollout.vllm_layout dedicated gives each engine a GPU of its own")
+        return p
 
 
 @dataclass(frozen=True)

@@ -26,18 +26,25 @@ else from `KNOWN_SHAPES` for a hub id. `tests/test_plan.py` checks the training 
 of a real step on a CPU. Not modelled: allocator fragmentation and CUDA context (`CUDA_OVERHEAD_GIB` is added
 on GPUs as a flat margin), the in-training validation pass and the KL-to-base diagnostic (no-grad passes over
 fewer rows than a training micro-batch; they must be computed in chunks, as the log-prob path is).
+
+With the vLLM backend the plan also prices the rollout layout on GPUs (`plan_rollout`, `rollout.vllm_layout`):
+shared (both engines on each trainer GPU, `rollout.vllm_gpu_memory` of it each) or dedicated (a rollout service
+with one GPU per model, the trainer's GPUs free of engines): rows per engine, resident rows at the memory share,
+admission waves and the predicted tandem/solo (`tandem.rollout.layout`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tandem.errors import BadInputError
 from tandem.geometry import BatchGeometry
 from tandem.precision import DTYPE_BYTES, precision_plan
+from tandem.rollout.cost import GPUS, gpu_for_memory
+from tandem.rollout.layout import RolloutLayout, price_layout
 
 GIB = 2**30
 CUDA_OVERHEAD_GIB = 2.0      # CUDA context, cuBLAS workspaces, allocator slack (flat margin per GPU)
@@ -313,11 +320,17 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
     kv_tokens = rows * t.max_new_tokens + prompts * t.max_prompt_tokens
     if ro.backend == "vllm":
         reserve = _vllm_reserve(params, shape, device, ro.vllm_gpu_memory * _budget(params, "cuda"))
-        persistent["vllm_engines"] = 2 * reserve
-        c, n = _vllm_check(shape, reserve, min(rows, ro.batch_size), seq, arm == "tandem",
+        dedicated = _dedicated(params, device)
+        if dedicated:  # the engines sit on the rollout service's GPUs; they hold the rows of a whole step
+            notes.append(f"rollout.vllm_layout dedicated: no engine on the trainer's GPUs; each engine on a "
+                         f"GPU of its own ({ro.vllm_gpu_memory} of {t.gpu_memory_gib} GiB)")
+        else:
+            persistent["vllm_engines"] = 2 * reserve
+        c, n = _vllm_check(shape, reserve, min(geo["rows_per_step"] if dedicated else rows, ro.batch_size), seq,
+                           arm == "tandem",
                            _VllmAdvice(f"raise {_vllm_knob(device)}, or lower train.max_new_tokens",
                                        _vllm_knob(device)),
-                           _budget(params, "cuda") if device == "cuda" else 0.0)
+                           _budget(params, "cuda") if device == "cuda" else 0.0, dedicated)
         checks += c
         notes += n
         # the live senior's weights are copied into its engine before each call; sharded, they are gathered
@@ -360,6 +373,63 @@ def plan_train_arm(params, arm: str, shape: ModelShape, device: str = "cuda") ->
                 notes, checks, geo, train_phase)
 
 
+def _dedicated(params, device: str) -> bool:
+    """Whether the vLLM engines run on a rollout service's own GPUs (rollout.vllm_layout dedicated, on GPUs;
+    vLLM's CPU build always shares the machine with the trainer)."""
+    return device == "cuda" and params.rollout.backend == "vllm" and params.rollout.vllm_layout == "dedicated"
+
+
+def rollout_rows(params) -> tuple[int, int]:
+    """(rows one engine holds in the layout, rows one call carries as the trainer sends them).
+
+    Each training process rolls out its own rows (`tandem.train.rollout`) in calls of at most rollout.batch_size
+    rows, so a call carries min(rows per process, batch_size). Shared: each process has its own service, which
+    holds one call's rows. Dedicated: one service for the whole trainer, sized for a step's rows as one call
+    (min(rows per step, batch_size)); the trainer's calls, one process's rows each, are served one at a time."""
+    t, ro = params.train, params.rollout
+    geo = train_geometry(params, t.group_size)
+    per_call = min(geo["rows_per_process"], ro.batch_size)
+    if ro.vllm_layout == "dedicated":
+        return min(geo["rows_per_step"], ro.batch_size), per_call
+    return per_call, per_call
+
+
+def plan_rollout(params, shape: ModelShape) -> dict | None:
+    """The rollout layout on GPUs and its price (`tandem.rollout.layout.price_layout`), None without vLLM.
+
+    The GPU's kind (bandwidth, throughput) is the `tandem.rollout.cost.GPUS` entry whose memory is nearest
+    train.gpu_memory_gib; the rollout service's GPUs are of the trainer's kind. Rows are the tandem arm's
+    (train.group_size)."""
+    t, ro = params.train, params.rollout
+    if ro.backend != "vllm":
+        return None
+    rows, per_call = rollout_rows(params)
+    gpu = GPUS[gpu_for_memory(t.gpu_memory_gib)]
+    spec = RolloutLayout(ro.vllm_layout, rows, t.max_prompt_tokens, t.max_new_tokens, ro.vllm_gpu_memory,
+                         t.gpu_memory_gib * GIB, VLLM_OVERHEAD_GIB * GIB, ro.p_senior)
+    price = price_layout(shape, gpu, spec)
+    dedicated = ro.vllm_layout == "dedicated"
+    out = {"layout": ro.vllm_layout, "rollout_gpus": 2 if dedicated else t.num_processes,
+           "trainer_gpus": t.num_processes, "gpu_memory_gib": t.gpu_memory_gib,
+           "vllm_gpu_memory": ro.vllm_gpu_memory, "rows_per_call": per_call, **price.to_json()}
+    out["gpus_note"] = (f"rollout service: 2 GPUs, one per model; trainer: {t.num_processes} GPU(s) of its own"
+                        if dedicated else f"both engines on each of the trainer's {t.num_processes} GPU(s), "
+                                          f"one service per training process")
+    if per_call < rows:
+        per = price_layout(shape, gpu, replace(spec, rows=per_call))
+        out["predicted_tandem_over_solo_per_call"] = (None if per.predicted_tandem_over_solo is None
+                                                      else round(per.predicted_tandem_over_solo, 3))
+        out["notes"].append(
+            f"the trainer sends {per_call} rows per call (each of its {t.num_processes} processes its own; "
+            f"the service serves calls one at a time, tandem/rollout/vllm/service.py): {per_call} rows per "
+            f"engine, predicted {out['predicted_tandem_over_solo_per_call']}, until a step's rows reach the "
+            f"service as one call")
+    if dedicated:
+        out["notes"].append("the service starts both engines on its first visible GPU (service.py picks no "
+                            "device per engine): one GPU per model is the layout priced, not one it runs")
+    return out
+
+
 def _vllm_knob(device: str) -> str:
     """The setting that sizes a vLLM engine: its GPU fraction, or on a CPU (vLLM's CPU build) its KV cache."""
     return "rollout.vllm_gpu_memory" if device == "cuda" else "rollout.vllm_cpu_kv_cache_gb"
@@ -383,7 +453,7 @@ class _VllmAdvice:
 
 
 def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, tandem: bool, advice: _VllmAdvice,
-                gpu_bytes: float = 0.0) -> tuple[list[str], list[str]]:
+                gpu_bytes: float = 0.0, dedicated: bool = False) -> tuple[list[str], list[str]]:
     """Both vLLM engines must hold every row of a call at its full length, rows x (prompt + max_new_tokens):
     a tandem row keeps a streaming session with its KV blocks in each engine for its whole rollout, and rows beyond
     the cache's capacity wait for others to finish (the service admits only what fits), which turns the
@@ -408,7 +478,11 @@ def _vllm_check(shape: ModelShape, reserve: float, rows: int, seq: int, tandem: 
     fit_rows = int(room // (seq * kv_tok))
     per_engine = weights + runtime + need_kv
     ways = []
-    if gpu_bytes:
+    if gpu_bytes and dedicated:
+        frac = per_engine / gpu_bytes
+        if frac <= 0.95:
+            ways.append(f"rollout.vllm_gpu_memory {math.ceil(frac * 100) / 100:.2f} (one GPU per engine)")
+    elif gpu_bytes:
         frac = per_engine / gpu_bytes
         if 2 * frac <= 0.95:
             ways.append(f"rollout.vllm_gpu_memory {math.ceil(frac * 100) / 100:.2f} (both engines on one GPU)")
@@ -445,12 +519,13 @@ def plan_evaluate(params, shape: ModelShape, device: str = "cuda") -> Plan:
     rollout: dict[str, float] = {}
     if ro.backend == "vllm":
         reserve = _vllm_reserve(params, shape, device, ro.vllm_gpu_memory * params.train.gpu_memory_gib * GIB)
-        persistent = {"vllm_engines": 2 * reserve}
+        dedicated = _dedicated(params, device)
+        persistent = {} if dedicated else {"vllm_engines": 2 * reserve}
         c, n = _vllm_check(shape, reserve, rows, ev.max_new_tokens + params.train.max_prompt_tokens,
                            any(m != "solo" for m in ev.modes),
                            _VllmAdvice(f"raise {_vllm_knob(device)}, or lower evaluate.max_new_tokens",
                                        _vllm_knob(device), "evaluate.batch_size"),
-                           params.train.gpu_memory_gib * GIB if device == "cuda" else 0.0)
+                           params.train.gpu_memory_gib * GIB if device == "cuda" else 0.0, dedicated)
         checks += c
         notes += n
     else:
@@ -475,7 +550,8 @@ def plan_all(params, model_dir: str | Path | None = None, device: str = "cuda") 
             "fits": all(p.fits for p in arms.values()) and ev.fits, "device": device,
             "budget_gib": round(worst.budget_bytes / GIB, 2), "worst_arm": worst.arm,
             "model": {**asdict(shape), "n_params": shape.n_params},
-            "train": {a: p.to_json() for a, p in arms.items()}, "evaluate": ev.to_json()}
+            "train": {a: p.to_json() for a, p in arms.items()}, "evaluate": ev.to_json(),
+            "rollout": plan_rollout(params, shape) if device == "cuda" else None}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -515,6 +591,12 @@ def check_fits(params, stage: str, model_dir: str | Path | None = None, device: 
     if device is None:
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    ro = params.rollout
+    if _dedicated(params, device) and not ro.vllm_url:
+        raise PlanError(f"{stage}: rollout.vllm_layout dedicated runs the rollout service on GPUs of its own, but "
+                        f"rollout.vllm_url is empty: a service this run starts would put both engines on this "
+                        f"process's GPU. Start the service there (docs/rollout.md) and set rollout.vllm_url or "
+                        f"TANDEM_VLLM_URL, or set rollout.vllm_layout shared")
     shape = model_shape(params, model_dir)
     plans = ([plan_train_arm(params, a, shape, device) for a in (arms or params.train.arms)] if stage == "train"
              else [plan_evaluate(params, shape, device)])

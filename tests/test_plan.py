@@ -217,6 +217,49 @@ def test_cli_plan_json_for_the_paper_preset():
     res = json.loads(lines[0])
     assert res["fits"] is True and res["per_gpu_gib"] <= 80 and res["gpus"] == 8
     assert {"persistent_gib", "rollout_gib", "training_gib"} <= set(res["train"]["tandem"])
+    ro = res["rollout"]  # both engines beside the trainer: 16 rows per engine, weight-bound steps
+    assert ro["layout"] == "shared" and ro["rollout_gpus"] == ro["trainer_gpus"] == 8
+    assert ro["rows_per_engine"] == 16 <= ro["resident_rows"] and ro["admission_waves"] == 1
+    assert 0.4 < ro["predicted_tandem_over_solo"] < 0.6
+
+
+def test_cli_plan_prints_the_dedicated_rollout_layout():
+    """params.paper-dedicated.yaml: a rollout service with one GPU per model holding a step's 128 rows resident,
+    the trainer's 8 GPUs free of engines; the JSON line and the table both carry the layout and the ratio."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "cli", "plan", "--params", "params.paper-dedicated.yaml"]
+    out = subprocess.run(cmd + ["--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    ro = res["rollout"]
+    assert res["fits"] is True and ro["layout"] == "dedicated" and ro["rollout_gpus"] == 2 and ro["trainer_gpus"] == 8
+    assert ro["rows_per_engine"] == 128 and ro["resident_rows"] >= 128 and ro["admission_waves"] == 1
+    assert ro["gpu"] == "H200" and ro["engine_steps_per_token"]["solo"] == 1.0
+    assert 0.5 < ro["predicted_tandem_over_solo"] < 1.0 and ro["rows_per_call"] == 16
+    assert "vllm_engines" not in res["train"]["tandem"]["persistent_gib"]
+    text = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120).stdout
+    assert "rollout: layout dedicated" in text and "rows resident" in text and "predicted tandem/solo" in text
+
+
+def test_dedicated_layout_plans_a_step_of_rows_per_engine_and_refuses_to_start_beside_the_trainer():
+    raw = yaml.safe_load((REPO / "params.paper-dedicated.yaml").read_text())
+    p = params_from_dict(raw)
+    shape = model_shape(p)
+    plan = plan_train_arm(p, "tandem", shape, device="cuda")
+    assert "vllm_engines" not in plan.persistent and any("holds all 128 rows" in n for n in plan.notes)
+    # an engine that cannot hold the step's rows: refused, the advice names a share of one GPU per engine
+    raw["rollout"]["vllm_gpu_memory"] = 0.3
+    short = plan_train_arm(params_from_dict(raw), "tandem", shape, device="cuda")
+    assert not short.fits and any("one GPU per engine" in c for c in short.checks), short.checks
+    # no service to attach: a run would start one on the trainer's GPU, so the stages refuse before any work
+    with pytest.raises(PlanError, match="vllm_url"):
+        check_fits(p, "train", device="cuda")
+    raw["rollout"].update(vllm_gpu_memory=0.9, vllm_url="http://node7:8471")
+    assert check_fits(params_from_dict(raw), "train", device="cuda")["tandem"]["fits"]
+    # a share of half a GPU or more is for one GPU per engine only
+    raw["rollout"]["vllm_layout"] = "shared"
+    with pytest.raises(ValueError, match="vllm_layout shared"):
+        params_from_dict(raw)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ and dense bf16 throughput P (`GPUS`: achieved, not peak figures). The counts are
 rows to `rows` (per-step rows, contexts and computed tokens scale; the number of steps does not: every row
 runs concurrently). The scheduler CPU per step is the measured one, at the measured rows per step; with
 `cpu_per_row` it scales with the rows too, at this machine's CPU speed (the scheduler's work is per scheduled
-row: `stepbench.py`), which prices a GPU host's CPU no faster than the measuring one, and solo's CPU as
+row: `benchmarks/sched_step.py`), which prices a GPU host's CPU no faster than the measuring one, and solo's CPU as
 exposed as tandem's (a custom scheduler turns vLLM's asynchronous scheduling off for both).
 
 - One GPU for both engines: the two engines' kernels share the GPU, so their memory and compute times add,
@@ -26,6 +26,7 @@ exposed as tandem's (a custom scheduler turns vLLM's asynchronous scheduling off
 
 The ratio is (tandem tokens / T_tandem) / (solo tokens / T_solo). Calibrate `F`, `BW`, `P` with one solo run
 when a GPU is lent (`scripts/gpu_check.sh` part 2 prints the measured solo step time beside the model's).
+`tandem/rollout/layout.py` prices a layout from the params with the same table and roofline (`roofline`).
 """
 
 from __future__ import annotations
@@ -39,12 +40,28 @@ class GPU:
     bandwidth: float   # bytes/s achieved (~83% of the spec sheet)
     flops: float       # dense bf16 FLOP/s achieved (~60% of the spec sheet)
     launch_gap: float  # seconds of exposed per-step CPU/launch gap with CUDA graphs, synchronous scheduling
+    memory_gib: float = 0.0  # device memory as torch reports it (`tandem plan` sizes a dedicated engine with it)
 
 
 GPUS = {
-    "h200": GPU("H200", 4.8e12 * 0.83, 989e12 * 0.6, 0.5e-3),
-    "h100": GPU("H100 SXM", 3.35e12 * 0.83, 989e12 * 0.6, 0.5e-3),
+    "h200": GPU("H200", 4.8e12 * 0.83, 989e12 * 0.6, 0.5e-3, 140.0),
+    "h100": GPU("H100 SXM", 3.35e12 * 0.83, 989e12 * 0.6, 0.5e-3, 79.6),
 }
+
+
+def gpu_for_memory(gib: float) -> str:
+    """The key of the `GPUS` entry whose memory is nearest `gib` (a params file states a GPU's memory, not its
+    kind: train.gpu_memory_gib 80 prices an H100, 140 an H200)."""
+    return min(GPUS, key=lambda k: abs(GPUS[k].memory_gib - gib))
+
+
+def roofline(shape, gpu: GPU, context_tokens: float, computed_tokens: float) -> float:
+    """GPU seconds of one engine step without the per-step gap: max(W + K, C) for a step that reads
+    `context_tokens` of KV and computes `computed_tokens` (the module docstring's terms)."""
+    W = shape.n_params * 2 / gpu.bandwidth
+    K = context_tokens * shape.kv_bytes_per_token(2) / gpu.bandwidth
+    C = 2 * shape.n_params * computed_tokens / gpu.flops
+    return max(W + K, C)
 
 
 def engine_time(c: dict, shape, gpu: GPU, scale: float, rows_split: float = 1.0,
@@ -54,18 +71,16 @@ def engine_time(c: dict, shape, gpu: GPU, scale: float, rows_split: float = 1.0,
     Uses the step-level means: the counts are sums over steps, and both terms of the roofline are linear in
     them, so the mean step is priced (a step of twice the context reads twice the KV). The scheduler CPU per
     step is taken as measured (`cpu_per_row` False) or scaled with the step's rows like the other per-step
-    counts (True: the scheduler's work is per scheduled row, `stepbench.py`), at this machine's CPU speed."""
+    counts (True: the scheduler's work is per scheduled row, `benchmarks/sched_step.py`), at this machine's CPU
+    speed."""
     steps = c.get("steps", 0.0)
     if not steps:
         return 0.0, 0.0
     k = scale / rows_split
-    W = shape.n_params * 2 / gpu.bandwidth
     ctx = c.get("context_tokens", 0.0) * k / steps
     comp = c.get("computed_tokens", 0.0) * k / steps
-    K = ctx * shape.kv_bytes_per_token(2) / gpu.bandwidth
-    C = 2 * shape.n_params * comp / gpu.flops
     gap = gpu.launch_gap + c.get("sched_cpu_seconds", 0.0) / steps * (k if cpu_per_row else 1.0)
-    return steps * max(W + K, C), steps * gap
+    return steps * roofline(shape, gpu, ctx, comp), steps * gap
 
 
 def predict(tandem: dict, solo: dict, shape, gpu: str = "h200", rows: int = 128, cpu_per_row: bool = False) -> dict:
