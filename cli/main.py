@@ -236,9 +236,13 @@ def run(o: RunOptions) -> None:
                 run_stage(name, p, arm)
         else:
             _guard_log_handlers()
-            result = tandem_pipeline(params_path=o.params, dvc=o.dvc, force=o.force, promote=o.promote,
-                                     sharing=Sharing(pull=o.pull, push=o.push, publish=o.publish, remote=o.remote),
-                                     live=o.live, eval_runner=o.eval_runner, stages=wanted)
+            try:
+                result = tandem_pipeline(params_path=o.params, dvc=o.dvc, force=o.force, promote=o.promote,
+                                         sharing=Sharing(pull=o.pull, push=o.push, publish=o.publish,
+                                                         remote=o.remote),
+                                         live=o.live, eval_runner=o.eval_runner, stages=wanted)
+            except RuntimeError as e:
+                raise _prefect_server_failure(e) from e
             result = result if isinstance(result, dict) else {}
             report = result.get("report")
             res = result.get("resources")
@@ -253,6 +257,23 @@ def run(o: RunOptions) -> None:
             typer.echo(f"  {label:12s} {path.resolve()}")
     if result.get("dvc_synced") and not o.publish:
         _compare_with_record(root, result.get("ran"))
+
+
+PREFECT_SERVER_TIMEOUT = "ephemeral Prefect API server"  # in the RuntimeError Prefect raises when it did not start
+
+
+def _prefect_server_failure(e: RuntimeError) -> BaseException:
+    """Prefect's temporary API server failing to start (with no PREFECT_API_URL, each `tandem run` starts one) as
+    the user error it is; any other RuntimeError as it was."""
+    if PREFECT_SERVER_TIMEOUT not in str(e):
+        return e
+    from tandem.errors import UserError
+
+    wait = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "?")
+    return UserError(f"Prefect's temporary API server did not answer within {wait} s ({str(e).split('. ')[0]}; a "
+                     f"busy machine is the usual cause). Rerun when it is less loaded, raise "
+                     f"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, point PREFECT_API_URL at a running server "
+                     f"(`prefect server start`), or run the stages without the flow (`tandem run --direct`)")
 
 
 def _compare_with_record(root: Path, ran: list[str] | None = None) -> None:
@@ -499,7 +520,7 @@ def plan(params: str = PARAMS_OPT,
          model: Optional[str] = typer.Option(None, help="model dir whose config.json gives the shape (default: models/base under out_root)")) -> None:
     """The memory plan of a params file: per-GPU bytes for training (every arm) and evaluation, and whether it fits
     (exit code 1 when it does not)."""
-    from tandem.plan import GIB, PlanError, plan_all
+    from tandem.plan import PlanError, plan_all
 
     if device not in ("cuda", "cpu"):
         typer.secho(f"--device {device!r}: choose cuda or cpu", fg=typer.colors.RED, err=True)

@@ -17,7 +17,6 @@ stage runner it uses). Every number comes from the project's own stages and libr
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path

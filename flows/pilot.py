@@ -33,7 +33,7 @@ import yaml
 from tandem.errors import BadInputError
 from tandem.metrics.intervals import point_estimate
 from flows import multiseed as st
-from tasks.common import atomic_path, read_json, write_json
+from tasks.common import atomic_path, write_json
 from tasks.measures import run_measures
 
 CODE_ROOT = st.CODE_ROOT

@@ -322,8 +322,8 @@ def resume_checkpoint(arm_dir: str | os.PathLike, fingerprint: str) -> Path | No
     Raises `CheckpointError` when a `step-<N>` folder of this run (or of no known run) is incomplete or
     damaged: resuming from the step before it would hide the damage."""
     arm_dir = Path(arm_dir)
-    fix = (f"Remove the named folder to resume from the checkpoint before it (those steps are trained again), or "
-           f"set train.resume: never to start the arm over")
+    fix = ("Remove the named folder to resume from the checkpoint before it (those steps are trained again), or "
+           "set train.resume: never to start the arm over")
     damaged = [(p, why) for p, why in damaged_checkpoints(arm_dir) if _fingerprint_of(p) in (None, fingerprint)]
     if damaged:
         listed = "; ".join(f"{p} ({why})" for p, why in damaged)

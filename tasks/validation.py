@@ -22,7 +22,6 @@ import errno
 import hashlib
 import json
 import logging
-import os
 import re
 import threading
 import time
@@ -344,7 +343,6 @@ def validate_splits(splits: Mapping[str, Sequence[Mapping[str, Any]]], cfg: Data
 
     gx_import.join()
     import great_expectations as gx
-    import great_expectations.expectations as gxe
 
     expectations = build_expectations(cfg, present)
     ctx = _gx_context(docs_dir)

@@ -43,7 +43,6 @@ from tandem.rollout.request import RolloutSettings
 from tandem.train.arms import run_fingerprint
 from tandem.train.callbacks import JuniorGuard, PhaseTimer, ProgressBar, StopAfter, Validation
 from tandem.checkpoints import STAGING_PREFIX, STEP_PREFIX
-from tandem.checkpoints import STATE_FILE as TANDEM_STATE
 from tandem.checkpoints import (clean_arm_dir, commit_dir, complete_checkpoints, latest_checkpoint, read_state,
                                 resume_checkpoint, write_state)
 from tandem.rollout.factory import rollout_engine

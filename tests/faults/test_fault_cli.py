@@ -126,3 +126,26 @@ def test_tandem_run_through_the_prefect_flow_ends_in_one_message(not_jsonl, tmp_
     assert res.returncode == 1, (res.stdout + res.stderr)[-3000:]
     _no_traceback(res)
     assert "pipeline failed: data input refused" in res.stderr and "[rule: json_lines]" in res.stderr
+
+
+def test_a_prefect_server_that_does_not_start_is_one_message(not_jsonl, tmp_path):
+    """Prefect's temporary API server timing out (a busy machine) ends `tandem run` in one line saying what to do,
+    exit code 1; another RuntimeError from the flow keeps its traceback."""
+    def run(error: str) -> subprocess.CompletedProcess:
+        code = ("import sys, flows.pipeline as fp, cli.main as m\n"
+                f"def boom(**k): raise RuntimeError({error!r})\n"
+                "fp.tandem_pipeline = boom\n"
+                f"sys.argv = ['tandem', 'run', '-p', {str(not_jsonl)!r}]\n"
+                "m.app()\n")
+        return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "TANDEM_DEBUG": "",
+                                   "PREFECT_HOME": str(tmp_path / "prefect")})
+
+    res = run("Timed out while attempting to connect to ephemeral Prefect API server. Ephemeral server process "
+              "exited with code 1.")
+    assert res.returncode == 1, (res.stdout + res.stderr)[-3000:]
+    _no_traceback(res)
+    line = [ln for ln in res.stderr.splitlines() if "pipeline failed" in ln]
+    assert len(line) == 1 and "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in line[0] and "--direct" in line[0]
+    other = run("something else broke")
+    assert other.returncode != 0 and "Traceback" in other.stderr and "something else broke" in other.stderr

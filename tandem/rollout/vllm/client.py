@@ -278,7 +278,7 @@ class VLLMService:
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
+            if self.exited:
                 self._exited_while_starting()
             try:
                 self.info = self.health(timeout=5.0)
@@ -301,8 +301,13 @@ class VLLMService:
     def owned(self) -> bool:
         return self.cmd is not None
 
+    @property
+    def exited(self) -> bool:
+        """This process started the service and its process has exited."""
+        return self.proc is not None and self.proc.poll() is not None
+
     def alive(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
+        if self.exited:
             return False
         try:
             self.health(timeout=5.0, full=False)
@@ -402,7 +407,7 @@ class VLLMService:
         owned service found dead is recovered before the request, so its port never receives the secret after
         the service has let it go."""
         body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
-        if self.proc is not None and self.proc.poll() is not None:
+        if self.exited:
             if not recover:
                 raise ServiceError(f"the rollout service (pid {self.proc.pid}) has exited "
                                    f"(code {self.proc.returncode}); log: {self.log_path}")

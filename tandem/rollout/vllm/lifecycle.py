@@ -124,7 +124,8 @@ def owner_gone(inbox: Path) -> bool:
         pid, start = int(owner["pid"]), owner.get("start")
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return process_start(pid) is None or (start is not None and process_start(pid) != start)
+    now = process_start(pid)
+    return now is None or (start is not None and now != start)
 
 
 def remove_inbox(path: str | os.PathLike | None) -> bool:
