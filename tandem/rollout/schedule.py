@@ -252,6 +252,11 @@ class RowSchedule:
         """The resumable state (see `resume`)."""
         return {"author": self.author, "gap": self.gap, "newline": self.newline, "turns": self.turns}
 
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from `state` (the keys of `state()`), as another copy of this row's machine left it."""
+        self.author, self.gap = int(state["author"]), int(state["gap"])
+        self.newline, self.turns = bool(state["newline"]), int(state["turns"])
+
     def _redraw(self, t: int) -> int:
         """The author after position t: `uniform_int(seed, STREAM_REDRAW, row, t) < p_senior`, the row's part of
         the hash cached (`uniform_prefix`)."""

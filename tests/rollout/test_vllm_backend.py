@@ -27,11 +27,12 @@ class FakeSession:
     token at a chunk end (its KV was never computed), samples from a fixed distribution, and stops with EOS
     or with the engine core's rule."""
 
-    def __init__(self, role, weights, seed, log, break_rule=False):
+    def __init__(self, role, weights, seed, log, break_rule=False, with_state=False):
         self.role, self.weights, self.rng = role, weights, random.Random(seed)
         self.hist: list[int] = []
         self.last: int | None = None
         self.log, self.break_rule, self.closed = log, break_rule, False
+        self.with_state = with_state  # return the rule's schedule state after a switch, as the chunk returns do
 
     async def send(self, tokens, args):
         assert not self.closed
@@ -56,20 +57,21 @@ class FakeSession:
         self.last = out[-1]
         self.log.append((self.role, len(tokens), len(out)))
         lps = [-1.0] * len(out) if self.role == 1 else None
-        return Chunk(out, lps, stop, t0, time.perf_counter(), time.perf_counter())
+        state = rule.state.state() if self.with_state and stop == "switch" else None
+        return Chunk(out, lps, stop, t0, time.perf_counter(), time.perf_counter(), state)
 
     async def close(self):
         self.closed = True
 
 
-def _run(kind, p, budget=40, rows=12, gap=4, rounds=6, break_rule=False):
+def _run(kind, p, budget=40, rows=12, gap=4, rounds=6, break_rule=False, with_state=False):
     weights = {1: [3.0, 2, 1.5, 1, 3, 0.3], 0: [1.0, 3, 2, 1, 2, 0.3]}
     sessions, log = [], []
     prompts = [[0, 4]] * rows
     row_ids = list(range(100, 100 + rows))
 
     def open_session(role, b):
-        s = FakeSession(role, weights[role], session_seed(9, row_ids[b], role), log, break_rule)
+        s = FakeSession(role, weights[role], session_seed(9, row_ids[b], role), log, break_rule, with_state)
         sessions.append((b, s))
         return s
 
@@ -318,3 +320,39 @@ def test_engine_and_client_do_not_import_each_other():
     # the client reaches the engine only inside engine_from_config (a lazy import), never at module level
     top = ast.parse(Path(client_mod.__file__).read_text()).body
     assert not any(isinstance(n, ast.ImportFrom) and n.module == "tandem.rollout.engine" for n in top)
+
+
+@pytest.mark.parametrize("kind,p", [("word", 0.5), ("token", 0.3), ("step", 0.5)])
+def test_a_switch_is_decided_once_by_the_engine_core_and_the_row_goes_on_from_its_state(kind, p, monkeypatch):
+    """With the engine core's schedule state on each switch chunk (the chunk returns), the frontend does not walk
+    those chunks again: the same rollout, and the referee sees only the chunks that end the row."""
+    import tandem.rollout.vllm.turns as turns
+
+    walked = []
+    orig = turns.ChunkReferee.walk
+
+    def counting(self, state, tokens, t0, budget):
+        walked.append(len(tokens))
+        return orig(self, state, tokens, t0, budget)
+
+    ref = _run(kind, p)[0]
+    monkeypatch.setattr(turns.ChunkReferee, "walk", counting)
+    got, records = _run(kind, p, with_state=True)[:2]
+    assert (got.completion_ids, got.owner, got.finish_reason) == (ref.completion_ids, ref.owner, ref.finish_reason)
+    assert len(walked) == len(records) == sum(r.walked for r in records)  # one per row: its last chunk
+    assert sum(len(r.chunks) for r in records) > 2 * len(records)
+
+
+def test_a_switch_state_that_names_the_same_author_is_refused():
+    class Liar(FakeSession):
+        async def send(self, tokens, args):
+            c = await super().send(tokens, args)
+            if c.state is not None:
+                c.state = {**c.state, "author": args["role"]}
+            return c
+
+    ctx = RolloutContext(ScheduleSpec("word", 0.5, 4, 6), LOOKUP, "t", 9, 40, frozenset(EOS))
+    weights = {1: [3.0, 2, 1.5, 1, 3, 0.3], 0: [1.0, 3, 2, 1, 2, 0.3]}
+    with pytest.raises(RolloutError, match="same author"):
+        asyncio.run(run_rows([[0, 4]] * 4, [1, 2, 3, 4], ctx,
+                             lambda role, b: Liar(role, weights[role], 7 + b, [], with_state=True)))

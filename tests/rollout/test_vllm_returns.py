@@ -1,7 +1,7 @@
 """Chunk returns (`tandem/rollout/vllm/returns.py`), both sides over a real ZMQ `ipc://` socket in vLLM's
 environment, with a stand-in for the engine core: the utility connects the scheduler's socket once; a merged
 `EngineCoreOutput` becomes one record (tokens, the sampled log-probs from column 0, vLLM's finish reason as
-text, the stop reason, both times); messages sent before the event loop looks all arrive (the socket's
+text, the stop reason, both times, the row's schedule state after a switch); messages sent before the event loop looks all arrive (the socket's
 descriptor is edge-triggered: one wake-up must take every message waiting); each record reaches its own session
 and a closed session's record is dropped; the counters count messages and chunks. The service tests (test_vllm_service.py) run the same path on real engines
 and compare it with vLLM's output path (`direct-vllm-out`)."""
@@ -63,8 +63,10 @@ async def main():
     assert rt is not None
     proc.tandem_open_returns("ipc://unused")  # once: a second call keeps the socket
     assert proc.scheduler.tandem_returns is rt
-    rec = rt.record(out("a", [5, 6, 7], [-0.5, -1.25, float("-inf")], FinishReason.STOP, "tandem_switch"), 1.0, 2.0)
-    assert rec == ("a", [5, 6, 7], [-0.5, -1.25, float("-inf")], "stop", "tandem_switch", 1.0, 2.0), rec
+    state = {"author": 0, "gap": 0, "newline": False, "turns": 0}  # the row's schedule after a switch
+    rec = rt.record(out("a", [5, 6, 7], [-0.5, -1.25, float("-inf")], FinishReason.STOP, "tandem_switch"), 1.0, 2.0,
+                    state)
+    assert rec == ("a", [5, 6, 7], [-0.5, -1.25, float("-inf")], "stop", "tandem_switch", 1.0, 2.0, state), rec
     rt.send([rec, rt.record(out("b", [9], None, FinishReason.LENGTH, None), 3.0, 3.5)])
     rt.send([rt.record(out("gone", [1], None, FinishReason.STOP, 4), 5.0, 5.0)])  # a closed session's
     rt.send([rt.record(out("b", [2, 3], None, FinishReason.STOP, 151645), 6.0, 7.0)])  # EOS: an int stop reason
@@ -72,8 +74,8 @@ async def main():
     while r.messages < 3 and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     assert (r.messages, r.chunks) == (3, 4), (r.messages, r.chunks)
-    assert a.got == [([5, 6, 7], [-0.5, -1.25, float("-inf")], "stop", "tandem_switch", 1.0, 2.0)], a.got
-    assert b.got == [([9], None, "length", None, 3.0, 3.5), ([2, 3], None, "stop", 151645, 6.0, 7.0)], b.got
+    assert a.got == [([5, 6, 7], [-0.5, -1.25, float("-inf")], "stop", "tandem_switch", 1.0, 2.0, state)], a.got
+    assert b.got == [([9], None, "length", None, 3.0, 3.5, None), ([2, 3], None, "stop", 151645, 6.0, 7.0, None)], b.got
     assert r.cpu_seconds > 0
     r.close()
     await asyncio.sleep(0)

@@ -102,8 +102,10 @@ def test_owners_follow_the_schedule_and_each_run_is_one_chunk(setup, schedule):
     # every chunk went in a batched submission, a message carrying one or more, its encode and send counted
     assert st["submit_requests"] == st["chunks"] and 0 < st["submit_messages"] <= st["chunks"]
     assert st["submit_cpu_seconds"] > 0
-    # and every chunk came back on the chunk returns, a message carrying one or more
+    # and every chunk came back on the chunk returns, a message carrying one or more; a switch came with the
+    # engine core's schedule state, so the frontend walked only each row's last chunk
     assert st["return_chunks"] == st["chunks"] and 0 < st["return_messages"] <= st["chunks"]
+    assert st["walked_chunks"] == len(rows)
     assert st["return_cpu_seconds"] > 0
     n_sen = sum(map(sum, b.owner))
     if schedule in ("word", "token"):

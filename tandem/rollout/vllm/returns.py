@@ -39,13 +39,15 @@ class Returner:
         self.encode = msgspec.msgpack.Encoder().encode
 
     @staticmethod
-    def record(o, t_first: float, t_last: float) -> tuple:
+    def record(o, t_first: float, t_last: float, state: dict | None = None) -> tuple:
         """One merged `EngineCoreOutput` as the frontend needs it (column 0 of the log-prob rows: the sampled
-        token's)."""
+        token's), with the row's schedule state after the chunk (`RowSchedule.state()`, None when the row
+        ended): the engine core decided the switch, the frontend continues from its state."""
         lp = o.new_logprobs
         lps = None if lp is None else lp.logprobs[:, 0].tolist()
         # stop_reason is vLLM's int | str | None: msgpack-ready as it is
-        return (o.request_id, list(o.new_token_ids), lps, str(o.finish_reason), o.stop_reason, t_first, t_last)
+        return (o.request_id, list(o.new_token_ids), lps, str(o.finish_reason), o.stop_reason, t_first, t_last,
+                state)
 
     def send(self, records: list[tuple]) -> None:
         self.sock.send(self.encode(records), copy=True)

@@ -200,14 +200,15 @@ class TandemScheduler(Scheduler):
                     del held[rid]
                     o = merge_outputs(part[1] + [o])
                 t_first = part[0] if part else now
+                req = self.requests.get(rid)
                 if rt is not None and hold[rid]:
-                    ret.append(rt.record(o, t_first, now))
+                    rule = getattr(req, "_tandem_rule", None) if o.stop_reason == STOP_SWITCH else None
+                    ret.append(rt.record(o, t_first, now, None if rule is None else rule[1].state.state()))
                 else:
                     o.events = [EngineCoreEvent(EngineCoreEventType.SCHEDULED, t_first),
                                 EngineCoreEvent(EngineCoreEventType.SCHEDULED, now)]
                     keep.append(o)
                 n_sent += 1
-                req = self.requests.get(rid)
                 if req is None or req.is_finished():  # not resumable any more: nothing further to hold
                     hold.pop(rid, None)
             eco.outputs = keep

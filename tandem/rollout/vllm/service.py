@@ -189,6 +189,7 @@ class DirectSession:
         self.toks: list[int] = []
         self.lps: list[float] | None = None
         self.t_first = 0.0
+        self.state: dict | None = None  # the row's schedule state after the chunk, from the engine core
 
     def on_output(self, o) -> None:
         if o.new_token_ids:
@@ -208,13 +209,13 @@ class DirectSession:
             self.fut.set_result((o.finish_reason, o.stop_reason, t_last))
 
     def on_chunk(self, toks: list[int], lps: list[float] | None, finish: str, stop, t_first: float,
-                 t_last: float) -> None:
+                 t_last: float, state: dict | None = None) -> None:
         """A whole chunk from the chunk returns (`returns.Returns`): its tokens, the sampled log-probs (None
         unless the engine computed them), vLLM's finish reason as text, the stop reason, the engine-core times
-        of its first and last tokens."""
+        of its first and last tokens, and the row's schedule state after a switch (the engine core's rule's)."""
         if self.fut is None or self.fut.done():
             return
-        self.toks, self.t_first = toks, t_first
+        self.toks, self.t_first, self.state = toks, t_first, state
         if self.lps is not None:
             self.lps = lps if lps is not None and len(lps) == len(toks) else [float("nan")] * len(toks)
         self.fut.set_result((finish, stop, t_last))
@@ -246,13 +247,13 @@ class DirectSession:
             req.prompt_token_ids = tokens
             req.sampling_params = sp
             req.arrival_time = time.time()
-        self.toks, self.lps = [], ([] if self.role == 1 else None)
+        self.toks, self.lps, self.state = [], ([] if self.role == 1 else None), None
         self.fut = asyncio.get_running_loop().create_future()
         await self._submit(req)
         finish, reason, t_last = await self.fut
         self.fut = None
         stop = _STOPS.get(reason) or _FINISHES.get(str(finish), str(finish))
-        return Chunk(self.toks, self.lps, stop, t_sub, self.t_first or t_last, t_last)
+        return Chunk(self.toks, self.lps, stop, t_sub, self.t_first or t_last, t_last, self.state)
 
     async def close(self):
         if self.first is None:

@@ -13,11 +13,13 @@ was never computed, plus the author's run), and the partner resumes from its kep
 no history resubmission, no vocabulary-sized stop list, both engines continuously batched.
 
 Every chunk carries the schedule state at its start (`chunk_args`: position, gap counter, newline bit, turns),
-so the gap counter, the step schedule's state and the budget cross chunk boundaries exactly; the frontend
-checks each chunk with `ChunkReferee` (the referee: `walk_turn`'s result for a whole chunk, without a
-`RowSchedule` call per token) and refuses a chunk that decoded past a switch or stopped where the schedule
-does not (an engine/client disagreement on EOS, the budget or the tables). `walk_turn` is the per-token
-reference the referee is tested against.
+so the gap counter, the step schedule's state and the budget cross chunk boundaries exactly. A switch is decided
+once, by the engine core: a chunk that comes back on the chunk returns with its stop rule's state after the
+switch (`Chunk.state`) continues the row from that state. A chunk without it (the row's last one, at EOS, the
+budget or the rounds cap; or a session on vLLM's output path) is walked by the frontend with `ChunkReferee`
+(`walk_turn`'s result for a whole chunk, without a `RowSchedule` call per token), which refuses a chunk that
+decoded past a switch or stopped where the schedule does not (an engine/client disagreement on EOS, the budget
+or the tables). `walk_turn` is the per-token reference the referee is tested against.
 """
 
 from __future__ import annotations
@@ -308,7 +310,9 @@ class ChunkRule:
 @dataclass
 class Chunk:
     """What a session returns for one chunk: the sampled tokens (and the senior's log-probs), why it stopped
-    (`stop`: "switch" | "eos" | "length" | "rounds"), and when its first and last tokens arrived."""
+    (`stop`: "switch" | "eos" | "length" | "rounds"), when its first and last tokens arrived, and, after a
+    switch, the row's schedule state as the engine core's stop rule left it (`RowSchedule.state()`; None
+    where the session cannot carry it: the frontend then walks the chunk itself)."""
 
     tokens: list[int]
     logprobs: list[float] | None
@@ -316,6 +320,7 @@ class Chunk:
     t_submit: float
     t_first: float
     t_last: float
+    state: dict | None = None
 
 
 class Session(Protocol):
@@ -335,6 +340,7 @@ class RowRecord:
 
     chunks: list[tuple[int, int, float, float, float]] = field(default_factory=list)
     sessions: int = 0
+    walked: int = 0  # chunks the frontend walked with the referee (those that came without the engine's state)
     t_start: float = 0.0
     t_end: float = 0.0
 
@@ -393,15 +399,24 @@ async def run_row(prompt: Sequence[int], row_id: int, ctx: RolloutContext,
             chunk = hist[seen[m]:]
             res = await sessions[m].send(chunk, chunk_args(state, m, t0, budget, tables_ref))
             toks = [int(x) for x in res.tokens]
-            n, why = referee.walk(state, toks, t0, budget)
-            if not toks or n != len(toks):
-                raise RolloutError(f"row {row_id}: the {'senior' if m else 'junior'} engine decoded {len(toks)} "
-                                   f"tokens from position {t0}, the schedule keeps {n}")
-            expected = why or "switch"
-            if res.stop != expected:
-                raise RolloutError(f"row {row_id}: the engine stopped a chunk at position {t0 + n - 1} for "
-                                   f"{res.stop!r}, the schedule says {expected!r} (EOS ids, budget or token "
-                                   f"tables differ between the engine and the client)")
+            if res.state is not None and res.stop == "switch" and toks and t0 + len(toks) < budget:
+                # the engine core's stop rule decided the switch: the row goes on from its schedule state
+                n, why = len(toks), None
+                state.set_state(res.state)
+                if state.author == m:
+                    raise RolloutError(f"row {row_id}: the engine switched authors at position {t0 + n - 1} "
+                                       f"but its schedule state names the same author")
+            else:
+                n, why = referee.walk(state, toks, t0, budget)
+                rec.walked += 1
+                if not toks or n != len(toks):
+                    raise RolloutError(f"row {row_id}: the {'senior' if m else 'junior'} engine decoded "
+                                       f"{len(toks)} tokens from position {t0}, the schedule keeps {n}")
+                expected = why or "switch"
+                if res.stop != expected:
+                    raise RolloutError(f"row {row_id}: the engine stopped a chunk at position {t0 + n - 1} for "
+                                       f"{res.stop!r}, the schedule says {expected!r} (EOS ids, budget or token "
+                                       f"tables differ between the engine and the client)")
             if m == 1:
                 lps = res.logprobs
                 if lps is None or len(lps) != n:
@@ -502,6 +517,8 @@ def rollout_counters(records: Sequence[RowRecord], step_seconds: dict[int, float
     """Row-level counters, in steps of the engine a row waits for (`step_seconds[role]`: that engine's mean
     step time over the rollout):
     - `chunks`, `session_starts`: requests sent to the engines (a session's first chunk opens it);
+    - `walked_chunks`: chunks the frontend walked itself (no schedule state from the engine core: the rows'
+      last chunks, or sessions on vLLM's output path);
     - `handoff_latency_steps_p50/p90`: per authorship switch, the partner's steps between the author's last
       token and the partner's first one, not counting the step that computes it ((t_first - t_prev) / step
       time - 1, floored at 0): 0 when the partner takes the row in its very next step;
@@ -530,7 +547,8 @@ def rollout_counters(records: Sequence[RowRecord], step_seconds: dict[int, float
             life += max(rec.chunks[-1][4] - rec.t_start, 0.0)
     at_mean = max(0.0, 1.0 - ideal / life) if life > 0 else 0.0
     measured = at_mean if row_seconds is None else (max(0.0, 1.0 - row_seconds / life) if life > 0 else 0.0)
-    return {"chunks": chunks, "session_starts": sessions, "handoffs_timed": len(lat),
+    return {"chunks": chunks, "session_starts": sessions, "walked_chunks": sum(r.walked for r in records),
+            "handoffs_timed": len(lat),
             "handoff_latency_steps_p50": _pct(lat, 0.5), "handoff_latency_steps_p90": _pct(lat, 0.9),
             "idle_row_step_fraction": measured, "idle_row_step_fraction_mean_step": at_mean}
 
