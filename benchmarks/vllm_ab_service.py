@@ -16,6 +16,11 @@ own", "Where the time goes through vLLM's output path").
 token list per row): the engines then emit that text (`vllm_replay.py`), so a random body counts a rollout of
 real text.
 
+`--async-scheduling`: both engines run with vLLM's asynchronous scheduling requested (`async_scheduling=True`
+instead of the production service's `compat.ENGINE_FIXED` value, False), to measure what it does to the tandem
+scheduler (`benchmarks/vllm_gpu.py`); vLLM's CPU build turns it off whatever is asked. The authenticated
+`/health` says what each engine runs (`async_scheduling`: {"senior", "junior"}, read from its `vllm_config`).
+
 `$TANDEM_VLLM_PROFILE_DIR=<dir>`: a cProfile of the event-loop thread per rollout (`rollout-<call>.prof`, by
 the thread's CPU clock; the rows, the submissions and the output handler all run there). It slows the thread,
 so its rollouts are not timed ones.
@@ -148,12 +153,22 @@ class ABService(Service):
     """The production service with the benchmark's session kinds, replayed text and profiler."""
 
     replay = False  # set by main from --replay: both engines load the replay logits processor
+    async_scheduling = False  # set by main from --async-scheduling: ask vLLM for asynchronous scheduling
 
     def _engine_kwargs(self, spec, model: str, role: int, is_cpu: bool) -> dict:
         kw = super()._engine_kwargs(spec, model, role, is_cpu)
         if self.replay:
             kw["logits_processors"] = [REPLAY_PROCESSOR]
+        if self.async_scheduling:
+            kw["async_scheduling"] = True  # the production service keeps compat.ENGINE_FIXED (False)
         return kw
+
+    def health(self, full: bool) -> dict:
+        out = super().health(full)
+        if full:  # what each engine runs, as vLLM resolved it (the CPU build forces it off)
+            out["async_scheduling"] = {production.ROLE_NAMES[r]: bool(e.vllm_config.scheduler_config.async_scheduling)
+                                       for r, e in self.engines.items()}
+        return out
 
     def _sessions(self, req: dict, call: str, rows: list[int], make_sp, budget: int, eos: list[int]):
         kind = str(req.get("sessions", "direct"))
@@ -202,10 +217,11 @@ class ABService(Service):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The production service's command line, plus `--replay`."""
+    """The production service's command line, plus `--replay` and `--async-scheduling`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     ABService.replay = "--replay" in argv
-    return production.main([a for a in argv if a != "--replay"], service_cls=ABService)
+    ABService.async_scheduling = "--async-scheduling" in argv
+    return production.main([a for a in argv if a not in ("--replay", "--async-scheduling")], service_cls=ABService)
 
 
 if __name__ == "__main__":

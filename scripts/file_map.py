@@ -37,6 +37,8 @@ GROUPED = {
     "metrics/**": "the committed record of the last full default run (`dvc metrics show`)",
     "dvc-remote/**": "the default DVC remote `record` (`.dvc/config`): the committed record's artifacts by content "
                      "hash, so a clone gets them with `dvc pull`",
+    "docs/gpu/vllm-*": "records of scripts/gpu_check_vllm.sh (benchmarks/vllm_gpu.py) from users' GPUs: stock vLLM "
+                       "solo against tandem, JSON and its Markdown table",
     "infra/accelerate/*": "accelerate / DeepSpeed launch configurations for multi-GPU training",
     "infra/work-pools/*": "Prefect work-pool base job templates",
     "studies/pilot/*.yaml": "the registered pilot's params files: each task variant's GRPO run and its KL-Reg candidates (seed 100)",
@@ -85,6 +87,7 @@ OTHER_FILES = {
     "params.study.yaml": "the study run: the default run's data and base, hundreds of training steps (complete params file)",
     "pyproject.toml": "package metadata, pinned stack, extras (pipeline, test), pytest markers",
     "scripts/gpu_check.sh": "the one GPU check: rollout backends against each other, then training steps through the real stages",
+    "scripts/gpu_check_vllm.sh": "the vLLM GPU check for a user's own GPU: makes .venv-vllm, runs benchmarks/vllm_gpu.py (stock solo against tandem, Qwen3-4B shape, 128 x 3,000) and prints its table",
     "scripts/gpu_bundle.sh": "builds the folder (wheels, library, run.sh) that `scripts/gpu_check_bare.py` needs on a bare GPU machine, refusing over 64 MiB",
     "studies/junior-control/params.yaml": "the junior positive control's params file: what every one of its runs starts from",
     "studies/junior-control/registration.md": "the registered junior positive control: setting, arms, gate G1-G5, claims, bug indicators, seeds",

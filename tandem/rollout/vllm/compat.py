@@ -136,6 +136,15 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
                "a Scheduler can be built and stepped without engines (the isolated step bench)"),
     Touchpoint("benchmarks/vllm_replay.ReplayLogitsProcessor", "vllm.v1.sample.logits_processor.LogitsProcessor, BatchUpdate",
                "subclass", "V1-interface logits processors (the benchmark's replay; V1 model runner only)"),
+    Touchpoint("benchmarks/vllm_stock.StepTally", "vllm.v1.metrics.loggers.StatLoggerBase; SchedulerStats "
+               "(iteration_details, num_running_reqs, num_waiting_reqs); IterationStats (num_generation_tokens, "
+               "num_preempted_reqs)", "subclass",
+               "a stat logger passed to AsyncLLM.from_engine_args(stat_loggers=...) gets one SchedulerStats per "
+               "executed batch, with iteration_details when enable_logging_iteration_details is set (the stock "
+               "solo's engine steps)"),
+    Touchpoint("benchmarks/vllm_ab_service.ABService.health",
+               "AsyncLLM.vllm_config.scheduler_config.async_scheduling", "attribute",
+               "the scheduling mode vLLM resolved for the engine (the CPU platform forces it off)"),
 )
 
 
