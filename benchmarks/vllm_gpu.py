@@ -245,12 +245,27 @@ def run_stock(path: Path, prompts: list, sz: Sizes, gpu_memory: float, max_model
     return json.loads(lines[-1])
 
 
-def run_tandem(path: Path, tok: Any, prompts: list, text: list, sz: Sizes, gpu_memory: float | None,
-               max_model_len: int, async_on: bool, python: str | None, timeout_s: float = 3600.0) -> dict:
+@dataclass(frozen=True)
+class TandemCase:
+    """What every tandem configuration runs on: the model directory and its tokenizer, the rows' prompts and
+    replayed text, the engines' context length, vLLM's Python (None: `.venv-vllm`) and the rollout's timeout."""
+
+    path: Path
+    tok: Any
+    prompts: list
+    text: list
+    max_model_len: int
+    python: str | None
+    timeout_s: float = 3600.0
+
+
+def run_tandem(case: TandemCase, sz: Sizes, gpu_memory: float | None, async_on: bool) -> dict:
     """The benchmark's service (`--replay`, and `--async-scheduling` with `async_on`), the word schedule over
     every row to `sz.tokens` after a short warm-up, best of `sz.repeats`: its figures. A rollout that sends
-    nothing back for `timeout_s` (the client's request timeout, which retries once on a live service) fails the
-    configuration: a scheduler that stalls is a finding."""
+    nothing back for `case.timeout_s` (the client's request timeout, which retries once on a live service) fails
+    the configuration: a scheduler that stalls is a finding."""
+    path, tok, prompts, text = case.path, case.tok, case.prompts, case.text
+    max_model_len, python, timeout_s = case.max_model_len, case.python, case.timeout_s
 
     from benchmarks.vllm_rollout import AB_SERVICE, _counters
     from tandem.rollout.core import SamplingParams
@@ -490,12 +505,11 @@ def main(argv: list[str] | None = None) -> int:
         solo_share = a.solo_gpu_memory or (min(0.9, round(2 * share, 2)) if share else 0.9)
         rec.update(max_prompt_tokens=longest, max_model_len=max_model_len, kv_fit=fit, gpu_memory_per_engine=share,
                    solo_gpu_memory=solo_share)
+        case = TandemCase(path, tok, prompts, text, max_model_len, a.python, limit)
         steps = (("solo_stock", lambda: run_stock(path, prompts, sz, solo_share, max_model_len, work, a.python,
                                                    limit)),
-                 ("tandem_async_off", lambda: run_tandem(path, tok, prompts, text, sz, share, max_model_len, False,
-                                                         a.python, limit)),
-                 ("tandem_async_on", lambda: run_tandem(path, tok, prompts, text, sz, share, max_model_len, True,
-                                                        a.python, limit)))
+                 ("tandem_async_off", lambda: run_tandem(case, sz, share, False)),
+                 ("tandem_async_on", lambda: run_tandem(case, sz, share, True)))
         for name, fn in steps:
             _log(f"{name}: {sz.rows} rows x {sz.tokens} tokens")
             t0 = time.perf_counter()
