@@ -36,7 +36,7 @@ from pathlib import Path
 
 from tandem.rollout.vllm import service as production
 from tandem.rollout.vllm.service import DirectSession, Refused, Service
-from tandem.rollout.vllm.turns import STOP_ROUNDS, STOP_SWITCH, Chunk
+from tandem.rollout.vllm.turns import Chunk
 
 SESSION_KINDS = ("direct", "direct-vllm-out", "direct-single", "stream")
 PROFILE_ENV = "TANDEM_VLLM_PROFILE_DIR"
@@ -86,17 +86,9 @@ class StreamSession:
                     got = o.logprobs or []
                     for d, t in zip(got, o.token_ids):
                         lps.append(d[t].logprob if d is not None and t in d else float("nan"))
-            if o.finish_reason is not None:
-                if o.stop_reason == STOP_SWITCH:
-                    stop = "switch"
-                elif o.stop_reason == STOP_ROUNDS:
-                    stop = "rounds"
-                elif o.finish_reason == "length":
-                    stop = "length"
-                elif o.finish_reason == "stop":
-                    stop = "eos"
-                else:
-                    stop = str(o.finish_reason)
+            if o.finish_reason is not None:  # the stop as the production sessions name it
+                stop = production._STOPS.get(o.stop_reason) or production._FINISHES.get(str(o.finish_reason),
+                                                                                           str(o.finish_reason))
                 return Chunk(toks, lps, stop, t_sub, t_first, t_last)
 
     async def close(self):

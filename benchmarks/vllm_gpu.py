@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # benchmarks.* and the library, from this checkout
 
 from tandem.plan import GIB, KNOWN_SHAPES, VLLM_OVERHEAD_GIB, ModelShape  # noqa: E402
+from tandem.rollout.layout import resident_rows  # noqa: E402
 
 SHAPES: dict[str, ModelShape] = {
     "qwen3-4b": ModelShape(**KNOWN_SHAPES["Qwen/Qwen3-4B-Instruct-2507"], source="Qwen3-4B's shape, random weights"),
@@ -119,7 +120,7 @@ def kv_fit(shape: ModelShape, rows: int, context: int, gpu_bytes: float | None, 
     needed = need / gpu_bytes
     if share is None:
         share = min(max(math.ceil(needed * 100) / 100 + SHARE_MARGIN, SHARE_FLOOR), SHARE_CAP)
-    resident = max(int((share * gpu_bytes - weights - overhead) // kv_row), 0)
+    resident = resident_rows(share * gpu_bytes - weights - overhead, kv_row)
     return {**out, "gpu_gib": gpu_bytes / GIB, "share_needed": round(needed, 4), "share": round(share, 2),
             "resident_rows": min(resident, rows), "fits": resident >= rows}
 
