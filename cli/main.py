@@ -39,8 +39,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Tandem RL as a reproducible pipeline: stages, the full flow, params checks, benchmarks.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print ratios measured in one process.")
 app.add_typer(bench_app, name="bench")
-control_app = typer.Typer(no_args_is_help=True, help="The registered junior positive control (studies/junior-control/).")
-app.add_typer(control_app, name="control")
+study_app = typer.Typer(help="Studies: a multi-seed run, the registered pilot, a registered positive control "
+                             "(gate, runs), and the claims of any committed study recomputed from its files.")
+app.add_typer(study_app, name="study")
 
 
 def debug_enabled() -> bool:
@@ -294,76 +295,86 @@ def _compare_with_record(root: Path, ran: list[str] | None = None) -> None:
                 fg=typer.colors.GREEN if cmp.reproduced else typer.colors.YELLOW)
 
 
-def _echo_status(rows: list[dict], lead: Callable[[dict], str]) -> None:
-    """`--status` of a study or the pilot: one line per run, `lead(row)`, then its arm, state and step."""
+def _echo_status(rows: list[dict]) -> None:
+    """`--status` of any study: one line per run: its unit, arm, state and step."""
     for r in rows:
-        step = f"{r['step']}/{r['steps']}" if r["steps"] else ""
-        typer.echo(f"{lead(r)} {r['arm']:<8} {r['state']:<10} {step}")
+        step = f"{r['step']}/{r['steps']}" if r.get("steps") else ""
+        typer.echo(f"{r['unit']:<22} {r['arm']:<13} {r['state']:<14} {step}")
 
 
-def _seed_column(r: dict) -> str:
-    return f"seed {r['seed']:>3} "
+STUDY_OUT = typer.Option("studies/junior-control", "--out", help="the study's folder (its registration.yaml)")
 
 
-@app.command()
+@study_app.callback(invoke_without_command=True)
+def study(ctx: typer.Context,
+          recompute: bool = typer.Option(False, "--recompute", help="rebuild <out>'s claims (or the pilot's "
+                                         "result) from its committed files alone, and exit"),
+          out: Optional[str] = typer.Option(None, "--out", help="with --recompute: the committed study's folder "
+                                            "(default: studies)")) -> None:
+    """Run a study or recompute a committed one: `tandem study --recompute --out <folder>`."""
+    if ctx.invoked_subcommand is not None:
+        if recompute or out:
+            raise typer.BadParameter("--recompute and --out go alone, or after the subcommand", param_hint="--out")
+        return
+    if not recompute:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(code=0)
+    with expected_failures("study"):
+        from tasks.study import recompute as rc
+
+        kind, doc = rc.recompute(out or "studies")
+    typer.echo(rc.summary(kind, doc))
+
+
+@study_app.command("run")
 @takes(StudyOptions)
-def study(o: StudyOptions) -> None:
-    """Run the pipeline for several seeds x the arms and test the paper's claims with 95% intervals
-    (`<out>/claims.json`, `<out>/report.md`). Rerun after an interruption: it continues where it stopped."""
+def study_run(o: StudyOptions) -> None:
+    """Run the pipeline for several seeds x the arms of a params file (or the registered study) and test the
+    claims with 95% intervals (`<out>/claims.json`, `<out>/report.md`). Rerun after an interruption: it continues
+    where it stopped."""
     _offline_defaults()
-    out = o.out or ("studies" if (o.recompute or o.registered) else "studies/first-study")
-    if o.recompute and _is_control(Path(out)):  # the junior positive control: its own registration and results
-        control_claims(out)
-        return
-    if o.recompute:  # the committed per-problem CSVs and the registration are all it reads: no params, no models
-        with expected_failures("study"):
-            from tasks import claims as cl
-
-            doc = cl.recompute(out)
-        typer.echo(cl.summary(doc))
-        typer.echo(f"  claims   {Path(out) / 'claims.json'}\n  report   {Path(out) / 'report.md'}")
-        return
+    out = o.out or ("studies" if o.registered else "studies/first-study")
     if o.until not in ("train", "analyze", "claims"):
         typer.secho(f"--until {o.until!r}: choose train, analyze or claims", fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2)
     if o.registered:
         with expected_failures("study"):
-            from flows import pilot as pl
-            from flows import multiseed as st
+            from tasks.study import pilot as pl
+            from tasks.study import runs as st
 
             reg = pl.load_registration()
-            sc = reg["study"]
-            study_file = Path(reg["_dir"]) / "study.yaml"
+            sc = reg.study
+            study_file = reg.dir / "study.yaml"
             if not study_file.exists():
-                raise st.BadInputError(f"study: {study_file} does not exist yet; `tandem pilot` writes it when a "
-                                       "registered variant has room")
+                raise st.BadInputError(f"study: {study_file} does not exist yet; `tandem study pilot` writes it "
+                                       "when a registered variant has room")
             seeds_ = sorted(int(x) for x in sc["seeds"])
             if seeds_ != list(range(seeds_[0], seeds_[0] + len(seeds_))):
                 raise st.BadInputError(f"study: registered seeds {seeds_} must be consecutive")
-            s = st.settings(study_file, len(seeds_), seeds_[0], Path(reg["_dir"]), int(sc.get("jobs", o.jobs)))
+            s = st.settings(study_file, len(seeds_), seeds_[0], reg.dir, int(sc.get("jobs", o.jobs)))
             if o.show_status:
-                _echo_status(st.status(s), _seed_column)
+                _echo_status(st.status(s))
                 return
             pc = sc["positive_control"]
             ctl = st.Control(int(pc["sft_steps"]), int(pc["sft_batch_size"]), float(pc["sft_lr"]))
             t0 = time.perf_counter()
-            st.run_study(s, o.until, ctl, Path(reg["_dir"]) / "results", log=typer.echo)
+            st.run_study(s, o.until, ctl, reg.dir / "results", log=typer.echo)
             doc = None
             if o.until == "claims":
-                from tasks import claims as cl
+                from tasks.study import recompute as rc
 
-                doc = cl.recompute(Path(reg["_dir"]))
+                _, doc = rc.recompute(reg.dir)
         typer.secho(f"\nstudy finished in {time.perf_counter() - t0:.0f}s", bold=True)
         if doc is not None:
-            typer.echo(cl.summary(doc))
+            typer.echo(rc.summary("registered", doc))
         return
     _load(o.params)
     with expected_failures("study"):
-        from flows import multiseed as st
+        from tasks.study import runs as st
 
         s = st.settings(o.params, o.seeds, o.first_seed, out, o.jobs)
         if o.show_status:
-            _echo_status(st.status(s), _seed_column)
+            _echo_status(st.status(s))
             return
         t0 = time.perf_counter()
         if o.direct:
@@ -390,19 +401,21 @@ def study(o: StudyOptions) -> None:
         typer.echo(f"  claims   {s.out / 'claims.json'}\n  report   {s.out / 'report.md'}")
 
 
-@app.command()
-def pilot(registration: str = typer.Option("studies/registration.yaml", "--registration",
-                                          help="the registered pilot, study and claims"),
-          jobs: Optional[int] = typer.Option(None, "--jobs", help="runs side by side (default: the registration's)"),
-          show_status: bool = typer.Option(False, "--status", help="print where each pilot run stands and exit")) -> None:
+@study_app.command("pilot")
+def study_pilot(registration: str = typer.Option("studies/registration.yaml", "--registration",
+                                                help="the registered pilot, study and claims"),
+                jobs: Optional[int] = typer.Option(None, "--jobs", help="runs side by side (default: the "
+                                                                        "registration's)"),
+                show_status: bool = typer.Option(False, "--status", help="print where each pilot run stands and "
+                                                                         "exit")) -> None:
     """Run the registered pilot (GRPO against the base on a pilot-only seed) to its room verdict, the KL-Reg
     beta and the study's params file (`studies/pilot/result.md`). Rerun after an interruption: it continues."""
     _offline_defaults()
     with expected_failures("pilot"):
-        from flows import pilot as pl
+        from tasks.study import pilot as pl
 
         if show_status:
-            _echo_status(pl.status(registration), lambda r: f"{r['variant']:<4} {r['unit']:<16}")
+            _echo_status(pl.status(registration))
             return
         t0 = time.perf_counter()
         doc = pl.run(registration, jobs, log=typer.echo)
@@ -410,27 +423,13 @@ def pilot(registration: str = typer.Option("studies/registration.yaml", "--regis
     typer.echo(f"  result   {Path(registration).resolve().parent / 'pilot' / 'result.md'}")
 
 
-CONTROL_OUT = typer.Option("studies/junior-control", "--out", help="the control's folder (its registration.yaml)")
-
-
-def _is_control(out: Path) -> bool:
-    """Whether `out` holds the junior positive control's registration (kind: junior-control)."""
-    import yaml
-
-    f = out / "registration.yaml"
-    try:
-        return f.is_file() and (yaml.safe_load(f.read_text()) or {}).get("kind") == "junior-control"
-    except (OSError, yaml.YAMLError):
-        return False
-
-
-@control_app.command("gate")
-def control_gate(out: str = CONTROL_OUT) -> None:
-    """Build S and J for each registered dialect in order and measure the base-only gate (G1-G5); writes
-    gate.json and gate.md. Rerun: dialects already measured are kept."""
+@study_app.command("gate")
+def study_gate(out: str = STUDY_OUT) -> None:
+    """A registered positive control's gate: build S and J for each registered dialect in order and measure the
+    base-only criteria (G1-G5); writes gate.json and gate.md. Rerun: dialects already measured are kept."""
     _offline_defaults()
-    with expected_failures("control gate"):
-        from flows import control as ctl
+    with expected_failures("study gate"):
+        from tasks.study import control as ctl
 
         t0 = time.perf_counter()
         doc = ctl.gate(Path(out))
@@ -439,18 +438,17 @@ def control_gate(out: str = CONTROL_OUT) -> None:
     typer.echo(f"  gate   {Path(out) / 'gate.md'}")
 
 
-@control_app.command("run")
+@study_app.command("control")
 @takes(ControlRunOptions)
-def control_run(o: ControlRunOptions) -> None:
-    """Train, evaluate and analyse every registered seed x arm that has no result yet (resumable), writing
-    results/seed-<S>/<arm>.json as each finishes."""
+def study_control(o: ControlRunOptions) -> None:
+    """A registered positive control's runs: train, evaluate and analyse every registered seed x arm that has no
+    result yet (resumable), writing results/seed-<S>/<arm>.json as each finishes."""
     _offline_defaults()
-    with expected_failures("control run"):
-        from flows import control as ctl
+    with expected_failures("study control"):
+        from tasks.study import control as ctl
 
         if o.show_status:
-            for row in ctl.status(Path(o.out)):
-                typer.echo(f"seed {row['seed']} {row['arm']:<13} {row['state']}")
+            _echo_status(ctl.status(Path(o.out)))
             return
         pick = (lambda v: [x.strip() for x in v.split(",") if x.strip()] if v else None)
         t0 = time.perf_counter()
@@ -460,17 +458,6 @@ def control_run(o: ControlRunOptions) -> None:
         done = ctl.run(Path(o.out), seeds=[int(x) for x in seeds] if seeds else None, arms=pick(o.arms),
                        jobs=o.jobs, commit=o.commit, log=typer.echo)
     typer.secho(f"control runs finished in {time.perf_counter() - t0:.0f}s: {len(done)} result(s) written", bold=True)
-
-
-@control_app.command("claims")
-def control_claims(out: str = CONTROL_OUT) -> None:
-    """Rebuild claims.json and the report (HTML + Markdown) from the committed results alone."""
-    with expected_failures("control claims"):
-        from flows import control as ctl
-
-        doc = ctl.claims(Path(out))
-    typer.echo(ctl.claims_summary(doc))
-    typer.echo(f"  claims   {Path(out) / 'claims.json'}\n  report   {Path(out) / 'report.md'}")
 
 
 @app.command("check-params")

@@ -99,19 +99,17 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class StudyOptions:
-    """`tandem study`."""
+    """`tandem study run`."""
 
     seeds: int = option(3, "--seeds", help="number of training seeds (first-seed, first-seed + 1, ...)")
     params: str = option("params.study.yaml", "--params", "-p", help="complete params file of the study")
     first_seed: int = option(0, "--first-seed", help="the first seed")
     out: Optional[str] = option(None, "--out", help="directory for the per-seed roots, claims.json and the "
                                 "report (default: studies/first-study for a --params study, studies for "
-                                "--registered and --recompute)")
+                                "--registered)")
     jobs: int = option(2, "--jobs", help="runs side by side (each a one-thread stage process)")
     until: str = option("claims", "--until", help="stop after: train | analyze | claims")
     show_status: bool = option(False, "--status", help="print where each seed x arm stands and exit")
-    recompute: bool = option(False, "--recompute", help="rebuild <out>/claims.json and the report from "
-                             "<out>/results/ and <out>/registration.yaml alone, and exit")
     direct: bool = option(False, help="run the steps in this process without Prefect")
     registered: bool = option(False, "--registered", help="the registered study (studies/registration"
                               ".yaml: its study file, seeds, arms, positive control); per seed x arm "
@@ -120,7 +118,7 @@ class StudyOptions:
 
 @dataclass(frozen=True)
 class ControlRunOptions:
-    """`tandem control run`."""
+    """`tandem study control`."""
 
     out: str = option("studies/junior-control", "--out", help="the control's folder (its registration.yaml)")
     seeds: Optional[str] = option(None, "--seeds", help="comma-separated seeds (default: the registration's, "

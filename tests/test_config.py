@@ -348,3 +348,24 @@ def test_tool_defaults_are_stated_once():
                  "benchmarks/orchestration.py"):
         text = (REPO / path).read_text()
         assert not re.search(r'"(DVC_NO_ANALYTICS|GX_ANALYTICS_ENABLED|TRL_EXPERIMENTAL_SILENCE)"', text), path
+
+
+def test_the_junior_takes_the_model_sections_sources_fields_and_rules():
+    import dataclasses
+    import typing
+
+    from tandem.config import MODEL_SOURCES, JuniorConfig, ModelConfig, ParamsError
+
+    junior = typing.get_args(typing.get_type_hints(JuniorConfig)["source"])
+    assert junior == ("base", *MODEL_SOURCES) == ("base", *typing.get_args(typing.get_type_hints(ModelConfig)["source"]))
+    shared = ("hub_id", "revision", "path", "gguf_file")
+    fm, fj = ({f.name: f for f in dataclasses.fields(c)} for c in (ModelConfig, JuniorConfig))
+    for name in shared:  # one declaration: the same default, help and rule
+        assert (fm[name].default, fm[name].metadata["help"]) == (fj[name].default, fj[name].metadata["help"]), name
+    for source, key in (("gguf", "gguf_file"), ("path", "path"), ("hub", "hub_id")):
+        msgs = []
+        for cls, section in ((ModelConfig, "model"), (JuniorConfig, "junior")):
+            with pytest.raises(ParamsError) as e:
+                cls(source=source, **{key: ""})
+            msgs.append(str(e.value).replace(f"{section}.", "<s>."))
+        assert msgs[0] == msgs[1] and f"<s>.{key}" in msgs[0]

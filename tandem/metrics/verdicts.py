@@ -20,7 +20,7 @@ interval. `holm_adjust` adjusts the family's p-values; `decide` gives the verdic
 - inconclusive: otherwise.
 
 `excludes` says in words what the interval rules out, and `not_robust` flags a row whose seed t-interval and
-bootstrap interval disagree about excluding 0. Numpy only; the study's I/O lives in tasks/claims.py.
+bootstrap interval disagree about excluding 0. Numpy only; the study's I/O lives in tasks/study/recompute.py.
 """
 
 from __future__ import annotations

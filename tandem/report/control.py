@@ -1,6 +1,6 @@
 """The junior positive control's report (studies/junior-control/report.md and .html), dose curve first.
 
-Built from `claims.json`'s document (flows/control.py `claims`), the registration and the gate: the dose curve
+Built from `claims.json`'s document (tandem/study/claims.py `control_document`) and the gate: the dose curve
 (the dialect's share of each arm's solo samples at every checkpoint, mean with the seeds' range, and the per-step
 share in the rollouts), the registered claims with their intervals and verdicts, the bug indicators, the gate,
 and the secondary rows. Rendered by `tandem.report.render` like every report of the project.
@@ -56,7 +56,7 @@ def _num(x: Any) -> float | None:
     return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
 
 
-def build_report(doc: Mapping[str, Any], reg: Mapping[str, Any], gate_doc: Mapping[str, Any]) -> Report:
+def build_report(doc: Mapping[str, Any], gate_doc: Mapping[str, Any]) -> Report:
     dialect = doc.get("dialect") or "?"
     seeds = doc.get("seeds") or []
     reg_md = str(doc.get("registration") or "studies/junior-control/registration.yaml").replace(".yaml", ".md")
@@ -122,8 +122,8 @@ def build_report(doc: Mapping[str, Any], reg: Mapping[str, Any], gate_doc: Mappi
                         "more easily (L1). It is not evidence for or against the self-paired claims of the paper, "
                         "whose registered pilot found no room at toy scale (studies/pilot/result.md).")
     folder = reg_md.rsplit("/", 1)[0]
-    s.paragraphs.append(f"Rerun: `tandem control claims --out {folder}` (or `tandem study --recompute --out "
-                        f"{folder}`) rebuilds this report and claims.json from the committed results.")
+    s.paragraphs.append(f"Rerun: `tandem study --recompute --out {folder}` rebuilds this report and claims.json from "
+                        "the committed results.")
     rep.sections.append(s)
     return rep
 

@@ -1,4 +1,4 @@
-"""The registered study's report from its claims document (`studies/claims.json`, tasks/claims.py).
+"""The registered study's report from its claims document (`studies/claims.json`, tandem/study/claims.py).
 
 Sections, in order: the claims table (per primary row: claim, measure, verdict, difference with its 95%
 crossed-bootstrap interval, the seed-level t-interval, the Holm-adjusted p, the registered smallest effect of

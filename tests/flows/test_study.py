@@ -1,4 +1,4 @@
-"""`tandem study` end to end on the tiny settings: two seeds x two arms through the real stages, then the same
+"""`tandem study run` end to end on the tiny settings: two seeds x two arms through the real stages, then the same
 study as the Prefect flow, which finds everything done and retrains nothing (resume per seed and arm)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_study_runs_every_seed_and_arm_then_resumes_without_retraining(tmp_path,
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     out = tmp_path / "studies"
 
-    r = _tandem("study", "--seeds", "2", "--params", str(params), "--out", str(out), "--direct", cwd=tmp_path)
+    r = _tandem("study", "run", "--seeds", "2", "--params", str(params), "--out", str(out), "--direct", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((out / "claims.json").read_text())
     assert doc["seeds"] == [0, 1] and doc["arms"] == raw["train"]["arms"]

@@ -12,10 +12,10 @@ import yaml
 
 from tandem.report.render import render_html, render_markdown
 from tandem.report.study import study_report
-from tasks import claims
+from tandem.study import claims, registration, results
 from tests.tasks.fake_results import write_fake_results
 
-from tests.tasks.test_claims import ROOT
+from tests.study.test_claims import ROOT
 
 SIG3 = r"[+-]?(\d+\.\d*|\d+|\d\.\d+e[+-]\d+)"
 
@@ -27,8 +27,8 @@ def doc(tmp_path_factory):
     reg = yaml.safe_load((ROOT / "studies" / "registration.yaml").read_text())
     reg["study"]["seeds"], reg["statistics"]["n_boot"] = [0, 1, 2], 200
     (out / "registration.yaml").write_text(yaml.safe_dump(reg))
-    return claims._plain(claims.compute(claims.read_results(out / "results", [1, 2, 4, 8]),
-                                        claims.load_registration(out / "registration.yaml")))
+    return claims._plain(claims.compute(results.read_results(out / "results", [1, 2, 4, 8]),
+                                        registration.load(out / "registration.yaml")))
 
 
 def test_sections_in_order_and_the_claims_table_first(doc):

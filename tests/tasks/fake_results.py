@@ -1,5 +1,5 @@
 """Synthetic per-problem study results (`studies/results/seed-<S>/<arm>.csv`) with known effects and variance
-components, written in the study's format by tasks.claims.write_arm_csv.
+components, written in the study's format (tandem.study.results.arm_csv_text).
 
 Every value is level[arm] + a_p + b_(arm, seed) + e_(arm, seed, p): a problem effect shared by every arm and
 seed (problems are crossed with seeds), a seed effect per arm and seed, and a residual. Correct-sample counts
@@ -12,7 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.claims import ARMS, write_arm_csv
+from tandem.study.results import ARMS, arm_csv_text
+
+
+def write_arm_csv(path, rows) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(arm_csv_text(rows))
 
 BENCHMARKS = {"arith-long": 24, "arith-mid": 24, "arith-short": 24}
 # Levels per arm: solo / step probability of a correct sample and the measures' means. By default tandem keeps

@@ -1,4 +1,4 @@
-"""flows/multiseed.py: settings rules, per-seed roots sharing the data and base, status, and the claims over
+"""tasks/study/runs.py: settings rules, per-seed roots sharing the data and base, status, and the claims over
 several fake seeds (claims.json fields, verdicts that follow the data, the report with the claims first)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from tandem.errors import BadInputError
-from flows import multiseed as study
+from tasks.study import runs as study
+from tasks.study import stages
 from tests.report.fake_metrics import fake_eval, write_full_generations, write_per_problem_csv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +79,7 @@ def test_status_reports_trained_partial_and_pending_runs(tmp_path):
     assert rows["tandem"]["state"] == "trained"
     assert rows["grpo"]["state"] == "partial" and rows["grpo"]["step"] == 50
     assert rows["kl_reg"]["state"] == "pending"
-    assert rows["-"]["state"] == "pending"  # the seed's evaluation
+    assert {r["unit"] for r in rows.values()} == {"seed 0"}
 
 
 def _fake_seed(root: Path, seed: int, p_correct: dict, kl: dict) -> None:
@@ -191,12 +192,12 @@ def test_export_writes_one_row_per_checkpoint_benchmark_and_problem(tmp_path):
 
 
 def test_a_failed_stage_names_its_log_and_the_childs_message(tmp_path):
-    """The study runs each stage through `python -m flows.multiseed stage ...` (a child interpreter calling the
+    """The study runs each stage through `python -m tasks.study.stages ...` (a child interpreter calling the
     stage's own function); a failure there comes back as one error with the log's tail."""
     from tandem.errors import UserError
 
     log = tmp_path / "logs" / "prepare.log"
     with pytest.raises(UserError, match="stage prepare") as err:
-        study._stage(tmp_path / "missing.yaml", "prepare", log)
+        stages.stage(tmp_path / "missing.yaml", "prepare", log)
     assert str(log) in str(err.value) and "missing.yaml" in log.read_text()
-    assert study.main(["stage", "nope"]) == 2
+    assert stages.main(["nope"]) == 2

@@ -1,9 +1,9 @@
-"""The junior positive control's decision rules (tandem/control.py) on hand-made numbers."""
+"""The junior positive control's decision rules (tandem/study/control.py) on hand-made numbers."""
 
 import numpy as np
 import pytest
 
-from tandem.control import GateCriteria, bug_indicators, dose_slope, gate
+from tandem.study.control import GateCriteria, bug_indicators, dose_slope, gate
 
 CRIT = GateCriteria.from_dict({"G1_share": [0.5, 0.9], "G2_solo_pass1_min": 0.30, "G3_cost_max": -0.15,
                                "G4_solo_gap_abs_max": 0.10})

@@ -1,4 +1,4 @@
-"""The junior positive control end to end on a tiny model (flows/control.py): the gate builds S and a junior of
+"""The junior positive control end to end on a tiny model (tasks/study/control.py): the gate builds S and a junior of
 its own and measures them; each seed x arm trains, evaluates and analyses with the right partner; the claims and
 report are rebuilt byte for byte from the result files alone. Also: a junior that differs from the base is the one
 in the rollouts, the handoff evaluation and the legibility measures, and training leaves its weights unchanged."""
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows import control as ctl
+from tasks.study import control as ctl
+from tasks.study.recompute import control as control_claims
 from tandem.errors import BadInputError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,7 @@ def _later_setting(tmp_path: Path, parent: Path, seeds=(5,), steps=1) -> Path:
 
 def test_runs_refuse_without_a_passed_gate(tmp_path):
     out = _control_dir(tmp_path)
-    with pytest.raises(BadInputError, match="control gate"):
+    with pytest.raises(BadInputError, match="study gate"):
         ctl.run(out)
 
 
@@ -61,7 +62,7 @@ def test_a_later_setting_uses_its_parents_gate_and_has_none_of_its_own(tmp_path)
     assert ctl.models_dir(reg, "coded") == (parent / "models" / "coded").resolve()
     with pytest.raises(BadInputError, match="no gate of its own"):
         ctl.gate(later)
-    with pytest.raises(BadInputError, match="control gate"):  # the parent has no gate yet
+    with pytest.raises(BadInputError, match="study gate"):  # the parent has no gate yet
         ctl.run(later)
     (parent / "gate.json").write_text(json.dumps({"passed": True, "dialect": "coded", "dialects": []}))
     assert ctl.chosen_dialect(reg) == "coded"
@@ -98,7 +99,7 @@ def test_the_control_end_to_end_with_a_junior_of_its_own(tmp_path):
     at0 = next(iter(next(iter(naive["analysis"]["0"].values())).values()))
     assert at0["kl_mean"] == 0.0 and at0["kl_junior_mean"] > 0.0
 
-    doc = ctl.claims(out)
+    doc = control_claims(out)
     assert [c["id"] for c in doc["claims"]] == ["J1", "J2", "H1", "L1"]
     assert all(c["verdict"] in ("holds", "fails", "inconclusive") for c in doc["claims"])
     assert set(doc["bug_indicators"]) == {f"B{i}" for i in range(1, 8)}
@@ -108,7 +109,7 @@ def test_the_control_end_to_end_with_a_junior_of_its_own(tmp_path):
     shutil.rmtree(out / "runs")  # the results alone rebuild the claims
     for f in first:
         (out / f).unlink()
-    ctl.claims(out)
+    control_claims(out)
     assert {f: (out / f).read_bytes() for f in first} == first
 
     # a later registered setting trains from the same gated S and J with its own horizon and seeds

@@ -1,4 +1,4 @@
-"""flows/pilot.py: the room rules and the beta choice on hand-made measures, the study file derived from a
+"""tasks/study/pilot.py and tandem/study/pilot.py: the room rules and the beta choice on hand-made measures, the study file derived from a
 variant's file, and (slow) the registered pilot end to end on the tiny test settings: one variant, one KL-Reg
 candidate, a decision, result files and the generated study file."""
 
@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from tandem.errors import BadInputError
-from flows import pilot
+from tandem.study import pilot as rules
+from tasks.study import pilot
 from tests.params_files import complete_params
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,26 +20,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_beta_closest_to_half_of_grpo_on_a_log_scale():
     # GRPO's KL 0.2: the target is 0.1; 0.06 is 0.6x, 0.14 is 1.4x -> 0.14 is closer on a log scale
-    beta, ratio = pilot.choose_beta(0.2, {0.05: 0.14, 0.2: 0.06})
+    beta, ratio = rules.choose_beta(0.2, {0.05: 0.14, 0.2: 0.06})
     assert beta == 0.05 and ratio == pytest.approx(1.4)
-    beta, _ = pilot.choose_beta(0.2, {0.05: 0.19, 0.2: 0.09})
+    beta, _ = rules.choose_beta(0.2, {0.05: 0.19, 0.2: 0.09})
     assert beta == 0.2
     with pytest.raises(BadInputError, match="no drift"):
-        pilot.choose_beta(0.0, {0.05: 0.0})
+        rules.choose_beta(0.0, {0.05: 0.0})
 
 
 def test_set_value_replaces_one_setting_and_keeps_the_rest():
     text = "seed: 0\ntrain:\n  steps: 600  # old\n  arms: [grpo]\nevaluate:\n  steps: 3\n"
-    out = pilot.set_value(text, "train.steps", "400", "chosen")
+    out = rules.set_value(text, "train.steps", "400", "chosen")
     assert out == "seed: 0\ntrain:\n  steps: 400  # chosen\n  arms: [grpo]\nevaluate:\n  steps: 3\n"
     with pytest.raises(BadInputError, match="not found"):
-        pilot.set_value(text, "train.nope", "1", "x")
+        rules.set_value(text, "train.nope", "1", "x")
 
 
 def test_the_registered_study_file_is_the_variant_with_the_registered_changes_only():
     reg = pilot.load_registration()
-    v1 = ROOT / reg["pilot"]["variants"][0]["params"]
-    text = pilot.study_file_text(v1, 400, 0.05, reg)
+    v1 = ROOT / reg.variants[0].params
+    text = rules.study_file_text(v1, 400, 0.05, reg)
     got, raw = yaml.safe_load(text), yaml.safe_load(v1.read_text())
     assert got["train"]["arms"] == ["tandem", "grpo", "kl_reg"] and got["train"]["steps"] == 400
     assert got["train"]["kl_beta"] == 0.05 and got["train"]["save_every"] == 50
@@ -88,7 +89,7 @@ def test_decision_order_kl_reg_choice_and_the_study_file(tmp_path, monkeypatch):
 
     def fake_room(root, arm, step, criteria):
         ok = "/v2/" in str(root) and step == 600
-        return {"step": step, "values": {"kl_to_base": 0.3}, "passed": dict.fromkeys(pilot.CRITERIA, ok), "room": ok}
+        return {"step": step, "values": {"kl_to_base": 0.3}, "passed": dict.fromkeys(rules.CRITERIA, ok), "room": ok}
 
     monkeypatch.setattr(pilot, "room", fake_room)
     monkeypatch.setattr(pilot, "kl_at", lambda root, arm, step: 0.2 if "kl0.05" in str(root) else 0.12)
@@ -138,7 +139,7 @@ def test_every_registered_params_file_loads_strictly():
     from tasks.common import load_params
 
     reg = pilot.load_registration()
-    files = [v["params"] for v in reg["pilot"]["variants"]] + [k for v in reg["pilot"]["variants"] for k in v["kl_reg"]]
+    files = [v.params for v in reg.variants] + [k for v in reg.variants for k in v.kl_reg]
     for f in files + ([str(ROOT / "studies" / "study.yaml")] if (ROOT / "studies" / "study.yaml").exists() else []):
         p = load_params(ROOT / f)
         assert p.train.max_new_tokens == 88 and p.evaluate.n_samples == 8, f

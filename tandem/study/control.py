@@ -1,11 +1,14 @@
-"""The junior positive control's decision rules (studies/junior-control/registration.md), as pure functions.
+"""A positive control's decision rules (studies/junior-control/registration.md), as pure functions.
 
 - `gate`: the base-only criteria G1-G4 (and G5, reported) of one dialect from its measured values;
 - `dose_slope`: the least-squares change of the dialect share per 100 training steps over the checkpoints;
-- `bug_indicators`: the registered checks B1-B7 from the study's numbers, each with its value and whether it
-  fired (a fired indicator points at the implementation, and is read before any claim).
+- `dose_series`: the dose curve (solo dialect share per checkpoint, per arm and seed) from the results;
+- `bug_indicators`: the registered checks B1-B7 from the study's numbers (`bug_inputs` gathers them), each with
+  its value and whether it fired (a fired indicator points at the implementation, and is read before any claim);
+- `gate_markdown`, `claims_summary`: the gate's page and the claims as terminal lines.
 
-The measurements themselves (generation, scoring, training) are flows/control.py's; nothing here reads files.
+The measurements themselves (generation, scoring, training) are the driver's (tasks/study/control.py); nothing
+here reads files.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -115,3 +120,97 @@ def bug_indicators(v: Mapping[str, float | bool | None], reg: Mapping) -> dict:
                  "rule": f"H1's estimate within {rlo}-{rhi}x of (share drop x G3 cost), when both are nonzero",
                  "fired": None if ratio is None else not (rlo <= ratio <= rhi)}
     return out
+
+
+def dose_series(reg, res, seeds: list[int]) -> dict:
+    """arm -> {steps, per_seed (seed -> share per checkpoint), mean, slope_per_100_steps, rollout (seed -> step ->
+    share of the training rollouts)} of the solo dialect share (`res`: tandem.study.results.Results)."""
+    from tandem.metrics.intervals import point_estimate
+
+    out = {}
+    for arm in reg.arms:
+        have = [s for s in seeds if (s, arm) in res.docs]
+        if not have:
+            continue
+        steps = sorted(res.docs[(have[0], arm)]["evaluation"]["checkpoints"], key=int)
+        per_seed = {str(s): [point_estimate(res.arrays(k, [arm], "dialect_share", [s])[arm]) for k in steps]
+                    for s in have}
+        slopes = {s: dose_slope([int(k) for k in steps], v) for s, v in per_seed.items()}
+        rollout = {str(s): {k: v.get("dialect_share_rollout") for k, v in res.docs[(s, arm)]["training"].items()}
+                   for s in have}
+        out[arm] = {"steps": [int(k) for k in steps], "per_seed": per_seed,
+                    "mean": [sum(v[i] for v in per_seed.values()) / len(per_seed) for i in range(len(steps))],
+                    "slope_per_100_steps": slopes, "rollout": rollout}
+    return out
+
+
+def bug_inputs(reg, res, seeds: list[int], gate_doc: Mapping, doc: Mapping) -> dict:
+    """The numbers `bug_indicators` reads, from the results, the gate and the claims rows of `doc`."""
+    docs = res.docs
+    share = {a: d["mean"] for a, d in doc["dose"].items()}
+    k = int(reg.bug_indicators["B3_first_steps"])
+    first = [v["reward"] for s in seeds for _, v in sorted(docs[(s, "tandem-naive")]["training"].items(),
+                                                          key=lambda kv: int(kv[0]))[:k]
+             if v.get("reward") is not None]
+    mean = float(np.mean(first)) if first else None
+    se = float(np.std(first, ddof=1) / math.sqrt(len(first))) if len(first) > 1 else None
+    gate_d = gate_doc["dialects"][-1]
+    by_claim = {c["id"]: c for c in doc["claims"]}
+    hashes_ok = all(len({h for k2, h in docs[(s, a)]["hashes"].items() if k2.startswith("junior_") and
+                         k2 not in ("junior_weights_before", "junior_weights_after")}) == 1
+                    for s in seeds for a in reg.arms)
+    return {
+        "senior_share": {f"{a} seed {s}": docs[(s, a)]["senior_fraction"] for s in seeds for a in reg.arms
+                         if reg.arms[a].train == "tandem"},
+        "junior_hashes_equal": hashes_ok,
+        "junior_unchanged": all(docs[(s, a)]["junior_unchanged"] for s in seeds for a in reg.arms),
+        "first_reward": mean, "first_reward_se": se, "gate_word_SJ": gate_d["measures"]["SJ_word"]["pass@1"],
+        "gate_cost": gate_d["values"]["cost_SJ"],
+        "move": {a: v[-1] - v[0] for a, v in share.items()}, "final_share": {a: v[-1] for a, v in share.items()},
+        "J1_holds": by_claim["J1"]["verdict"] == "holds", "H1_estimate": by_claim["H1"]["estimate"],
+    }
+
+
+def _f(x, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:+.{digits}f}" if isinstance(x, float) and x < 0 else (
+        f"{x:.{digits}f}" if isinstance(x, float) else str(x))
+
+
+def gate_markdown(doc: dict) -> str:
+    lines = ["# The gate of the junior positive control", "",
+             "Base models only, no RL (studies/junior-control/registration.md). Written by `tandem study gate` "
+             "from `gate.json`.", ""]
+    lines.append(f"**Result: {'passed, dialect ' + repr(doc['dialect']) if doc['passed'] else 'no dialect passed'}.**")
+    for d in doc["dialects"]:
+        m, c = d["measures"], d["criteria"]
+        lines += ["", f"## Dialect `{d['dialect']}`: {'passed' if d['passed'] else 'failed'}", "",
+                  "| id | value | rule | passed |", "|---|---|---|---|"]
+        for g, row in c.items():
+            v = row["value"]
+            v = ", ".join(f"{k} {_f(x)}" for k, x in v.items()) if isinstance(v, dict) else _f(v)
+            lines.append(f"| {g} | {v} | {row['rule']} | {'' if row['passed'] is None else 'yes' if row['passed'] else 'no'} |")
+        lines += ["", "| measurement | samples | pass@1 | dialect share | dialect-first pass@1 (n) | keyed-first pass@1 (n) |",
+                  "|---|---|---|---|---|---|"]
+        for k, s in m.items():
+            g = s["dialect_vs_keyed"]
+            share = s["styles"].get(d["dialect"], {}).get("share", 0.0)
+            lines.append(f"| {k} | {s['n']} | {_f(s['pass@1'])} | {_f(share)} | {_f(g['dialect'])} ({g['n_dialect']}) "
+                         f"| {_f(g['keyed'])} ({g['n_keyed']}) |")
+        lines += ["", f"Hashes: S `{d['hashes']['S'][:16]}`, J `{d['hashes']['J'][:16]}`. "
+                      f"J's styles: " + ", ".join(f"{k} {_f(v['share'])} (accuracy {_f(v['accuracy'])})"
+                                                 for k, v in (d["junior_metrics"].get("styles") or {}).items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def claims_summary(doc: dict) -> str:
+    lines = [f"junior control: {len(doc['seeds'])} complete seed(s) of {len(doc['seeds_registered'])}"
+             + ("" if doc.get("verdicts_final") else " (verdicts not final)")]
+    for c in doc["claims"]:
+        lines.append(f"  {c['id']}: {c['comparison']} {c['metric']} = {c['estimate']:+.3f} "
+                     f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] -> {c['verdict']}")
+    fired = [k for k, v in doc.get("bug_indicators", {}).items() if v.get("fired")]
+    if doc.get("bug_indicators"):
+        lines.append("  bug indicators fired: " + (", ".join(fired) if fired else "none"))
+    if doc.get("note"):
+        lines.append("  " + doc["note"])
+    return "\n".join(lines)

@@ -1,7 +1,8 @@
-"""The multi-seed study: the pipeline for N seeds x the arms, then the claims with their intervals.
+"""A multi-seed study's runs: the pipeline for N seeds x the arms, their per-problem results, their claims.
 
-`tandem study` (cli/main.py) runs the Prefect flow `tandem-study` (flows/study.py), which calls the steps here;
-`tandem study --registered` and the pilot (flows/pilot.py) call them without Prefect (this module imports none):
+`tandem study run` (cli/main.py) runs the Prefect flow `tandem-study` (flows/study.py), which calls the steps
+here; `--direct`, a registered study and the pilot (tasks/study/pilot.py) call them without Prefect (this module
+imports none):
 
 - `shared_inputs`: the study params file's own prepared data and base model (its `out_root`, the project root
   for params.study.yaml, which shares them with params.yaml); built with the prepare and base stages when
@@ -11,10 +12,12 @@
   study runs never touch the default run's checkpoints or each other's.
 - `train` (one seed x arm), `evaluate` and `analyze` (one seed): the stages' own functions (`tasks.<stage>.run`,
   `tasks.train.run_arm`, on the paths their `default_io` declares: the calls the pipeline flow and `tandem
-  stage` make), each in a child interpreter of its own (`python -m flows.multiseed stage ...`) with the study
+  stage` make), each in a child interpreter of its own (tasks/study/stages.py) with the study
   file's torch threads, so runs go side by side; each appends its output to `<root>/logs/`.
   Interrupted and rerun, a finished arm is skipped, an unfinished one resumes from its last checkpoint
   (`train.resume: auto`), evaluation reuses its per-unit cache, and analysis reruns only when evaluation moved.
+- `unit_state` / `status`: where each seed x arm stands (the one status rule of every study kind);
+- `export_results`: one seed x arm's per-problem CSV (tandem/study/results.py's format);
 - `aggregate`: per-problem measures of every seed (tasks/measures.py) stacked into seeds x problems, the claims
   (tandem.metrics.claims: estimates, paired differences, 95% intervals from a bootstrap over seeds and
   problems, verdicts), written to `<out>/claims.json`, `<out>/report.md` / `report.html` and
@@ -26,11 +29,7 @@ from __future__ import annotations
 import csv
 import math
 import os
-import subprocess
-import sys
 import threading
-import time
-import traceback
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,13 +37,12 @@ from pathlib import Path
 
 import yaml
 
-from tandem.errors import BadInputError, UserError
+from tandem.errors import BadInputError
 from tandem.metrics.claims import EQUIVALENCE_MARGIN, claims_for, evaluate_claims, seeds_of
-from tasks.claims import COLUMNS
+from tandem.study.results import COLUMNS, arm_csv_text
 from tasks.common import atomic_path, load_params, read_json, read_jsonl, read_metrics, write_json
 from tasks.measures import final_steps, run_measures, stack_seeds
-
-CODE_ROOT = Path(__file__).resolve().parents[1]
+from tasks.study.stages import CODE_ROOT, stage
 SHARED = ("data/prepared", "models/base", "models/junior")
 
 
@@ -102,77 +100,8 @@ def settings(params_file: str | Path = "params.study.yaml", seeds: int = 3, firs
 
 
 # --------------------------------------------------------------------------------------------------
-# Running stages
+# Seed roots
 # --------------------------------------------------------------------------------------------------
-
-def _stage_module(name: str):
-    """The stage module the study runs (imported one at a time: each costs its own import time)."""
-    if name == "prepare":
-        from tasks import prepare as mod
-    elif name == "base":
-        from tasks import base as mod
-    elif name == "junior":
-        from tasks import junior as mod
-    elif name == "train":
-        from tasks import train as mod
-    elif name == "evaluate":
-        from tasks import evaluate as mod
-    elif name == "analyze":
-        from tasks import analyze as mod
-    else:
-        raise BadInputError(f"study: no stage {name!r} (prepare, base, junior, train, evaluate, analyze)")
-    return mod
-
-
-def run_stage(params_file: str | Path, name: str, arm: str | None = None) -> int:
-    """Stage `name` (one arm of train if given) on `params_file` in this process, as `tandem stage` runs it: the
-    quiet-tool defaults, the output root's lock (one arm of train holds only its own scope, so arms go side
-    by side), then the stage's own function on its declared paths. Returns 0, or 1 after a failure (an
-    expected one as its one-line message, anything else with its traceback)."""
-    from tandem.config import apply_tool_env
-    from tandem.errors import as_user_error, is_expected
-    from tandem.workspace import workspace_lock
-
-    apply_tool_env()
-    t0 = time.perf_counter()
-    try:
-        params = load_params(params_file)
-        mod = _stage_module(name)
-        inputs, outputs = mod.default_io(params)
-        with workspace_lock(params.out_root, command=f"tandem study: stage {name}" + (f" --arm {arm}" if arm else ""),
-                            scope=f"train-{arm}" if arm else None):
-            if arm is None:
-                mod.run(params, inputs, outputs)
-            else:
-                mod.run_arm(params, arm, inputs, outputs)
-    except Exception as e:  # noqa: BLE001 - the parent reads the log's tail into its error
-        if is_expected(e):
-            print(f"stage {name} failed: {as_user_error(e)}", file=sys.stderr)
-        else:
-            traceback.print_exc()
-        return 1
-    print(f"stage {name} done in {time.perf_counter() - t0:.1f}s")
-    return 0
-
-
-def _stage(params_file: Path, name: str, log: Path, arm: str | None = None) -> None:
-    """`run_stage` in a child interpreter (`python -m flows.multiseed stage ...`), output appended to `log`:
-    each stage sets its own torch threads, holds its own models and frees them when it ends, so stages of
-    different seeds and arms run side by side."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "flows.multiseed", "stage", name, str(params_file)] + ([arm] if arm else [])
-    env = dict(os.environ, WANDB_MODE=os.environ.get("WANDB_MODE", "disabled"))
-    env["PYTHONPATH"] = os.pathsep.join([str(CODE_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    with open(log, "a", encoding="utf-8") as f:
-        f.write(f"\n== stage {name}{' --arm ' + arm if arm else ''} --params {params_file} "
-                f"({time.strftime('%Y-%m-%d %H:%M:%S')})\n")
-        f.flush()
-        rc = subprocess.call(cmd, cwd=CODE_ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
-    if rc != 0:
-        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
-        raise UserError(f"study: stage {name}{' --arm ' + arm if arm else ''} for {params_file.parent} failed "
-                        f"(exit {rc}); see {log}:\n  " + "\n  ".join(tail))
-
 
 def shared_inputs(s: StudySettings) -> Path:
     """The study file's root with its prepared data and base model (built by the prepare and base stages when
@@ -180,7 +109,7 @@ def shared_inputs(s: StudySettings) -> Path:
     main_root = s.main_root
     for rel, name in zip(SHARED, ("prepare", "base", "junior")):
         if not (main_root / rel).exists():
-            _stage(s.params_file, name, s.out / "logs" / f"{name}.log")
+            stage(s.params_file, name, s.out / "logs" / f"{name}.log")
     return main_root
 
 
@@ -208,7 +137,7 @@ def train(root: Path, arm: str) -> dict:
     """Train one arm of one seed (skipped when its summary exists; resumes an unfinished run)."""
     summary = root / "metrics" / f"train_{arm}.json"
     if not summary.exists():
-        _stage(root / "params.yaml", "train", root / "logs" / f"train_{arm}.log", arm=arm)
+        stage(root / "params.yaml", "train", root / "logs" / f"train_{arm}.log", arm=arm)
     return read_json(summary)
 
 
@@ -216,7 +145,7 @@ def evaluate(root: Path) -> dict:
     """Evaluate one seed's checkpoints (cached units are not redone, so a rerun only collects)."""
     out = root / "metrics" / "eval.json"
     before = (out.read_bytes(), out.stat()) if out.exists() else None
-    _stage(root / "params.yaml", "evaluate", root / "logs" / "evaluate.log")
+    stage(root / "params.yaml", "evaluate", root / "logs" / "evaluate.log")
     if before is not None and out.read_bytes() == before[0]:
         # the same results, collected again from the cache: keep the old time so analysis is not redone
         os.utime(out, ns=(before[1].st_atime_ns, before[1].st_mtime_ns))
@@ -227,42 +156,38 @@ def analyze(root: Path) -> dict:
     """Legibility and drift of one seed (skipped when newer than its evaluation)."""
     out, ev = root / "metrics" / "analysis.json", root / "metrics" / "eval.json"
     if not (out.exists() and out.stat().st_mtime >= ev.stat().st_mtime):
-        _stage(root / "params.yaml", "analyze", root / "logs" / "analyze.log")
+        stage(root / "params.yaml", "analyze", root / "logs" / "analyze.log")
     return read_json(out)["summary"]
 
 
-def status(s: StudySettings) -> list[dict]:
-    """Where each seed x arm stands: trained, partial (its last saved step), started (no checkpoint yet) or
-    pending, and per seed whether it was evaluated and analysed."""
-    rows = []
-    p = load_params(s.params_file)
-    total, arms = p.train.steps, p.train.arms
-    for seed in s.seeds:
-        root = s.root(seed)
-        for arm in arms:
-            done = root / "metrics" / f"train_{arm}.json"
-            if done.exists():
-                d = read_json(done)
-                rows.append({"seed": seed, "arm": arm, "state": "trained", "step": d.get("steps", total),
-                             "steps": total})
-                continue
-            saved = [int(p.name[5:]) for p in (root / "scratch" / "train" / arm).glob("step-*")
-                     if p.name[5:].isdigit()] + [int(p.name[5:]) for p in (root / "models" / "checkpoints" / arm)
-                                                 .glob("step-*") if p.name[5:].isdigit()]
-            started = (root / "logs" / f"train_{arm}.log").exists()
-            rows.append({"seed": seed, "arm": arm, "state": "partial" if saved else "started" if started else "pending",
-                         "step": max(saved, default=0), "steps": total})
+def unit_state(root: Path, arm: str, total: int) -> dict:
+    """Where one training run of a study root stands (every study's `--status` rows): trained, partial (its last
+    saved step), started (a log, no checkpoint yet) or pending; then analyzed or evaluated once those ran."""
+    done = root / "metrics" / f"train_{arm}.json"
+    if done.exists():
+        state, step = "trained", read_json(done).get("steps", total)
         ev, an = root / "metrics" / "eval.json", root / "metrics" / "analysis.json"
-        rows.append({"seed": seed, "arm": "-", "state": "analyzed" if an.exists() else
-                     "evaluated" if ev.exists() else "pending", "step": None, "steps": None})
-    return rows
+        if an.exists() and ev.exists() and an.stat().st_mtime >= ev.stat().st_mtime:
+            state = "analyzed"
+        return {"arm": arm, "state": state, "step": step, "steps": total}
+    saved = [int(p.name[5:]) for d in (root / "scratch" / "train" / arm, root / "models" / "checkpoints" / arm)
+             for p in d.glob("step-*") if p.name[5:].isdigit()]
+    started = any((root / "logs").glob(f"*{arm}*.log")) or (root / "logs" / "stages.log").exists()
+    return {"arm": arm, "state": "partial" if saved else "started" if started else "pending",
+            "step": max(saved, default=0), "steps": total}
+
+
+def status(s: StudySettings) -> list[dict]:
+    """Where each seed x arm of a multi-seed study stands (`unit_state`)."""
+    total = load_params(s.params_file).train.steps
+    return [{"unit": f"seed {seed}", **unit_state(s.root(seed), arm, total)} for seed in s.seeds for arm in s.arms]
 
 
 # --------------------------------------------------------------------------------------------------
 # Per-problem results of one seed x arm (committed; what the claims are computed from)
 # --------------------------------------------------------------------------------------------------
 
-RESULT_COLUMNS = COLUMNS  # the results format lives with its reader, tasks/claims.py
+RESULT_COLUMNS = COLUMNS  # the results format lives with its reader, tandem/study/results.py
 CONTROL = "control"  # the positive control's pseudo-arm (trained as `grpo` in its own root)
 
 
@@ -341,11 +266,10 @@ def export_results(root: Path, seed: int, arm: str, results_dir: Path, label: st
                              "kl_mean": _num(_f(o.get("kl_mean"))), "common_kl": _num(_f(c.get("kl_mean"))),
                              "common_overlap": _num(_f(c.get("overlap"))),
                              "compact_share": _num(d["compact"] / d["n"] if d["n"] else None)})
-    from tasks.claims import write_arm_csv
-
     out = result_file(results_dir, seed, label or arm)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_arm_csv(out, rows)
+    with atomic_path(out) as tmp:
+        Path(tmp).write_text(arm_csv_text(rows), encoding="utf-8")
     return out
 
 
@@ -514,7 +438,7 @@ def aggregate(s: StudySettings) -> dict:
         "training": _train_summaries(s),
     }
     write_json(s.out / "claims.json", doc)
-    write_report(s, doc)
+    write_report(s.out, doc)
     return doc
 
 
@@ -522,8 +446,9 @@ def _final_steps(root: Path, arms: list[str]) -> dict[str, int]:
     return {a: st for a, st in final_steps(read_json(root / "metrics" / "eval.json"), arms).items() if a != "base"}
 
 
-def write_report(s: StudySettings, doc: dict) -> None:
-    """<out>/report.md and report.html: the claims first, then every measure per arm with its interval."""
+def write_report(out: Path, doc: dict) -> None:
+    """<out>/report.md and report.html from a claims document of `aggregate`: the claims first, then every measure
+    per arm with its interval."""
     from tandem.report.claims import claims_section, metric_label
     from tandem.report.document import Report, Section, Table
     from tandem.report.render import figure_filename, render_html, render_markdown
@@ -555,13 +480,13 @@ def write_report(s: StudySettings, doc: dict) -> None:
                                   v.get("val_accuracy_initial"), v.get("val_accuracy_last"), v.get("step_seconds")]
                                  for k, v in tr.items()]))
     rep.sections.append(sec)
-    figs = s.out / "figures"
+    figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
     for f in rep.figures():
         (figs / figure_filename(f.name)).write_bytes(f.png)
-    with atomic_path(s.out / "report.md") as tmp:
+    with atomic_path(out / "report.md") as tmp:
         Path(tmp).write_text(render_markdown(rep, "figures"))
-    with atomic_path(s.out / "report.html") as tmp:
+    with atomic_path(out / "report.html") as tmp:
         Path(tmp).write_text(render_html(rep))
 
 
@@ -572,16 +497,3 @@ def claims_summary(doc: dict) -> str:
         d = "-" if r["difference"] is None else f"{r['difference']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
         lines.append(f"  {r['claim']:<22} {r['metric']:<12} {r['comparison']:<16} {d:<28} {r['verdict']}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m flows.multiseed stage NAME PARAMS_FILE [ARM]`: one stage of one study root (what `_stage` runs)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) not in (3, 4) or argv[0] != "stage":
-        print("usage: python -m flows.multiseed stage NAME PARAMS_FILE [ARM]", file=sys.stderr)
-        return 2
-    return run_stage(argv[2], argv[1], argv[3] if len(argv) == 4 else None)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,450 @@
+"""A registered positive control, driven from its registration alone: the gate, the seed x arm runs.
+
+`tandem study gate|run --out <folder>` runs it (tasks/study/recompute.py rebuilds its claims). Every number comes
+from the project's own stages and library, and every setting from the registration (tandem.study.registration):
+
+- `gate`: for each registered dialect in order, build the senior's base S (the base stage, with the registered
+  params file, the senior's build sections and the dialect's styles) and the junior J (the junior stage, with the
+  registration's `junior` section: its source and settings) under `work/<dialect>/`, then measure on the base
+  models only, at the registered evaluation decoding: S's and J's solo samples, the step schedule of (S, J) and
+  of (S, S) on every benchmark problem, and the word schedule of both pairs on the validation problems; styles
+  are named by the registered classifier. `tandem.study.control.gate` decides; `gate.json` and `gate.md` are
+  written and the first dialect that passes is chosen.
+- `run`: every registered seed x arm without a result: a complete params file per run under
+  `runs/seed-<S>/<arm>/` (links to the chosen dialect's data, S and J), then the train, evaluate and analyze stages
+  (each resumable), then `results/seed-<S>/<arm>.json`, the run's small per-problem results, which is what gets
+  committed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tandem.errors import BadInputError
+from tandem.study import registration as R
+from tandem.study.control import gate_markdown
+from tandem.study.results import classifier
+from tasks.common import atomic_path, load_params, read_json, read_jsonl, write_json
+from tasks.study.stages import CODE_ROOT, stage
+
+CONTROL_DIR = CODE_ROOT / "studies" / "junior-control"
+
+
+def registration(out: Path = CONTROL_DIR) -> R.ControlRegistration:
+    """The committed control registration in `out`, typed and validated."""
+    reg = R.load(Path(out), CODE_ROOT)
+    if not isinstance(reg, R.ControlRegistration):
+        raise BadInputError(f"control: {out} holds no positive control's registration (kind: junior-control)")
+    return reg
+
+
+def gate_dir(reg: R.ControlRegistration) -> Path:
+    return reg.gated.dir
+
+
+def _rel(p: Path) -> str:
+    """`p` relative to the project root when it lies inside it (what a committed file names), else as is."""
+    try:
+        return str(Path(p).resolve().relative_to(CODE_ROOT))
+    except ValueError:
+        return str(p)
+
+
+def work_root(reg: R.ControlRegistration, dialect: str) -> Path:
+    return (gate_dir(reg) / "work" / dialect).resolve()
+
+
+def dialect_params(reg: R.ControlRegistration, dialect: R.Dialect) -> Path:
+    """`work/<dialect>/params.yaml`: the registered params file with the senior's build sections and seed, the
+    dialect's senior styles, the registered junior section, and this root (written once; the file is the record
+    of what the gate built)."""
+    root = work_root(reg, dialect.name)
+    f = root / "params.yaml"
+    raw = yaml.safe_load((CODE_ROOT / reg.params).read_text())
+    raw["out_root"] = str(root)
+    raw["seed"] = reg.senior.seed
+    for section, values in reg.senior.sections.items():
+        raw[section].update(values)
+    raw["data"]["solution_styles"] = dict(dialect.senior_styles)
+    for section, values in reg.junior.sections.items():
+        raw[section].update(values)
+    text = yaml.safe_dump(raw, sort_keys=False)
+    if not f.exists() or f.read_text() != text:
+        root.mkdir(parents=True, exist_ok=True)
+        with atomic_path(f) as tmp:
+            Path(tmp).write_text(text)
+    load_params(f)  # a complete, valid file before anything runs
+    return f
+
+
+def build_models(params_file: Path, log_dir: Path) -> None:
+    """The prepare, base and junior stages for one dialect's root, each only when its output is missing."""
+    p = load_params(params_file)
+    root = Path(p.out_root)
+    for name, out in (("prepare", root / "data" / "prepared"), ("base", root / "models" / "base"),
+                      ("junior", root / "models" / "junior")):
+        if not out.exists():
+            stage(params_file, name, log_dir / f"{name}.log")
+
+
+def models_dir(reg: R.ControlRegistration, dialect: str) -> Path:
+    """`models/<dialect>/{S,J}`: the committed copies of the gated S and J (small), so that every seed x arm,
+    on any machine, trains from the very weights the gate measured (a rebuild on other CPU kernels may differ)."""
+    return (gate_dir(reg) / "models" / dialect).resolve()
+
+
+def keep_models(reg: R.ControlRegistration, dialect: str) -> Path:
+    """Copy the dialect's S (models/base) and J (models/junior) into `models_dir` (once; checked equal after)."""
+    import shutil
+
+    from tandem.evaluation import content_hash
+
+    src, dest = work_root(reg, dialect) / "models", models_dir(reg, dialect)
+    for name, rel in (("S", "base"), ("J", "junior")):
+        if not (dest / name).exists():
+            with atomic_path(dest / name) as tmp:
+                shutil.copytree(src / rel, tmp)
+        if content_hash(dest / name) != content_hash(src / rel):
+            raise BadInputError(f"control: {dest / name} differs from {src / rel}: remove it and rerun the gate")
+    return dest
+
+
+def ensure_inputs(reg: R.ControlRegistration, dialect: str) -> Path:
+    """The dialect's work root with its prepared data (rebuilt by the prepare stage when missing: it is
+    deterministic) and its models linked to the committed S and J (a later setting's: its gate's)."""
+    reg = reg.gated
+    d = reg.dialect(dialect)
+    f = dialect_params(reg, d)
+    root = work_root(reg, dialect)
+    keep = models_dir(reg, dialect)
+    for name, rel in (("S", "base"), ("J", "junior")):
+        dst = root / "models" / rel
+        if not dst.exists() and (keep / name).exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.symlink_to(keep / name, target_is_directory=True)
+    build_models(f, root / "logs")
+    return root
+
+
+# --------------------------------------------------------------------------------------------------
+# The gate
+# --------------------------------------------------------------------------------------------------
+
+def _pair_records(params, tok, senior, junior, rows_by_bench: dict, mode: str, who: str) -> list[dict]:
+    """Scored samples of the loaded `senior` (with `junior` as partner outside solo) at the registered decoding."""
+    from tandem.evaluation import Decoder, run_benchmark
+    from tandem.generation import eos_token_ids, stable_seed
+    from tandem.rewards import score_many
+    from tandem.rollout.factory import make_engine
+    from tasks.evaluate import settings_of
+
+    ev = params.evaluate
+    decoder = Decoder(make_engine(senior, junior, tok, "hf"), tok, eos_token_ids(tok, senior))
+    out = []
+    for b, rows in rows_by_bench.items():
+        t0 = time.perf_counter()
+        recs = run_benchmark(decoder, rows, mode, settings_of(params), seed=stable_seed("gate", who, mode, b),
+                             score_fn=lambda t, g: score_many(t, g, timeout=ev.score_timeout, workers=1))
+        for r in recs:
+            r["benchmark"] = b
+        out += recs
+        print(f"gate: {who} {mode} {b}: {len(recs)} samples in {time.perf_counter() - t0:.0f}s", file=sys.stderr,
+              flush=True)
+    return out
+
+
+def _summary(records: list[dict], dialect: str, style_of, keyed) -> dict:
+    from tandem.metrics.dialect import accuracy_by_style, class_gap
+
+    styles, scores = [style_of(r["text"]) for r in records], [float(r["score"]) for r in records]
+    n = len(scores)
+    p = sum(scores) / n
+    by_bench: dict[str, list[float]] = {}
+    for r, s in zip(records, scores):
+        by_bench.setdefault(r["benchmark"], []).append(s)
+    return {"n": n, "pass@1": p, "se": (p * (1 - p) / n) ** 0.5,
+            "pass@1_by_benchmark": {b: sum(v) / len(v) for b, v in by_bench.items()},
+            "styles": accuracy_by_style(styles, scores), "dialect_vs_keyed": class_gap(styles, scores, dialect, keyed),
+            "senior_share": (sum(sum(r["owner"]) / len(r["owner"]) for r in records if r["owner"]) /
+                             max(1, sum(1 for r in records if r["owner"])))}
+
+
+def gate_measures(params_file: Path, dialect: str, style_of, keyed) -> dict:
+    """Every gate measurement of one dialect's S and J (solo, step and word), summarised."""
+    from tandem.evaluation import content_hash
+    from tandem.threads import torch_threads
+    from tasks.evaluate import load_benchmarks
+
+    params = load_params(params_file)
+    root = Path(params.out_root)
+    S, J = root / "models" / "base", root / "models" / "junior"
+    import dataclasses
+
+    everything = dataclasses.replace(params, evaluate=dataclasses.replace(params.evaluate, max_problems=0))
+    benches = load_benchmarks(everything, {"eval_data": root / "data" / "prepared" / "eval"})
+    from tandem.data.prompts import user_message
+
+    val = {"validation": [{**r, "prompt": r.get("prompt") or user_message(r["problem"]), "answer": str(r["answer"])}
+                          for r in read_jsonl(root / "data" / "prepared" / "val.jsonl")]}
+    from tandem.models import load_model, load_tokenizer
+
+    mc = params.model
+    tok = load_tokenizer(S, mc.trust_remote_code)  # J shares it (the junior stage checked)
+    with torch_threads(1):
+        # each model loaded once; the self pairs use a second copy of S as the junior, as training does
+        s_, s2, j_ = (load_model(d, mc.dtype, mc.trust_remote_code).eval() for d in (S, S, J))
+        runs = {
+            "S_solo": _pair_records(params, tok, s_, None, benches, "solo", "S"),
+            "J_solo": _pair_records(params, tok, j_, None, benches, "solo", "J"),
+            "SJ_step": _pair_records(params, tok, s_, j_, benches, "step", "SJ"),
+            "SS_step": _pair_records(params, tok, s_, s2, benches, "step", "SS"),
+            "SJ_word": _pair_records(params, tok, s_, j_, val, "word", "SJ"),
+            "SS_word": _pair_records(params, tok, s_, s2, val, "word", "SS"),
+        }
+    summ = {k: _summary(v, dialect, style_of, keyed) for k, v in runs.items()}
+    values = {"share": summ["S_solo"]["styles"].get(dialect, {}).get("share", 0.0),
+              "solo_pass1_S": summ["S_solo"]["pass@1"], "solo_pass1_J": summ["J_solo"]["pass@1"],
+              "cost_SJ": summ["SJ_step"]["dialect_vs_keyed"]["gap"],
+              "solo_gap_S": summ["S_solo"]["dialect_vs_keyed"]["gap"],
+              "cost_SS": summ["SS_step"]["dialect_vs_keyed"]["gap"]}
+    return {"values": values, "measures": summ, "hashes": {"S": content_hash(S), "J": content_hash(J)},
+            "junior_metrics": read_json(root / "metrics" / "junior.json")}
+
+
+def gate(out: Path = CONTROL_DIR) -> dict:
+    """The registered gate: dialects in order until one passes; writes gate.json and gate.md."""
+    from tandem.study.control import GateCriteria, gate as decide
+
+    reg = registration(out)
+    if reg.gate_from is not None:
+        raise BadInputError(f"control: {out} is a later setting that trains from the gate of "
+                            f"{_rel(reg.gate_from.dir)}; it has no gate of its own")
+    crit = GateCriteria.from_dict(reg.gate.criteria)
+    done = {}
+    if (Path(out) / "gate.json").exists():
+        done = {d["dialect"]: d for d in read_json(Path(out) / "gate.json")["dialects"]}
+    results, chosen = [], None
+    for d in reg.dialects:
+        name = d.name
+        if name in done:
+            res = done[name]
+        else:
+            f = dialect_params(reg, d)
+            build_models(f, work_root(reg, name) / "logs")
+            m = gate_measures(f, name, classifier(reg.classifier), reg.keyed_styles)
+            res = {"dialect": name, "senior_styles": dict(d.senior_styles), **decide(m["values"], crit), **m,
+                   "params": _rel(f)}
+        results.append(res)
+        if res["passed"]:
+            chosen = name
+            keep_models(reg, name)
+            break
+    doc = {"registration": _rel(Path(out) / "registration.yaml"), "passed": chosen is not None,
+           "dialect": chosen, "dialects": results}
+    write_json(Path(out) / "gate.json", doc)
+    with atomic_path(Path(out) / "gate.md") as tmp:
+        Path(tmp).write_text(gate_markdown(doc))
+    return doc
+
+
+# --------------------------------------------------------------------------------------------------
+# The seed x arm runs
+# --------------------------------------------------------------------------------------------------
+
+def chosen_dialect(reg: R.ControlRegistration) -> str:
+    """The dialect the committed gate chose (a later setting's: its gate's); refuses to run without a passed gate."""
+    f = gate_dir(reg) / "gate.json"
+    if not f.exists():
+        raise BadInputError(f"control: {f} does not exist: run `tandem study gate` (and commit its result) first")
+    g = read_json(f)
+    if not g["passed"]:
+        raise BadInputError("control: no dialect passed the gate; the gate's numbers are the result, nothing trains")
+    return g["dialect"]
+
+
+def run_root(out: Path, seed: int, arm: str) -> Path:
+    return (Path(out) / "runs" / f"seed-{seed}" / arm).resolve()
+
+
+def result_file(out: Path, seed: int, arm: str) -> Path:
+    return Path(out) / "results" / f"seed-{seed}" / f"{arm}.json"
+
+
+def prepare_run(reg: R.ControlRegistration, dialect: str, seed: int, arm: str) -> Path:
+    """`runs/seed-<S>/<arm>/params.yaml`: the dialect's gate file with this seed, this root, the arm's pipeline
+    arm and its partner (J: the dialect's junior; S: `junior.source: base`), and links to the dialect's prepared
+    data, S and (partner J) J."""
+    spec = reg.arms[arm]
+    src_root = ensure_inputs(reg, dialect)
+    raw = yaml.safe_load((src_root / "params.yaml").read_text())
+    root = run_root(reg.dir, seed, arm)
+    raw.update(seed=seed, out_root=str(root))
+    for section, values in reg.params_overrides.items():  # a later setting's registered changes
+        raw[section].update(values)
+    raw["train"]["arms"] = [spec.train]
+    raw["analyze"]["reference_arm"] = spec.train
+    if spec.partner == "S":
+        raw["junior"]["source"] = "base"
+    links = ["data/prepared", "models/base"] + (["models/junior"] if spec.partner == "J" else [])
+    for rel in links:
+        dst = root / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if not dst.exists():
+            dst.symlink_to(src_root / rel, target_is_directory=True)
+    f = root / "params.yaml"
+    text = yaml.safe_dump(raw, sort_keys=False)
+    if not f.exists() or f.read_text() != text:
+        with atomic_path(f) as tmp:
+            Path(tmp).write_text(text)
+    load_params(f)
+    return f
+
+
+def run_one(reg: R.ControlRegistration, dialect: str, seed: int, arm: str) -> Path:
+    """Train, evaluate and analyse one seed x arm (each stage resumable), then write its result file."""
+    f = prepare_run(reg, dialect, seed, arm)
+    root, spec = f.parent, reg.arms[arm]
+    log = root / "logs" / "stages.log"
+    if spec.partner == "S" and not (root / "models" / "junior").exists():
+        stage(f, "junior", log)
+    stage(f, "train", log, arm=spec.train)
+    stage(f, "evaluate", log)
+    stage(f, "analyze", log)
+    doc = collect_result(reg, dialect, seed, arm, root)
+    dest = result_file(reg.dir, seed, arm)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    write_json(dest, doc)
+    return dest
+
+
+def _problems(records: list[dict], dialect: str, style_of) -> dict[str, list[int]]:
+    """Problem id -> [samples, correct, in the dialect] (the per-problem counts a result file keeps)."""
+    out: dict[str, list[int]] = {}
+    for r in records:
+        c = out.setdefault(str(r["id"]), [0, 0, 0])
+        c[0] += 1
+        c[1] += int(float(r["score"]) > 0)
+        c[2] += int(style_of(r["text"]) == dialect)
+    return out
+
+
+def collect_result(reg: R.ControlRegistration, dialect: str, seed: int, arm: str, root: Path) -> dict:
+    """The small result of one seed x arm: per checkpoint and mode the per-problem counts (samples, correct, in
+    the dialect), per checkpoint the per-problem analysis means, the per-step training series, and every hash
+    the bug indicator B2 compares."""
+    import csv
+
+    from tandem.checkpoints import generations_file
+    from tasks.common import read_metrics
+
+    spec = reg.arms[arm]
+    tarm = spec.train
+    style_of = classifier(reg.classifier)
+    ev = read_json(root / "metrics" / "eval.json")
+    an = read_json(root / "metrics" / "analysis.json")
+    summ = read_metrics(root / "metrics" / f"train_{tarm}.json")
+    gens = root / "results" / "generations"
+    ckpts = {}
+    for c in ev["arms"][tarm]["checkpoints"]:
+        ckpts[str(c["step"])] = {m: {b: _problems(read_jsonl(generations_file(gens, tarm, c["step"], m, b)), dialect, style_of)
+                                     for b in ev["settings"]["benchmarks"]}
+                                 for m in ev["settings"]["modes"]}
+    per_problem: dict[str, dict] = {}
+    with open(root / "metrics" / "plots" / "analysis" / "per_problem.csv", newline="") as fh:
+        for r in csv.DictReader(fh):
+            if r["arm"] != tarm:
+                continue
+            vals = {k: (float(r[k]) if r.get(k) not in (None, "") else None)
+                    for k in ("junior_ce", "overlap", "kl_mean", "kl_junior_mean") if k in r}
+            per_problem.setdefault(r["step"], {}).setdefault(r["benchmark"], {})[r["id"]] = vals
+    last = sorted((root / "models" / "checkpoints" / tarm).glob("step-*"), key=lambda p: int(p.name[5:]))[-1]
+    history = read_json(last / "trainer_state.json")["log_history"]
+    series: dict[str, dict] = {}
+    for h in history:
+        if "loss" in h and "tandem/step" in h:
+            series[str(int(h["tandem/step"]))] = {"reward": h.get("reward"),
+                                                  "senior_fraction": h.get("tandem/senior_fraction"),
+                                                  "dialect_share_rollout": h.get(f"style/{dialect}")}
+    return {
+        "seed": seed, "arm": arm, "train_arm": tarm, "partner": spec.partner, "dialect": dialect,
+        "steps": summ.get("steps"),
+        "hashes": {"junior_gate": read_json(gate_dir(reg) / "gate.json")["dialects"][-1]["hashes"][spec.partner],
+                   "junior_train": (summ.get("junior") or {}).get("hash"), "junior_eval": ev["junior"]["hash"],
+                   "junior_analysis": (an.get("junior") or {}).get("hash", ev["junior"]["hash"]),
+                   "junior_weights_before": summ.get("junior_hash_before"),
+                   "junior_weights_after": summ.get("junior_hash_after")},
+        "junior_unchanged": summ.get("junior_unchanged"),
+        "senior_fraction": summ.get("senior_fraction"),
+        "evaluation": {"settings": {k: ev["settings"][k] for k in ("n_samples", "modes", "temperature", "top_p",
+                                                                  "top_k", "max_new_tokens")},
+                       "junior_floor": ev["junior"]["modes"]["solo"]["macro"],
+                       "checkpoints": ckpts},
+        "analysis": per_problem,
+        "training": series,
+    }
+
+
+def status(out: Path = CONTROL_DIR) -> list[dict]:
+    """Where each registered seed x arm stands (tasks.study.runs.unit_state), `result written` once its result is."""
+    from tasks.study.runs import unit_state
+
+    reg = registration(out)
+    rows = []
+    for seed in reg.seeds:
+        for arm, spec in reg.arms.items():
+            row = unit_state(run_root(out, seed, arm), spec.train, reg.steps)
+            if result_file(out, seed, arm).exists():
+                row["state"] = "result written"
+            rows.append({"unit": f"seed {seed}", **row, "arm": arm})
+    return rows
+
+
+def _git_commit(paths: list[Path], message: str, log) -> None:
+    import subprocess
+
+    try:
+        subprocess.run(["git", "add", "--", *map(str, paths)], cwd=CODE_ROOT, check=True, capture_output=True)
+        subprocess.run(["git", "commit", "-q", "-m", message, "--", *map(str, paths)], cwd=CODE_ROOT, check=True,
+                       capture_output=True)
+        log(f"committed {', '.join(str(p) for p in paths)}")
+    except subprocess.CalledProcessError as e:  # the result stays on disk; a later commit picks it up
+        log(f"could not commit {paths}: {(e.stderr or b'').decode(errors='replace').strip()[:300]}")
+
+
+def run(out: Path = CONTROL_DIR, seeds: list[int] | None = None, arms: list[str] | None = None, jobs: int = 2,
+        commit: bool = False, log=print) -> list[Path]:
+    """Every (seed, arm) without a result, seeds in registered order, `jobs` side by side."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    reg = registration(out)
+    dialect = chosen_dialect(reg)
+    seeds = list(reg.seeds) if seeds is None else seeds
+    arms = list(reg.arms) if arms is None else arms
+    unknown = [a for a in arms if a not in reg.arms]
+    if unknown:
+        raise BadInputError(f"control: unknown arm(s) {unknown}; registered: {list(reg.arms)}")
+    todo = [(s, a) for s in seeds for a in arms if not result_file(out, s, a).exists()]
+    done: list[Path] = []
+
+    def one(sa):
+        s, a = sa
+        t0 = time.perf_counter()
+        log(f"seed {s} {a}: started")
+        dest = run_one(reg, dialect, s, a)
+        log(f"seed {s} {a}: result written in {time.perf_counter() - t0:.0f}s -> {dest}")
+        if commit:
+            setting = f" setting {reg.setting}" if reg.setting else ""
+            _git_commit([dest], f"Junior control{setting}: result of seed {s}, arm {a} (registered run, {reg.steps} "
+                                f"steps; per-problem counts, analysis means and training series)", log)
+        return dest
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for dest in pool.map(one, todo):
+            done.append(dest)
+    return done
+
+
