@@ -26,11 +26,11 @@ import yaml
 
 from tandem.errors import BadInputError
 from tandem.metrics.verdicts import RegisteredClaim
+from tandem.study.results import CLASSIFIERS
 
 KINDS = ("junior-control", "pilot")
 # What the claims engine implements (tandem.study.claims); a registration asking for anything else is refused.
 IMPLEMENTED = {"bootstrap": "crossed", "robustness": "seed_t", "multiplicity": "holm"}
-CLASSIFIERS = ("solution_style",)  # tandem.study.results.classifier: the style of a text, by name
 PARTNERS = ("S", "J")
 SECONDARY_TESTS = ("less", "greater", "noninferior", "difference", "per_arm")
 

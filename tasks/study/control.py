@@ -27,9 +27,10 @@ import yaml
 from tandem.errors import BadInputError
 from tandem.study import registration as R
 from tandem.study.control import gate_markdown
+from tandem.study.params import derive, gate_changes, run_changes
 from tandem.study.results import classifier
 from tasks.common import atomic_path, load_params, read_json, read_jsonl, write_json
-from tasks.study.stages import CODE_ROOT, stage
+from tasks.study.stages import CODE_ROOT, stage, write_params
 
 CONTROL_DIR = CODE_ROOT / "studies" / "junior-control"
 
@@ -60,25 +61,11 @@ def work_root(reg: R.ControlRegistration, dialect: str) -> Path:
 
 def dialect_params(reg: R.ControlRegistration, dialect: R.Dialect) -> Path:
     """`work/<dialect>/params.yaml`: the registered params file with the senior's build sections and seed, the
-    dialect's senior styles, the registered junior section, and this root (written once; the file is the record
-    of what the gate built)."""
+    dialect's senior styles, the registered junior section, and this root (tandem.study.params.gate_changes;
+    written once: the file is the record of what the gate built)."""
     root = work_root(reg, dialect.name)
-    f = root / "params.yaml"
     raw = yaml.safe_load((CODE_ROOT / reg.params).read_text())
-    raw["out_root"] = str(root)
-    raw["seed"] = reg.senior.seed
-    for section, values in reg.senior.sections.items():
-        raw[section].update(values)
-    raw["data"]["solution_styles"] = dict(dialect.senior_styles)
-    for section, values in reg.junior.sections.items():
-        raw[section].update(values)
-    text = yaml.safe_dump(raw, sort_keys=False)
-    if not f.exists() or f.read_text() != text:
-        root.mkdir(parents=True, exist_ok=True)
-        with atomic_path(f) as tmp:
-            Path(tmp).write_text(text)
-    load_params(f)  # a complete, valid file before anything runs
-    return f
+    return write_params(root / "params.yaml", derive(raw, *gate_changes(reg, dialect, str(root))))
 
 
 def build_models(params_file: Path, log_dir: Path) -> None:
@@ -280,28 +267,15 @@ def prepare_run(reg: R.ControlRegistration, dialect: str, seed: int, arm: str) -
     data, S and (partner J) J."""
     spec = reg.arms[arm]
     src_root = ensure_inputs(reg, dialect)
-    raw = yaml.safe_load((src_root / "params.yaml").read_text())
     root = run_root(reg.dir, seed, arm)
-    raw.update(seed=seed, out_root=str(root))
-    for section, values in reg.params_overrides.items():  # a later setting's registered changes
-        raw[section].update(values)
-    raw["train"]["arms"] = [spec.train]
-    raw["analyze"]["reference_arm"] = spec.train
-    if spec.partner == "S":
-        raw["junior"]["source"] = "base"
     links = ["data/prepared", "models/base"] + (["models/junior"] if spec.partner == "J" else [])
     for rel in links:
         dst = root / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         if not dst.exists():
             dst.symlink_to(src_root / rel, target_is_directory=True)
-    f = root / "params.yaml"
-    text = yaml.safe_dump(raw, sort_keys=False)
-    if not f.exists() or f.read_text() != text:
-        with atomic_path(f) as tmp:
-            Path(tmp).write_text(text)
-    load_params(f)
-    return f
+    raw = yaml.safe_load((src_root / "params.yaml").read_text())
+    return write_params(root / "params.yaml", derive(raw, *run_changes(reg, seed, arm, str(root))))
 
 
 def run_one(reg: R.ControlRegistration, dialect: str, seed: int, arm: str) -> Path:

@@ -42,7 +42,8 @@ from tandem.metrics.claims import EQUIVALENCE_MARGIN, claims_for, evaluate_claim
 from tandem.study.results import COLUMNS, arm_csv_text
 from tasks.common import atomic_path, load_params, read_json, read_jsonl, read_metrics, write_json
 from tasks.measures import final_steps, run_measures, stack_seeds
-from tasks.study.stages import CODE_ROOT, stage
+from tandem.study.params import derive, seed_changes
+from tasks.study.stages import CODE_ROOT, stage, write_params
 SHARED = ("data/prepared", "models/base", "models/junior")
 
 
@@ -116,10 +117,8 @@ def shared_inputs(s: StudySettings) -> Path:
 def prepare_root(s: StudySettings, seed: int) -> Path:
     """<out>/seed-<S>/ with params.yaml (the study file, this seed, this root) and links to the shared data and
     base model."""
-    raw = yaml.safe_load(s.params_file.read_text())
     main_root = s.main_root
     root = s.root(seed)
-    raw.update(seed=seed, out_root=str(root))
     for rel in SHARED:
         src, dst = main_root / rel, root / rel
         if not src.exists():
@@ -128,8 +127,7 @@ def prepare_root(s: StudySettings, seed: int) -> Path:
         dst.parent.mkdir(parents=True, exist_ok=True)
         if not dst.exists():
             dst.symlink_to(src, target_is_directory=True)
-    with atomic_path(root / "params.yaml") as tmp:
-        Path(tmp).write_text(yaml.safe_dump(raw, sort_keys=False))
+    write_params(root / "params.yaml", derive(yaml.safe_load(s.params_file.read_text()), *seed_changes(seed, str(root))))
     return root
 
 
@@ -306,18 +304,15 @@ def build_control(s: StudySettings, seed: int, c: Control) -> Path:
     seed_root = s.root(seed)
     root = seed_root / CONTROL
     ck = root / "models" / "checkpoints" / "grpo" / step_name(c.sft_steps)
-    raw = yaml.safe_load((seed_root / "params.yaml").read_text())
-    raw.update(out_root=str(root))
-    raw["train"] = {**raw["train"], "arms": ["grpo"]}
-    raw["evaluate"] = {**raw["evaluate"], "checkpoints": "final"}
-    raw["analyze"] = {**raw["analyze"], "reference_arm": "grpo"}
+    raw = derive(yaml.safe_load((seed_root / "params.yaml").read_text()),
+                 {"out_root": str(root), "train": {"arms": ["grpo"]}, "evaluate": {"checkpoints": "final"},
+                  "analyze": {"reference_arm": "grpo"}})
     for rel in SHARED:
         dst = root / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         if not dst.exists():
             dst.symlink_to((seed_root / rel).resolve(), target_is_directory=True)
-    with atomic_path(root / "params.yaml") as tmp:
-        Path(tmp).write_text(yaml.safe_dump(raw, sort_keys=False))
+    write_params(root / "params.yaml", raw)
     if ck.exists():
         return root
     params = load_params(root / "params.yaml")

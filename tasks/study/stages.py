@@ -4,7 +4,7 @@ Every study driver (tasks/study/runs.py, control.py, pilot.py) runs the stages' 
 `tasks.train.run_arm`, on the paths their `default_io` declares: the calls the pipeline flow and `tandem stage`
 make), each in a child interpreter of its own with the params file's torch threads, so runs go side by side; each
 appends its output to a log, whose tail a failure names. `python -m tasks.study.stages NAME PARAMS_FILE [ARM]` is
-the child's entry point.
+the child's entry point. `write_params` writes a run's derived params file (tandem/study/params.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ import time
 import traceback
 from pathlib import Path
 
+import yaml
+
 from tandem.errors import BadInputError, UserError
-from tasks.common import load_params
+from tasks.common import atomic_path, load_params
 
 CODE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,6 +91,18 @@ def stage(params_file: Path, name: str, log: Path, arm: str | None = None) -> No
         tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
         raise UserError(f"study: stage {name}{' --arm ' + arm if arm else ''} for {params_file.parent} failed "
                         f"(exit {rc}); see {log}:\n  " + "\n  ".join(tail))
+
+
+def write_params(path: Path, raw: dict) -> Path:
+    """`raw` (tandem.study.params.derive's result) as the params file `path` (written only when it changed: the
+    file is the record of the run), then loaded strictly: a complete, valid file before anything runs."""
+    text = yaml.safe_dump(raw, sort_keys=False)
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            Path(tmp).write_text(text)
+    load_params(path)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -77,3 +77,18 @@ def test_a_new_control_runs_from_its_registration_alone(tmp_path, monkeypatch):
     assert raw["model"]["source"] == "gguf" and raw["data"]["solution_styles"] == {"coded": 0.8, "verbose": 0.2}
     assert raw["junior"]["source"] == "gguf" and raw["junior"]["gguf_file"] == "package:somepkg/model.gguf"
     assert raw["junior"]["seed"] == 2 and f.parent == (out / "work" / "coded").resolve()
+
+
+def test_derive_merges_sections_in_order_and_leaves_its_input_alone():
+    from tandem.study.params import derive, run_changes
+
+    raw = {"seed": 0, "out_root": ".", "train": {"arms": ["tandem"], "steps": 300}, "junior": {"source": "tiny"}}
+    got = derive(raw, {"out_root": "/r", "train": {"steps": 100}}, {"train": {"arms": ["grpo"]}, "new": 1})
+    assert got == {"seed": 0, "out_root": "/r", "train": {"arms": ["grpo"], "steps": 100}, "junior": {"source": "tiny"},
+                   "new": 1}
+    assert list(got) == ["seed", "out_root", "train", "junior", "new"] and raw["train"]["steps"] == 300
+    later = R.load(ROOT / "studies" / "junior-control" / "coded-100", ROOT)
+    self_run = derive(raw, *run_changes(later, 5, "tandem-self", "/r"))
+    assert self_run["junior"] == {"source": "base"} and self_run["train"] == {"arms": ["tandem"], "steps": 100,
+                                                                             "save_every": 25}
+    assert derive(raw, *run_changes(later, 5, "grpo", "/r"))["junior"] == {"source": "tiny"}
