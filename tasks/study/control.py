@@ -30,7 +30,7 @@ from tandem.study.control import gate_markdown
 from tandem.study.params import derive, gate_changes, run_changes
 from tandem.study.results import classifier
 from tasks.common import atomic_path, load_params, read_json, read_jsonl, write_json
-from tasks.study.stages import CODE_ROOT, stage, write_params
+from tasks.study.stages import CODE_ROOT, rel, stage, write_params
 
 CONTROL_DIR = CODE_ROOT / "studies" / "junior-control"
 
@@ -45,14 +45,6 @@ def registration(out: Path = CONTROL_DIR) -> R.ControlRegistration:
 
 def gate_dir(reg: R.ControlRegistration) -> Path:
     return reg.gated.dir
-
-
-def _rel(p: Path) -> str:
-    """`p` relative to the project root when it lies inside it (what a committed file names), else as is."""
-    try:
-        return str(Path(p).resolve().relative_to(CODE_ROOT))
-    except ValueError:
-        return str(p)
 
 
 def work_root(reg: R.ControlRegistration, dialect: str) -> Path:
@@ -209,7 +201,7 @@ def gate(out: Path = CONTROL_DIR) -> dict:
     reg = registration(out)
     if reg.gate_from is not None:
         raise BadInputError(f"control: {out} is a later setting that trains from the gate of "
-                            f"{_rel(reg.gate_from.dir)}; it has no gate of its own")
+                            f"{rel(reg.gate_from.dir)}; it has no gate of its own")
     crit = GateCriteria.from_dict(reg.gate.criteria)
     done = {}
     if (Path(out) / "gate.json").exists():
@@ -224,13 +216,13 @@ def gate(out: Path = CONTROL_DIR) -> dict:
             build_models(f, work_root(reg, name) / "logs")
             m = gate_measures(f, name, classifier(reg.classifier), reg.keyed_styles)
             res = {"dialect": name, "senior_styles": dict(d.senior_styles), **decide(m["values"], crit), **m,
-                   "params": _rel(f)}
+                   "params": rel(f)}
         results.append(res)
         if res["passed"]:
             chosen = name
             keep_models(reg, name)
             break
-    doc = {"registration": _rel(Path(out) / "registration.yaml"), "passed": chosen is not None,
+    doc = {"registration": rel(Path(out) / "registration.yaml"), "passed": chosen is not None,
            "dialect": chosen, "dialects": results}
     write_json(Path(out) / "gate.json", doc)
     with atomic_path(Path(out) / "gate.md") as tmp:
@@ -372,7 +364,7 @@ def status(out: Path = CONTROL_DIR) -> list[dict]:
         for arm, spec in reg.arms.items():
             row = unit_state(run_root(out, seed, arm), spec.train, reg.steps)
             if result_file(out, seed, arm).exists():
-                row["state"] = "result written"
+                row.update(state="result written", step=reg.steps)
             rows.append({"unit": f"seed {seed}", **row, "arm": arm})
     return rows
 

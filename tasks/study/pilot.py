@@ -29,7 +29,7 @@ from tandem.study.pilot import choose_beta, decide_room, result_markdown, study_
 from tasks.common import atomic_path, write_json
 from tasks.measures import run_measures
 from tasks.study import runs as st
-from tasks.study.stages import CODE_ROOT
+from tasks.study.stages import CODE_ROOT, rel
 
 REGISTRATION = CODE_ROOT / "studies" / "registration.yaml"
 PILOT_DIR = CODE_ROOT / "studies" / "pilot"  # beside the registration: <its folder>/pilot/, <its folder>/study.yaml
@@ -188,16 +188,16 @@ def run(registration: str | Path = REGISTRATION, jobs: int | None = None, log=pr
         return _complete(g) and not any(room(g.root, g.arm, L, reg.criteria)["room"] for L in lengths)
 
     run_units(_first_batch(reg), jobs, log, skip=failed)
-    doc: dict = {"registration": _rel(Path(registration).resolve()),
+    doc: dict = {"registration": rel(Path(registration).resolve()),
                  "seed": reg.seed, "criteria": dict(reg.criteria), "variants": {}, "chosen": None}
     for v in reg.variants:
         (u,) = units_of(reg, v.name, "grpo")
         run_units([u], jobs, log)
         rows = [room(u.root, u.arm, L, reg.criteria) for L in lengths]
-        doc["variants"][v.name] = {"params": _rel(u.params_file), "lengths": rows}
+        doc["variants"][v.name] = {"params": rel(u.params_file), "lengths": rows}
         hit = next((r for r in rows if r["room"]), None)
         if hit is not None:
-            doc["chosen"] = {"variant": v.name, "params": _rel(u.params_file),
+            doc["chosen"] = {"variant": v.name, "params": rel(u.params_file),
                              "steps": hit["step"]}
             break
     if doc["chosen"] is not None:
@@ -213,7 +213,7 @@ def run(registration: str | Path = REGISTRATION, jobs: int | None = None, log=pr
         if not study_file.exists():
             with atomic_path(study_file) as tmp:
                 Path(tmp).write_text(study_file_text(CODE_ROOT / c["params"], c["steps"], beta, reg))
-        doc["study_file"] = _rel(study_file)
+        doc["study_file"] = rel(study_file)
     else:
         doc["verdict"] = "no room at toy scale: no registered variant met every criterion"
     write_json(pilot_dir / "result.json", doc)
@@ -232,10 +232,5 @@ def status(registration: str | Path = REGISTRATION) -> list[dict]:
                 total = st.load_params(u.params_file).train.steps
                 rows.append({"unit": f"{v.name} {u.name}", **st.unit_state(u.root, u.arm, total)})
     return rows
-
-
-def _rel(p: Path) -> str:
-    """A path relative to the project root when it lies inside it (the committed result names project files)."""
-    return str(p.relative_to(CODE_ROOT)) if p.is_relative_to(CODE_ROOT) else str(p)
 
 

@@ -25,14 +25,7 @@ from tandem.study import registration as R
 from tandem.study.claims import compute, control_document, dumps
 from tandem.study.results import read_control_results, read_results
 from tasks.common import atomic_path, read_json, write_json
-from tasks.study.stages import CODE_ROOT
-
-
-def _rel(p: Path) -> str:
-    try:
-        return str(Path(p).resolve().relative_to(CODE_ROOT))
-    except ValueError:
-        return str(p)
+from tasks.study.stages import CODE_ROOT, rel
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -61,7 +54,7 @@ def control(out: Path) -> dict:
     reg = registration(out)
     gate_doc = read_json(reg.gated.dir / "gate.json")
     res = read_control_results(Path(out) / "results", reg.evaluation.get("ks", [1, 2, 4, 8]))
-    doc = control_document(reg, res, gate_doc, _rel(reg.path))
+    doc = control_document(reg, res, gate_doc, rel(reg.path, CODE_ROOT))
     write_json(Path(out) / "claims.json", doc)
     _write_report(Path(out), build_report(doc, gate_doc))
     if reg.gate_from is None:

@@ -93,6 +93,15 @@ def stage(params_file: Path, name: str, log: Path, arm: str | None = None) -> No
                         f"(exit {rc}); see {log}:\n  " + "\n  ".join(tail))
 
 
+def rel(p: Path, root: Path | None = None) -> str:
+    """`p` relative to the project root (`root`, default CODE_ROOT) when it lies inside it (what a committed file
+    names), else as is."""
+    try:
+        return str(Path(p).resolve().relative_to(root or CODE_ROOT))
+    except ValueError:
+        return str(p)
+
+
 def write_params(path: Path, raw: dict) -> Path:
     """`raw` (tandem.study.params.derive's result) as the params file `path` (written only when it changed: the
     file is the record of the run), then loaded strictly: a complete, valid file before anything runs."""
