@@ -352,7 +352,8 @@ def build_trainer(run: ArmRun, fingerprint: str, guard: JuniorGuard):
         trainer.remove_callback(cb)
     junior.to(trainer.args.device)  # trl placed the senior; the junior decodes next to it
     if run.engine is None:  # built after trl moved the senior, so the engine sees both models on their device
-        rollout_fn.engine = rollout_engine(run.senior, junior, tokenizer, rollout, live=True, roots=run.weight_roots)
+        rollout_fn.engine = rollout_engine(run.senior, junior, tokenizer, rollout, live=True, roots=run.weight_roots,
+                                           trainer_processes=run.train.num_processes)
     base_hash = guard.before if run.base is None else weights_hash(run.base)
     if run.base is not None:
         run.base.to(trainer.args.device)

@@ -8,7 +8,8 @@ need transformers < 5.20), so it runs here, in its own virtual environment (`mak
 pipeline talks to it through `tandem.rollout.vllm.client`. This module imports only the standard library,
 torch, safetensors, vLLM and the pure rollout code of `tandem.rollout`.
 
-Engines. Two `AsyncLLM` engines, each in its own engine-core process: the senior (processed log-probs: after
+Engines. Two `AsyncLLM` engines, each in its own engine-core process on the devices the client placed it
+(`--senior-devices`, `--junior-devices`: `tandem/rollout/placement.py`; the log and `/health` name them): the senior (processed log-probs: after
 temperature, what trl recomputes) and the frozen junior, both with `TandemScheduler`
 (`tandem/rollout/vllm/sched.py`: the O(1) stop at authorship switches and the counters) and `TandemWorker`
 (`worker.py`: weights reloaded in place). A rollout runs one asyncio task per row over one streaming-input
@@ -46,7 +47,7 @@ Security: it serves the pipeline that started it, nobody else on the machine.
 
 Endpoints (JSON in and out; served one at a time, except /health):
 - GET  /health: {"ok"} (+ {"pid", "vllm", "senior", "junior", "tables", "reloads", "inbox", "kv_blocks",
-  "block_size", "uptime_s"} with the token)
+  "block_size", "uptime_s", "layout", "devices": {"senior", "junior"}} with the token)
 - POST /tables {"key", "vocab_size", "word_start", "step_end", "starts_newline", "ends_newline", "empty"}
 - POST /weights {"role", "tag", "dir" | "file" | (an uploaded tag)}
 - POST /upload?role=R&tag=T (octet-stream body): weights for role R, loaded by a later /weights or /generate
@@ -86,6 +87,7 @@ from tandem.rollout.vllm.lifecycle import (CHALLENGE_HEADER, end_group, health_p
                                           sweep_stale_inboxes)
 from tandem.rollout.vllm.returns import Returns
 from tandem.rollout.vllm.submit import Submitter
+from tandem.rollout.placement import Placement, PlacementError
 from tandem.rollout.vllm.turns import STOP_ROUNDS, STOP_SWITCH, Chunk
 
 ROLES = {"senior": 1, "junior": 0}
@@ -274,13 +276,25 @@ class DirectSession:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """How the service starts its two engines: the models, the engines' seed and their knobs
-    (`knobs.EngineKnobs`, the flags the client passed)."""
+    """How the service starts its two engines: the models, the engines' seed, their knobs
+    (`knobs.EngineKnobs`, the flags the client passed) and each engine's devices (`placement.Placement`)."""
 
     senior: str
     junior: str
     knobs: EngineKnobs = EngineKnobs()
     seed: int = 0
+    placement: Placement = Placement("shared")
+
+
+def engine_envs(placement: Placement) -> list[dict[int, dict[str, str]]]:
+    """The engines' starts, in order: each a {role: environment} of engines started together. Engines on the
+    same devices (or placed nowhere) start at once under one environment; engines on devices of their own start
+    one after the other, each under its own `CUDA_VISIBLE_DEVICES` (the environment is the process's, and vLLM
+    spawns the engine-core process from it: `placement` module docstring)."""
+    envs = {ROLES[name]: placement.env(name) for name in ("senior", "junior")}
+    if envs[1] == envs[0]:
+        return [envs]
+    return [{1: envs[1]}, {0: envs[0]}]
 
 
 class Service:
@@ -307,6 +321,7 @@ class Service:
 
         for f in self.stats_files.values():
             f.write_bytes(b"\0" * (8 * len(FIELDS)))
+        self.placement = spec.placement
         self.engines = self._run(self._start(spec))
         self.loaded = {1: f"dir:{Path(senior).resolve()}", 0: f"dir:{Path(junior).resolve()}"}
         cc = self.engines[1].vllm_config.cache_config
@@ -346,20 +361,45 @@ class Service:
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        def args(model: str, role: int) -> AsyncEngineArgs:
+        def args(role: int) -> AsyncEngineArgs:
+            model = spec.senior if role == 1 else spec.junior
             return AsyncEngineArgs(**self._engine_kwargs(spec, model, role, current_platform.is_cpu()))
 
         loop = asyncio.get_running_loop()
-        # both engine cores start at once (each in its own processes): about half the start time; the engines'
-        # queues and sockets bind to this loop when first used
-        s, j = await asyncio.gather(loop.run_in_executor(None, AsyncLLM.from_engine_args, args(spec.senior, 1)),
-                                    loop.run_in_executor(None, AsyncLLM.from_engine_args, args(spec.junior, 0)))
-        return {1: s, 0: j}
+        engines: dict = {}
+        # engines on the same devices start at once (each engine core in its own processes: about half the start
+        # time); engines on devices of their own one after the other, the process's environment naming the
+        # engine's devices while vLLM spawns its engine core. The engines' queues and sockets bind to this loop
+        # when first used.
+        for group in engine_envs(spec.placement):
+            env = next(iter(group.values()))
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                started = await asyncio.gather(*(loop.run_in_executor(None, AsyncLLM.from_engine_args, args(r))
+                                                 for r in group))
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            engines.update(zip(group, started))
+            for r in group:
+                LOG.info("engine %s started on %s", ROLE_NAMES[r], self.device_text(spec.placement, r))
+        return engines
+
+    @staticmethod
+    def device_text(placement: Placement, role: int) -> str:
+        """Where engine `role` runs, as /health and the log say it."""
+        env = placement.env(ROLE_NAMES[role])
+        return ",".join(f"{k}={v}" for k, v in env.items()) or "the service's devices (nothing placed)"
 
     def _engine_kwargs(self, spec: EngineSpec, model: str, role: int, is_cpu: bool) -> dict[str, Any]:
         """One engine's `AsyncEngineArgs` (`engine_kwargs`; a hook for the benchmark's service)."""
-        return engine_kwargs(spec.knobs, model, role, spec.seed, str(self.stats_files[role]),
-                             resolve_dtype(spec.knobs.dtype, model), is_cpu)
+        kw = engine_kwargs(spec.knobs, model, role, spec.seed, str(self.stats_files[role]),
+                           resolve_dtype(spec.knobs.dtype, model), is_cpu)
+        return {**kw, **parallel_kwargs(len(spec.placement.devices(ROLE_NAMES[role])))}
 
     def shutdown(self) -> None:
         for s in [*getattr(self, "submitters", {}).values(), *getattr(self, "returns", {}).values()]:
@@ -380,7 +420,9 @@ class Service:
         return {"ok": True, "pid": os.getpid(), "vllm": vllm.__version__, "senior": self.loaded[1],
                 "junior": self.loaded[0], "tables": sorted(self.tables), "reloads": self.reloads,
                 "inbox": str(self.inbox), "kv_blocks": self.kv_blocks, "block_size": self.block_size,
-                "max_model_len": self.max_model_len, "uptime_s": round(time.time() - self.t0, 1)}
+                "max_model_len": self.max_model_len, "uptime_s": round(time.time() - self.t0, 1),
+                "layout": self.placement.layout,
+                "devices": {ROLE_NAMES[r]: self.device_text(self.placement, r) for r in (1, 0)}}
 
     def set_tables(self, req: dict) -> dict:
         import torch
@@ -822,6 +864,15 @@ def engine_kwargs(knobs: EngineKnobs, model: str, role: int, seed: int, stats_fi
     return kw
 
 
+def parallel_kwargs(devices: int) -> dict[str, Any]:
+    """The engine arguments of an engine placed on `devices` GPUs: tensor-parallel over a group of several (vLLM's
+    multiprocess executor, one worker per GPU); nothing for one GPU or none (the `uni` executor of
+    `engine_kwargs`). Unverified on CUDA until a GPU check runs it."""
+    if devices <= 1:
+        return {}
+    return {"tensor_parallel_size": devices, "distributed_executor_backend": "mp"}
+
+
 def check_vllm() -> str:
     """Set the engine environment (`compat.ENGINE_ENV`, before vLLM is imported: the engine-core processes
     inherit it), then import vLLM and refuse a version outside the fence; returns the installed version."""
@@ -849,12 +900,20 @@ def main(argv: list[str] | None = None, service_cls: type[Service] = Service) ->
     ap.add_argument("--run-dir", default=None, help="the starter's temporary directory, removed on a clean exit")
     ap.add_argument("--max-json-mb", type=float, default=256.0)
     ap.add_argument("--max-upload-gb", type=float, default=64.0)
+    ap.add_argument("--layout", default="shared", choices=("shared", "dedicated"), help="rollout.vllm_layout")
+    ap.add_argument("--senior-devices", default="", help="the senior engine's CUDA_VISIBLE_DEVICES (empty: inherit)")
+    ap.add_argument("--junior-devices", default="", help="the junior engine's CUDA_VISIBLE_DEVICES (empty: inherit)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     token = (Path(a.token_file).read_text().strip() if a.token_file else os.environ.pop("TANDEM_VLLM_TOKEN", ""))
     if len(token) < 16:
         print("tandem vllm service: a secret of at least 16 characters is required ($TANDEM_VLLM_TOKEN or "
               "--token-file)", file=sys.stderr)
+        return 2
+    try:
+        placement = Placement.from_argv(a.layout, a.senior_devices, a.junior_devices)
+    except PlacementError as e:
+        print(f"tandem vllm service: {e}", file=sys.stderr)
         return 2
     try:
         version = check_vllm()
@@ -903,7 +962,8 @@ def main(argv: list[str] | None = None, service_cls: type[Service] = Service) ->
     try:
         server.RequestHandlerClass = make_handler(None, ref, token, hosts, 0, 0)
         server_thread.start()  # /health answers "starting" (503) while the engines load
-        spec = EngineSpec(a.senior, a.junior, EngineKnobs.from_args(a))
+        LOG.info("layout %s: %s", placement.layout, placement.describe())
+        spec = EngineSpec(a.senior, a.junior, EngineKnobs.from_args(a), placement=placement)
         service = service_cls(spec, roots=a.allow_root, inbox=inbox)
         server.RequestHandlerClass = make_handler(service, ref, token, hosts, int(a.max_json_mb * 2**20),
                                                   int(a.max_upload_gb * 2**30))
