@@ -531,6 +531,7 @@ class VLLMEngine:
         self.senior_spec: dict | None = None
         self.version = 0
         self.last_stats: dict = {}
+        self.last_calls: list[int] = []  # the rows of each service call of the last `generate`
         self.totals = {"decoded": 0, "kept": 0, "chunks": 0, "seconds": 0.0}
         if self.live:
             if not hasattr(senior, "state_dict"):
@@ -611,12 +612,16 @@ class VLLMEngine:
     # -- the backend API -----------------------------------------------------------------------------
     def generate(self, request: Any) -> RolloutBatch:
         """Roll out every prompt of `request` once (see `tandem.rollout.request.RolloutRequest`): one service
-        call per group of `settings.batch_size` rows (all rows at once when 0)."""
+        call per group of `settings.batch_size` rows (all rows at once when 0); `last_calls` keeps the rows of
+        each call."""
         B = len(request)
         if B == 0:
+            self.last_calls = []
             return RolloutBatch([], [], [], [], [])
         t0 = time.perf_counter()
-        parts = [(g, self._generate(request.subset(g))) for g in request.groups()]
+        groups = request.groups()
+        self.last_calls = [len(g) for g in groups]
+        parts = [(g, self._generate(request.subset(g))) for g in groups]
         out = RolloutBatch.scatter(B, parts)
         service_s = sum(part.timings["service_seconds"] for _, part in parts)
         out.timings = {"seconds": time.perf_counter() - t0, "service_seconds": service_s}

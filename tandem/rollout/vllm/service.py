@@ -47,7 +47,7 @@ Security: it serves the pipeline that started it, nobody else on the machine.
 
 Endpoints (JSON in and out; served one at a time, except /health):
 - GET  /health: {"ok"} (+ {"pid", "vllm", "senior", "junior", "tables", "reloads", "inbox", "kv_blocks",
-  "block_size", "uptime_s", "layout", "devices": {"senior", "junior"}} with the token)
+  "block_size", "uptime_s", "layout", "calls" (rollouts served), "devices": {"senior", "junior"}} with the token)
 - POST /tables {"key", "vocab_size", "word_start", "step_end", "starts_newline", "ends_newline", "empty"}
 - POST /weights {"role", "tag", "dir" | "file" | (an uploaded tag)}
 - POST /upload?role=R&tag=T (octet-stream body): weights for role R, loaded by a later /weights or /generate
@@ -421,7 +421,7 @@ class Service:
                 "junior": self.loaded[0], "tables": sorted(self.tables), "reloads": self.reloads,
                 "inbox": str(self.inbox), "kv_blocks": self.kv_blocks, "block_size": self.block_size,
                 "max_model_len": self.max_model_len, "uptime_s": round(time.time() - self.t0, 1),
-                "layout": self.placement.layout,
+                "layout": self.placement.layout, "calls": self.calls,
                 "devices": {ROLE_NAMES[r]: self.device_text(self.placement, r) for r in (1, 0)}}
 
     def set_tables(self, req: dict) -> dict:
