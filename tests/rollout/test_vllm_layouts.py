@@ -43,7 +43,8 @@ def test_dedicated_engines_start_on_devices_of_their_own(tmp_path, check):
     assert res["engine_core_env"] == ["2", "3"]  # one engine core per model, each on its own GPU
     log = (tmp_path / "placement.log").read_text()
     assert f"engine senior started on {DEVICE_ENV}=2" in log and f"engine junior started on {DEVICE_ENV}=3" in log
-    assert "worker patches" in log  # installed by the explicit call at engine start
+    # the worker patches, installed by the explicit call at engine start (the CPU build runs the V1 runner)
+    assert log.count("worker patches [{'row_arrays': True, 'cpu_generator_rewind': True}]") == 2, log[-3000:]
 
 
 def test_dedicated_layout_makes_one_call_per_step_with_every_process_rows(tmp_path, check):
