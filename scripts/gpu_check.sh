@@ -9,8 +9,9 @@
 #      machine with nvidia-smi): `tandem bench rollout --backend vllm --json` (log-probs against transformers
 #      <= 0.1, weights synced after an optimizer step, tandem_over_solo, the counters, the predicted GPU ratio),
 #      the same with `--vocab qwen3` (Qwen3's vocabulary, 128 rows of replayed real text at 3,000 tokens:
-#      tandem_over_solo with the layout and vllm_gpu_memory), and the service tests
-#      (tests/rollout/test_vllm_service.py, test_vllm_lifecycle.py);
+#      tandem_over_solo with the layout and vllm_gpu_memory), the service tests
+#      (tests/rollout/test_vllm_service.py, test_vllm_lifecycle.py), and the layouts (scripts/gpu_check_layouts.py:
+#      each engine on the GPU it was placed on; with >= 2 GPUs one service call per step, dedicated layout);
 #   3. a few training steps of the `tandem` arm through the real stages (prepare, base, train) on CUDA, once
 #      with the hf rollout backend and once with vllm, each checked for the planned steps, a finite loss, a
 #      senior token share near one half and an unchanged junior;
@@ -148,6 +149,9 @@ cat /tmp/gpu-check-bench-vllm.json; summary < /tmp/gpu-check-bench-vllm.json
 cat /tmp/gpu-check-bench-qwen3.json; summary < /tmp/gpu-check-bench-qwen3.json
 TANDEM_REQUIRE_VLLM=1 "$PY" -m pytest -q -p no:cacheprovider tests/rollout/test_vllm_service.py tests/rollout/test_vllm_lifecycle.py \
   || fail "vLLM rollout service tests on CUDA"
+# the layouts on the GPUs: each engine on its own GPU (nvidia-smi shows each engine core where it was placed),
+# and with two or more GPUs one service call per training step in the dedicated layout (scripts/gpu_check_layouts.py)
+"$PY" scripts/gpu_check_layouts.py || fail "vLLM layouts on CUDA (placement, one call per step)"
 
 if [ "${GPU_CHECK_SKIP_TRAIN:-0}" = 1 ]; then exit $failed; fi
 # Training on CUDA: the tiny test pipeline, tandem arm only, 3 GRPO steps, per rollout backend.

@@ -33,6 +33,11 @@ when any check fails. `--out DIR` also writes every line to DIR/gpu_check_bare.j
             scripts/gpu_check.sh states for tests/memory_probe.py. The whole peak against the plan's peak (less
             its flat CUDA margin) is reported beside it. With --dry the plan is computed for the CPU and no
             peak is measured.
+  layouts   each engine's device decided from the GPUs torch sees (a distinct GPU per training process,
+            shared layout; one per model outside the trainer's, dedicated), and the dedicated layout's one call
+            per step (`tandem.train.one_call`) across two processes (NCCL on two GPUs, else gloo), with the hf
+            engine standing in for the rollout service (vLLM cannot travel here): one call per step with both
+            processes' rows, rollouts equal to each process calling for itself.
   imports   every package the library and this script imported during the checks, with the declared
             dependencies of every bundled wheel, is on the bare machine's image (`IMAGE`) or in the bundle
             (`BUNDLE`), and neither the pipeline's packages (prefect, dvc, wandb, great-expectations,
@@ -189,6 +194,94 @@ def check_catchup(dev: str, sz: dict) -> dict:
         ok = ok and same and diff <= 1e-6 and handoffs > 5
     return {"ok": ok, "device": dev, "dtype": "float64", "kernel": "catch-up" if eng.fast else "lockstep fallback",
             "rows": len(prompts), "max_new_tokens": sp.max_new_tokens, "schedules": per}
+
+
+# --------------------------------------------------------------------------------------------------
+# The rollout layouts without vLLM: each engine's device, and one call per training step
+# --------------------------------------------------------------------------------------------------
+
+def check_layouts(dev: str, dry: bool) -> dict:
+    """Per-engine devices decided from the GPUs torch sees (`tandem.rollout.placement`: a distinct GPU per
+    training process in the shared layout, one per model outside the trainer's in the dedicated one), and the
+    dedicated layout's one call per step (`tandem.train.one_call.OneCallEngine`) across two processes, NCCL on
+    two GPUs (gloo on the CPU with one GPU or --dry), with the hf engine standing in for the service: exactly
+    one call per step with both processes' rows, rollouts equal to each process calling for itself."""
+    import socket
+    import subprocess
+
+    from tandem.rollout.placement import PlacementError, place_engines, visible_devices
+
+    visible = ["0", "1", "2", "3"] if dry else visible_devices()
+    shared = [place_engines("shared", visible=visible, rank=r).senior for r in range(len(visible))]
+    placement = {"visible": visible, "shared": [d[0] for d in shared]}
+    ok = len(set(shared)) == len(visible)
+    if len(visible) >= 3:
+        d = place_engines("dedicated", visible=visible, trainer_processes=len(visible) - 2)
+        placement["dedicated"] = {"senior": list(d.senior), "junior": list(d.junior)}
+        ok = ok and not set(d.senior) & set(d.junior) and not set(d.senior + d.junior) & set(visible[:-2])
+    try:
+        place_engines("dedicated", visible=visible, rollout_devices=[0, len(visible)], trainer_processes=1)
+        ok = False  # a GPU that does not exist, and one of the trainer's, must be refused
+    except PlacementError:
+        pass
+    backend = "nccl" if dev == "cuda" and len(visible) >= 2 and not dry else "gloo"
+    with tempfile.TemporaryDirectory(prefix="gpu-check-layouts-") as d, socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                            "127.0.0.1", "--master_port", str(port), __file__, "--layouts-worker", d, backend],
+                           env=env, capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            return {"ok": False, "placement": placement, "error": (r.stdout[-1500:] + r.stderr[-2500:])}
+        ranks = [json.loads((Path(d) / f"rank{i}.json").read_text()) for i in (0, 1)]
+    one_call = ranks[0]["calls"] == [[8], [8]] and all(x["equal"] for x in ranks) and ranks[0]["rows"] != ranks[1]["rows"]
+    return {"ok": bool(ok and one_call), "placement": placement, "backend": backend,
+            "calls_per_step": ranks[0]["calls"], "equal_to_each_for_itself": [x["equal"] for x in ranks]}
+
+
+def layouts_worker(out: str, backend: str) -> int:
+    """One of the two processes of `check_layouts`: 2 steps of one call (the main's engine) against each process
+    calling for itself, with the same seeds."""
+    import torch
+    from accelerate import Accelerator
+
+    from tandem.rollout import toy
+    from tandem.rollout.engine import SamplingParams, TandemEngine
+    from tandem.rollout.request import RolloutSettings
+    from tandem.train.one_call import OneCallEngine
+
+    acc = Accelerator(cpu=backend == "gloo")
+    dev = acc.device
+    torch.set_num_threads(1)
+    tok = toy.byte_bpe_tokenizer()
+    senior, junior = toy.tiny_pair(tok)
+    eng = TandemEngine(senior.to(dev), junior.to(dev), tok)
+    calls: list = []
+
+    class Counted:  # the service stand-in: counts the rows of each call
+        def generate(self, request):
+            calls.append(len(request))
+            return eng.generate(request)
+
+    one = OneCallEngine(Counted() if acc.is_main_process else None, acc)
+    settings = RolloutSettings("word", SamplingParams(temperature=1.0, max_new_tokens=16), max_gap_tokens=6)
+    prompts = toy.prompts(tok, 8, seed=3)[4 * acc.process_index:4 * acc.process_index + 4]
+    rows = range(4 * acc.process_index, 4 * acc.process_index + 4)
+    per_step, equal, mine = [], True, []
+    for step in (0, 1):
+        n0 = len(calls)
+        got = one.generate(settings.request(prompts, seed=100 + step, row_ids=rows))
+        per_step.append(calls[n0:])
+        own = eng.generate(settings.request(prompts, seed=100 + step, row_ids=rows))
+        equal = equal and got.completion_ids == own.completion_ids and got.owner == own.owner and all(
+            abs(a - b) <= 1e-9 for ra, rb in zip(got.senior_logprobs, own.senior_logprobs) for a, b in zip(ra, rb))
+        mine.append(got.completion_ids)
+    acc.wait_for_everyone()
+    Path(out, f"rank{acc.process_index}.json").write_text(json.dumps({"calls": per_step, "equal": equal,
+                                                                      "rows": mine}))
+    return 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -475,7 +568,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=SHAPES, default="mid",
                     help="the model the throughput, training and memory checks use: mid (~220M, the default) or "
                          "qwen3-4b (Qwen3-4B's shape, random weights; the float64 catch-up check is skipped)")
+    ap.add_argument("--layouts-worker", nargs=2, metavar=("OUT", "BACKEND"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.layouts_worker:
+        return layouts_worker(*args.layouts_worker)
     if args.bundle_list:
         print("\n".join(bundle_list()))
         return 0
@@ -500,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.shape == "mid":  # the kernel's equality needs no big model; float64 at 4B would only cost minutes
         rep.run("catchup == lockstep (float64)", check_catchup, dev, sz)
     rep.run("hf engine tokens/s (bf16 on CUDA)", check_throughput, dev, sz)
+    rep.run("layouts: engine devices, one call per step", check_layouts, dev, args.dry)
     workdir = Path(tempfile.mkdtemp(prefix="gpu-check-bare-"))
     memory: dict = {}
     try:

@@ -31,9 +31,10 @@ current working directory; and the path, symlinks followed, is never `/`, never 
 children (/usr/lib, /var/log; /var/tmp is a temporary directory, and a project may live deeper).
 
 **The environment.** A params file decides a run; the environment decides only what does not change results.
-Two variables override a setting for a deployment (`ENV_OVERRIDES`; `tasks.common.load_params` applies them
+Three variables override a setting for a deployment (`ENV_OVERRIDES`; `tasks.common.load_params` applies them
 and the override is checked by the same rule): `TANDEM_EVAL_WORKERS` -> `evaluate.workers` (evaluation units
-at once) and `TANDEM_VLLM_URL` -> `rollout.vllm_url` (attach to a running rollout service). `TOOL_ENV` holds
+at once), `TANDEM_VLLM_URL` -> `rollout.vllm_url` (attach to a running rollout service) and `TANDEM_VLLM_PYTHON`
+-> `rollout.vllm_python` (vLLM's interpreter; the GPU image sets it to its `/opt/vllm/bin/python`). `TOOL_ENV` holds
 the defaults the project sets for the tools it drives (quiet, offline-friendly; a value the user set wins):
 the CLI, the stages that spawn processes, the flows' DVC calls and the tests all take them from there.
 """
@@ -641,7 +642,7 @@ class RolloutConfig(_Section):
     batch_size: int = _f(64, "rows generated together in one engine call", ge=1, le=MAX_ROWS)
     vllm_url: str = _f("", "vllm backend: attach to a running rollout service at this URL (e.g. http://node:8471); empty = start one per run from vllm_python",
                        max_len=2048, check=_http_url)
-    vllm_python: str = _f(".venv-vllm/bin/python", "vllm backend: Python of vLLM's own environment (`make vllm-env`), relative to the repository root")
+    vllm_python: str = _f(".venv-vllm/bin/python", "vllm backend: Python of vLLM's own environment (`make vllm-env`), relative to the repository root; the GPU image sets $TANDEM_VLLM_PYTHON to its /opt/vllm/bin/python, which overrides it", max_len=1024)
     vllm_host: str = _f("127.0.0.1", "vllm backend: address a started service binds (127.0.0.1 = this machine only)", max_len=256)
     vllm_port: int = _f(0, "vllm backend: port of a started service (0 = any free port)", ge=0, le=65535, note="0 = free")
     vllm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f("auto", "vllm backend: engine dtype (auto = the model's)")
@@ -649,7 +650,9 @@ class RolloutConfig(_Section):
                                  ge=0, le=8 * MAX_TOKENS, note="0 = the model's limit")
     vllm_gpu_memory: float = _f(0.35, "vllm backend: fraction of GPU memory for each of the two engines (of the GPU they share, or of its own GPU with vllm_layout dedicated)",
                                 gt=0, lt=1, note="a share of one GPU's memory")
-    vllm_layout: Literal["shared", "dedicated"] = _f("shared", "vllm backend, where the engines run: shared (each training process starts a service whose senior and junior engines share its GPU) or dedicated (a rollout service on GPUs of its own, one per model, attached with vllm_url; the trainer's GPUs hold no engine). `tandem plan` prices either")
+    vllm_layout: Literal["shared", "dedicated"] = _f("shared", "vllm backend, where the engines run: shared (each training process starts a service whose senior and junior engines share its GPU) or dedicated (one rollout service for the run on GPUs of its own, rollout.vllm_devices, one per model, started by the main training process or attached with vllm_url; a step's rows reach it as one call; the trainer's GPUs hold no engine). `tandem plan` prices either")
+    vllm_devices: list[int] = _f([], "vllm backend, dedicated layout: the rollout service's GPUs, as positions among the GPUs the training processes see: one per model or a tensor-parallel group of k per model (the senior's first); empty = the two after the trainer's (train.num_processes, train.num_processes + 1). Must exist and lie outside the trainer's (tandem.rollout.placement)",
+                                 unique=True, max_len=64, items=Rule(ge=0, le=1023))
     vllm_enforce_eager: bool = _f(True, "vllm backend: no torch.compile / CUDA graphs (fast start; set false on GPUs for long runs)")
     vllm_cpu_kv_cache_gb: int = _f(1, "vllm backend, CPU build: KV-cache GiB per engine (VLLM_CPU_KVCACHE_SPACE)", ge=1, le=4096)
     vllm_start_timeout: float = _f(600.0, "vllm backend: seconds to wait for the service to answer /health", gt=0, le=MAX_SECONDS)
@@ -661,6 +664,11 @@ class RolloutConfig(_Section):
             self._rule(p, self.vllm_gpu_memory < 0.5, "vllm_gpu_memory",
                        "must be < 0.5 with rollout.vllm_layout shared (two engines share one GPU); "
                        "rollout.vllm_layout dedicated gives each engine a GPU of its own")
+            self._rule(p, not self.vllm_devices, "vllm_devices",
+                       "names the dedicated layout's rollout GPUs; with rollout.vllm_layout shared each training "
+                       "process's engines use its own GPU (LOCAL_RANK): leave it empty")
+        self._rule(p, len(self.vllm_devices) % 2 == 0, "vllm_devices",
+                   "lists one GPU per model (2) or a tensor-parallel group per model (2k, the senior's first)")
         return p
 
 
@@ -935,6 +943,7 @@ def build_section(cls: type, name: str, raw: Any, problems: list[str], strict: b
 ENV_OVERRIDES: dict[str, str] = {
     "evaluate.workers": "TANDEM_EVAL_WORKERS",
     "rollout.vllm_url": "TANDEM_VLLM_URL",
+    "rollout.vllm_python": "TANDEM_VLLM_PYTHON",
 }
 
 

@@ -29,8 +29,9 @@ fewer rows than a training micro-batch; they must be computed in chunks, as the 
 
 With the vLLM backend the plan also prices the rollout layout on GPUs (`plan_rollout`, `rollout.vllm_layout`):
 shared (both engines on each trainer GPU, `rollout.vllm_gpu_memory` of it each) or dedicated (a rollout service
-with one GPU per model, the trainer's GPUs free of engines): rows per engine, resident rows at the memory share,
-admission waves and the predicted tandem/solo (`tandem.rollout.layout`).
+with one GPU per model, the trainer's GPUs free of engines, a step's rows in one call from the main process):
+the GPUs each engine runs on, rows per engine, resident rows at the memory share, admission waves and the
+predicted tandem/solo (`tandem.rollout.layout`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from tandem.geometry import BatchGeometry
 from tandem.precision import DTYPE_BYTES, precision_plan
 from tandem.rollout.cost import GPUS, gpu_for_memory
 from tandem.rollout.layout import RolloutLayout, price_layout
+from tandem.rollout.placement import rollout_positions
 
 GIB = 2**30
 CUDA_OVERHEAD_GIB = 2.0      # CUDA context, cuBLAS workspaces, allocator slack (flat margin per GPU)
@@ -382,15 +384,16 @@ def _dedicated(params, device: str) -> bool:
 def rollout_rows(params) -> tuple[int, int]:
     """(rows one engine holds in the layout, rows one call carries as the trainer sends them).
 
-    Each training process rolls out its own rows (`tandem.train.rollout`) in calls of at most rollout.batch_size
-    rows, so a call carries min(rows per process, batch_size). Shared: each process has its own service, which
-    holds one call's rows. Dedicated: one service for the whole trainer, sized for a step's rows as one call
-    (min(rows per step, batch_size)); the trainer's calls, one process's rows each, are served one at a time."""
+    Shared: each training process rolls out its own rows (`tandem.train.rollout`) through its own service, in
+    calls of at most rollout.batch_size rows: min(rows per process, batch_size). Dedicated: one service for the
+    whole trainer; the main process gathers every process's rows and makes one call of a step's rows
+    (`tandem.train.one_call`), split in calls of at most batch_size: min(rows per step, batch_size)."""
     t, ro = params.train, params.rollout
     geo = train_geometry(params, t.group_size)
-    per_call = min(geo["rows_per_process"], ro.batch_size)
     if ro.vllm_layout == "dedicated":
-        return min(geo["rows_per_step"], ro.batch_size), per_call
+        rows = min(geo["rows_per_step"], ro.batch_size)
+        return rows, rows
+    per_call = min(geo["rows_per_process"], ro.batch_size)
     return per_call, per_call
 
 
@@ -412,22 +415,30 @@ def plan_rollout(params, shape: ModelShape) -> dict | None:
     out = {"layout": ro.vllm_layout, "rollout_gpus": 2 if dedicated else t.num_processes,
            "trainer_gpus": t.num_processes, "gpu_memory_gib": t.gpu_memory_gib,
            "vllm_gpu_memory": ro.vllm_gpu_memory, "rows_per_call": per_call, **price.to_json()}
-    out["gpus_note"] = (f"rollout service: 2 GPUs, one per model; trainer: {t.num_processes} GPU(s) of its own"
-                        if dedicated else f"both engines on each of the trainer's {t.num_processes} GPU(s), "
-                                          f"one service per training process")
+    if dedicated:
+        pos = rollout_positions(ro.vllm_devices, t.num_processes)
+        k = len(pos) // 2
+        out["rollout_gpus"] = len(pos)
+        out["engine_devices"] = {"senior": pos[:k], "junior": pos[k:]}
+        out["gpus_note"] = (f"one rollout service for the run, the senior's engine on GPU {_gpus(pos[:k])} and the "
+                            f"junior's on GPU {_gpus(pos[k:])} (rollout.vllm_devices; positions the training "
+                            f"processes see); trainer: GPU(s) 0..{t.num_processes - 1}; a step's rows in one call "
+                            f"from the main process")
+    else:
+        out["gpus_note"] = (f"both engines on each of the trainer's {t.num_processes} GPU(s) (the process's "
+                            f"LOCAL_RANK), one service per training process")
     if per_call < rows:
         per = price_layout(shape, gpu, replace(spec, rows=per_call))
         out["predicted_tandem_over_solo_per_call"] = (None if per.predicted_tandem_over_solo is None
                                                       else round(per.predicted_tandem_over_solo, 3))
         out["notes"].append(
-            f"the trainer sends {per_call} rows per call (each of its {t.num_processes} processes its own; "
-            f"the service serves calls one at a time, tandem/rollout/vllm/service.py): {per_call} rows per "
-            f"engine, predicted {out['predicted_tandem_over_solo_per_call']}, until a step's rows reach the "
-            f"service as one call")
-    if dedicated:
-        out["notes"].append("the service starts both engines on its first visible GPU (service.py picks no "
-                            "device per engine): one GPU per model is the layout priced, not one it runs")
+            f"the trainer sends {per_call} rows per call: {per_call} rows per engine, predicted "
+            f"{out['predicted_tandem_over_solo_per_call']}")
     return out
+
+
+def _gpus(pos: list[int]) -> str:
+    return ",".join(map(str, pos))
 
 
 def _vllm_knob(device: str) -> str:
@@ -591,12 +602,6 @@ def check_fits(params, stage: str, model_dir: str | Path | None = None, device: 
     if device is None:
         import torch
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    ro = params.rollout
-    if _dedicated(params, device) and not ro.vllm_url:
-        raise PlanError(f"{stage}: rollout.vllm_layout dedicated runs the rollout service on GPUs of its own, but "
-                        f"rollout.vllm_url is empty: a service this run starts would put both engines on this "
-                        f"process's GPU. Start the service there (docs/rollout.md) and set rollout.vllm_url or "
-                        f"TANDEM_VLLM_URL, or set rollout.vllm_layout shared")
     shape = model_shape(params, model_dir)
     plans = ([plan_train_arm(params, a, shape, device) for a in (arms or params.train.arms)] if stage == "train"
              else [plan_evaluate(params, shape, device)])

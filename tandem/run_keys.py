@@ -53,7 +53,8 @@ ARM_DEFINITION_KEYS: dict[str, tuple[str, ...]] = {"rollout": ("schedule",)}
 
 RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
     "train": ("arms",),
-    "rollout": ("vllm_url", "vllm_python", "vllm_host", "vllm_port", "vllm_start_timeout", "vllm_layout"),
+    "rollout": ("vllm_url", "vllm_python", "vllm_host", "vllm_port", "vllm_start_timeout", "vllm_layout",
+                "vllm_devices"),
 }
 
 # what else the train stage reads: the seed (fingerprinted), where outputs live, and how the base is loaded

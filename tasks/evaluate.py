@@ -277,8 +277,10 @@ def _compute(params: Params, unit: dict, todo: dict, partner: Partner, senior_ha
     junior = _load(junior_path, params, keep={junior_hash})
     senior = _load(senior_path, params, keep={junior_hash})
     # evaluate.cpu_threads already governs threads here, so the engine leaves them as they are
+    # a dedicated rollout service stays off the trainer's GPUs (placement only: it shapes no output)
+    trainers = params.train.num_processes if params.rollout.backend == "vllm" else 1
     engine = rollout_engine(senior, junior, tokenizer, params.rollout, cpu_threads=0,
-                            roots=(params.out_root, base, junior_path))
+                            roots=(params.out_root, base, junior_path), trainer_processes=trainers)
     decoder = Decoder(engine, tokenizer, eos_token_ids(tokenizer, senior))
     for b, (key, rows) in todo.items():
         t0 = time.perf_counter()

@@ -281,8 +281,10 @@ def test_environment_overrides_only_the_listed_settings_and_obeys_their_rules(tm
     from tandem.config import ENV_OVERRIDES
     from tasks.common import load_params
 
-    assert set(ENV_OVERRIDES) == {"evaluate.workers", "rollout.vllm_url"}
+    assert set(ENV_OVERRIDES) == {"evaluate.workers", "rollout.vllm_url", "rollout.vllm_python"}
     path = REPO / "params.yaml"
+    assert load_params(path, environ={"TANDEM_VLLM_PYTHON": "/opt/vllm/bin/python"}).rollout.vllm_python == \
+        "/opt/vllm/bin/python"
     p = load_params(path, environ={"TANDEM_EVAL_WORKERS": "3", "TANDEM_VLLM_URL": "http://node:8471"})
     assert p.evaluate.workers == 3 and p.rollout.vllm_url == "http://node:8471"
     assert load_params(path, environ={"TANDEM_EVAL_WORKERS": "", "TANDEM_VLLM_URL": ""}) == load_params(path, environ={})

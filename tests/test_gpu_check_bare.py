@@ -15,7 +15,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_check_bare.py"
 CHECKS = {"catchup == lockstep (float64)", "hf engine tokens/s (bf16 on CUDA)", "tandem GRPO steps (bf16_mixed)",
-          "memory plan vs measured CUDA step peak", "imports (image + bundle)"}
+          "memory plan vs measured CUDA step peak", "imports (image + bundle)",
+          "layouts: engine devices, one call per step"}
 
 
 def _run(*args: str, timeout: int) -> subprocess.CompletedProcess:
@@ -44,6 +45,10 @@ def test_dry_run_passes_every_check(tmp_path):
     train = checks["tandem GRPO steps (bf16_mixed)"]
     assert train["steps"] == 2 and train["senior_changed"] and train["junior_unchanged"]
     assert checks["memory plan vs measured CUDA step peak"]["plan_step_mib"] > 0
+    lay = checks["layouts: engine devices, one call per step"]
+    assert lay["calls_per_step"] == [[8], [8]] and lay["equal_to_each_for_itself"] == [True, True]
+    assert lay["placement"]["shared"] == ["0", "1", "2", "3"] and lay["placement"]["dedicated"] == {
+        "senior": ["2"], "junior": ["3"]}
     assert lines[-1]["gpu_check_bare"] == "done" and lines[-1]["ok"]
     assert json.loads((tmp_path / "gpu_check_bare.json").read_text()) == lines
 

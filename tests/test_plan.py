@@ -235,13 +235,16 @@ def test_cli_plan_prints_the_dedicated_rollout_layout():
     assert res["fits"] is True and ro["layout"] == "dedicated" and ro["rollout_gpus"] == 2 and ro["trainer_gpus"] == 8
     assert ro["rows_per_engine"] == 128 and ro["resident_rows"] >= 128 and ro["admission_waves"] == 1
     assert ro["gpu"] == "H200" and ro["engine_steps_per_token"]["solo"] == 1.0
-    assert 0.5 < ro["predicted_tandem_over_solo"] < 1.0 and ro["rows_per_call"] == 16
+    assert 0.5 < ro["predicted_tandem_over_solo"] < 1.0 and ro["rows_per_call"] == 128  # a step's rows, one call
+    assert ro["engine_devices"] == {"senior": [8], "junior": [9]}
+    assert "predicted_tandem_over_solo_per_call" not in ro
     assert "vllm_engines" not in res["train"]["tandem"]["persistent_gib"]
     text = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120).stdout
     assert "rollout: layout dedicated" in text and "rows resident" in text and "predicted tandem/solo" in text
+    assert "senior's engine on GPU 8" in text and "junior's on GPU 9" in text and "not run" not in text
 
 
-def test_dedicated_layout_plans_a_step_of_rows_per_engine_and_refuses_to_start_beside_the_trainer():
+def test_dedicated_layout_plans_a_step_of_rows_per_engine_and_starts_its_own_service():
     raw = yaml.safe_load((REPO / "params.paper-dedicated.yaml").read_text())
     p = params_from_dict(raw)
     shape = model_shape(p)
@@ -251,9 +254,8 @@ def test_dedicated_layout_plans_a_step_of_rows_per_engine_and_refuses_to_start_b
     raw["rollout"]["vllm_gpu_memory"] = 0.3
     short = plan_train_arm(params_from_dict(raw), "tandem", shape, device="cuda")
     assert not short.fits and any("one GPU per engine" in c for c in short.checks), short.checks
-    # no service to attach: a run would start one on the trainer's GPU, so the stages refuse before any work
-    with pytest.raises(PlanError, match="vllm_url"):
-        check_fits(p, "train", device="cuda")
+    # no service to attach: the main process starts one on rollout.vllm_devices (tandem.rollout.placement)
+    assert check_fits(p, "train", device="cuda")["tandem"]["fits"]
     raw["rollout"].update(vllm_gpu_memory=0.9, vllm_url="http://node7:8471")
     assert check_fits(params_from_dict(raw), "train", device="cuda")["tandem"]["fits"]
     # a share of half a GPU or more is for one GPU per engine only

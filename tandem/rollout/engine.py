@@ -79,6 +79,12 @@ class TandemEngine:
         return self._backend.generate(request)
 
     @property
+    def last_calls(self) -> list[int] | None:
+        """vllm backend: the rows of each rollout-service call of the last `generate` (None for the hf backend)."""
+        calls = getattr(self._backend, "last_calls", None)
+        return None if calls is None else list(calls)
+
+    @property
     def live(self) -> bool:
         return bool(getattr(self._backend, "live", False))
 

@@ -31,11 +31,12 @@ def make_engine(senior: Any, junior: Any | None, tokenizer: Any, backend: str = 
 
 
 def rollout_engine(senior: Any, junior: Any | None, tokenizer: Any, rollout: Any, *, live: bool = False,
-                   roots: Sequence[str | os.PathLike] = (), **overrides: Any):
+                   roots: Sequence[str | os.PathLike] = (), trainer_processes: int = 1, **overrides: Any):
     """The engine the `rollout` params section asks for; `overrides` go to `make_engine` (hf backend).
 
     With `backend: vllm` this is a client of the run's shared rollout service (vLLM in its own environment,
     `tandem.rollout.vllm.client`; `roots`: the directories it may load weights from, besides the junior's):
+    `trainer_processes` (`train.num_processes`): the trainer's GPUs, which a dedicated service stays off.
     `live=True` in training, where the trained senior module is pushed to the
     service after each optimizer step; False in evaluation, where the senior is a saved checkpoint directory.
     Threads are the calling stage's setting (`train.cpu_threads`, `evaluate.cpu_threads`, ...), applied by the
@@ -44,5 +45,6 @@ def rollout_engine(senior: Any, junior: Any | None, tokenizer: Any, rollout: Any
     if rollout.backend == "vllm":
         from tandem.rollout.vllm.client import engine_from_config
 
-        return engine_from_config(senior, junior, tokenizer, rollout, live=live, roots=roots)
+        return engine_from_config(senior, junior, tokenizer, rollout, live=live, roots=roots,
+                                  trainer_processes=trainer_processes)
     return make_engine(senior, junior, tokenizer, rollout.backend, **overrides)

@@ -5,7 +5,9 @@ generation; it tokenises them, calls the tandem engine once and returns `prompt_
 `logprobs` (the senior's sampling log-probs, 0 on junior tokens) and `env_mask` = the owner mask. trl
 multiplies `env_mask` into the loss mask, so junior tokens shape the context and the reward but get no gradient.
 
-Under several processes each rank rolls out only its own rows. The noise of a row depends on (step seed, row
+Under several processes each rank rolls out only its own rows (in the dedicated vLLM layout the main process
+makes one service call for every rank's rows: `tandem.train.one_call`; `rollout/service_calls` and
+`rollout/rows_per_call` report the calls of a step). The noise of a row depends on (step seed, row
 id, position), and the row ids are global (rank r owns rows r*B .. r*B+B-1 of the rollout batch), so ranks
 never draw correlated rollouts and the rollout batch is the same for any number of processes. Under sharded
 training (FSDP, DeepSpeed ZeRO-3) the senior's weights are partitioned across ranks; `full_weights` gathers
@@ -133,6 +135,10 @@ class TandemRollout:
             "tandem/truncated": sum(r != "eos" for r in batch.finish_reason) / len(prompts),
         })
         self.stats.values.update(self.first_styles(completion_ids, owner))
+        calls = getattr(self.engine, "last_calls", None)
+        if calls is not None:  # the rollout service's calls this step (one in all in the dedicated layout)
+            self.stats.values["rollout/service_calls"] = float(len(calls))
+            self.stats.values["rollout/rows_per_call"] = sum(calls) / len(calls) if calls else 0.0
         if self.base is not None and self.kl_rows > 0:
             t1 = time.perf_counter()
             self.stats.values["tandem/kl_to_base"] = self.kl_to_base(prompt_ids, completion_ids, owner, logprobs)

@@ -46,6 +46,7 @@ from tandem.checkpoints import STAGING_PREFIX, STEP_PREFIX
 from tandem.checkpoints import (clean_arm_dir, commit_dir, complete_checkpoints, latest_checkpoint, read_state,
                                 resume_checkpoint, write_state)
 from tandem.rollout.factory import rollout_engine
+from tandem.train.one_call import step_engine
 from tandem.threads import torch_threads
 from tandem.train.checkpoints import wipe_arm_dir
 from tandem.train.numerics import weights_hash
@@ -352,7 +353,10 @@ def build_trainer(run: ArmRun, fingerprint: str, guard: JuniorGuard):
         trainer.remove_callback(cb)
     junior.to(trainer.args.device)  # trl placed the senior; the junior decodes next to it
     if run.engine is None:  # built after trl moved the senior, so the engine sees both models on their device
-        rollout_fn.engine = rollout_engine(run.senior, junior, tokenizer, rollout, live=True, roots=run.weight_roots)
+        rollout_fn.engine = step_engine(lambda: rollout_engine(run.senior, junior, tokenizer, rollout, live=True,
+                                                               roots=run.weight_roots,
+                                                               trainer_processes=run.train.num_processes),
+                                        rollout, trainer.accelerator)
     base_hash = guard.before if run.base is None else weights_hash(run.base)
     if run.base is not None:
         run.base.to(trainer.args.device)

@@ -91,7 +91,7 @@ def test_servers_listen_on_localhost_by_default():
         for line in p.read_text().splitlines():
             if "server start" in line:
                 assert "--host 127.0.0.1" in line, line
-    service = (REPO / "tandem" / "rollout" / "vllm" / "service.py").read_text()
+    service = (REPO / "tandem" / "rollout" / "vllm" / "httpd.py").read_text()  # the service's flags
     assert 'ap.add_argument("--host", default="127.0.0.1"' in service
 
 

@@ -191,3 +191,39 @@ def test_served_deployments_mirror_prefect_yaml():
     assert d.concurrency_limit == 1 and d.parameters["dvc"] == "auto" and d.parameters["sharing"]["publish"] is False
     with pytest.raises(KeyError, match="no deployment"):
         deployment_spec("nope")
+
+
+def _dockerfile_defaults() -> tuple[dict, dict]:
+    """The Dockerfile's ARG defaults and ENV values (ARG references substituted)."""
+    text = (INFRA / "Dockerfile").read_text().replace("\\\n", " ")
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.M))
+    env: dict = {}
+    for line in re.findall(r"^ENV (.+)$", text, re.M):
+        for k, v in re.findall(r"(\w+)=(\S+)", line):
+            env[k] = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], v)
+    return args, env
+
+
+def test_the_documented_image_carries_vllm_where_the_presets_point():
+    """The documented build command builds vLLM in (WITH_VLLM defaults to 1 and no documented command turns it
+    off), into the venv whose interpreter the image names in TANDEM_VLLM_PYTHON, and the presets, loaded with the
+    image's environment, run that interpreter (rollout.vllm_python, overridden); a missing interpreter is one
+    line naming the setting."""
+    from tandem.rollout.vllm.client import LaunchOptions, ServiceStartError
+    from tasks.common import load_params
+
+    args, env = _dockerfile_defaults()
+    assert args["WITH_VLLM"] == "1"
+    docker = (INFRA / "Dockerfile").read_text()
+    assert re.search(r'python -m venv "\$VLLM_VENV" && "\$VLLM_VENV/bin/pip" install "vllm==', docker)
+    image_python = env["TANDEM_VLLM_PYTHON"]
+    assert image_python == f"{args['VLLM_VENV']}/bin/python" == "/opt/vllm/bin/python"
+    documented = re.findall(r"docker build -f infra/Dockerfile[^\n]*", (INFRA / "README.md").read_text())
+    assert documented and all("WITH_VLLM" not in cmd for cmd in documented)
+    for preset in ("params.paper.yaml", "params.paper-dedicated.yaml"):
+        p = load_params(REPO / preset, environ=env)
+        assert p.rollout.backend == "vllm" and p.rollout.vllm_python == image_python
+        assert LaunchOptions.from_config(p.rollout).python == image_python
+    with pytest.raises(ServiceStartError) as e:
+        LaunchOptions(python="/opt/no-such-vllm/bin/python").vllm_python()
+    assert "\n" not in str(e.value) and "rollout.vllm_python" in str(e.value) and "TANDEM_VLLM_PYTHON" in str(e.value)

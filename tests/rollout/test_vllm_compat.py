@@ -119,3 +119,56 @@ def test_a_step_message_is_dropped_only_when_it_says_nothing():
     for field, value in (("finished_requests", {"r1"}), ("scheduler_stats", object()), ("wave_complete", 0),
                          ("start_wave", 3), ("utility_output", object()), ("weight_version", 2)):
         assert not says_nothing(_Outputs(**{field: value})), field
+
+
+def test_every_touchpoint_names_code_that_exists():
+    """Each `where` of the service's own touchpoints names a module of tandem/rollout/vllm/ and, after it, a class,
+    function or method defined there (so a move between modules updates the list)."""
+    vllm_dir = ROOT / "tandem" / "rollout" / "vllm"
+    wrong = []
+    for t in compat.TOUCHPOINTS:
+        if t.where.startswith("benchmarks/"):
+            continue
+        for where in (w.strip() for w in t.where.split(",")):
+            head, *rest = where.split(" / ")[0].split(".")
+            f = vllm_dir / f"{head}.py"
+            if not f.exists():
+                wrong.append(f"{t.where}: no module {head}.py")
+                continue
+            names = {n.name for n in ast.walk(ast.parse(f.read_text()))
+                     if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
+            wrong += [f"{t.where}: {head}.py defines no {r}" for r in rest if r not in names]
+    assert not wrong, wrong
+
+
+def test_the_service_is_split_by_job_in_modules_under_400_lines():
+    """The HTTP layer, the engines, the sessions and the service's state each in a module of their own."""
+    vllm_dir = ROOT / "tandem" / "rollout" / "vllm"
+    for name in ("service", "httpd", "engines", "sessions"):
+        lines = len((vllm_dir / f"{name}.py").read_text().splitlines())
+        assert lines <= 400, f"{name}.py has {lines} lines"
+
+
+NO_PATCH_AT_IMPORT = r"""
+import vllm.v1.worker.gpu_input_batch as gib
+import vllm.v1.worker.gpu_model_runner as gmr
+from vllm.v1.engine.core import EngineCore
+before = (gib.InputBatch.add_request, gmr.GPUModelRunner._update_states, gmr.GPUModelRunner._sample)
+import tandem.rollout.vllm.service, tandem.rollout.vllm.sched, tandem.rollout.vllm.worker  # noqa: E401
+from tandem.rollout.vllm import returns, submit
+assert (gib.InputBatch.add_request, gmr.GPUModelRunner._update_states, gmr.GPUModelRunner._sample) == before
+assert not hasattr(EngineCore, submit.UTILITY) and not hasattr(EngineCore, returns.UTILITY)
+assert not hasattr(gib.InputBatch, "_tandem_rows") and not hasattr(gmr.GPUModelRunner, "_tandem_cpu_rewind")
+submit.install(); returns.install()  # the explicit calls (sched.TandemScheduler, at engine start) install them
+assert hasattr(EngineCore, submit.UTILITY) and hasattr(EngineCore, returns.UTILITY)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_no_patch_is_installed_at_import():
+    """Importing the service's modules in vLLM's environment patches nothing; the engine-core utilities appear
+    only when installed explicitly (at engine start), the worker patches by `TandemWorker.tandem_install_patches`."""
+    from vllm_fixtures import run_in_vllm
+
+    run_in_vllm(NO_PATCH_AT_IMPORT, timeout=300)

@@ -1,5 +1,5 @@
 """Trust between the pipeline and its rollout service, and the service's edges, without vLLM: the service's own
-HTTP server (tandem/rollout/vllm/service.py) in this process with no engines behind it (it answers "starting"),
+HTTP server (tandem/rollout/vllm/httpd.py) in this process with no engines behind it (it answers "starting"),
 an impostor on a port, a fake vLLM Python for start failures, and a process group with a real resource tracker
 (tandem/rollout/vllm/lifecycle.py).
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from tandem.errors import UserError
-from tandem.rollout.vllm import lifecycle, service
+from tandem.rollout.vllm import httpd, lifecycle
 from tandem.rollout.vllm.client import LaunchOptions, ServiceStartError, ServiceStarting, VLLMService, port_taken
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,9 +41,9 @@ TOKEN = "s" * 40
 def starting_service():
     """The service's server as `main` runs it while the engines load (no Service yet: /health answers 503)."""
     ref: list = []
-    srv = service.Server(("127.0.0.1", 0), service.make_handler(None, ref, TOKEN, set(), 0, 0))
+    srv = httpd.Server(("127.0.0.1", 0), httpd.make_handler(None, ref, TOKEN, set(), 0, 0))
     port = srv.server_address[1]
-    srv.RequestHandlerClass = service.make_handler(None, ref, TOKEN, {f"127.0.0.1:{port}", "127.0.0.1"}, 0, 0)
+    srv.RequestHandlerClass = httpd.make_handler(None, ref, TOKEN, {f"127.0.0.1:{port}", "127.0.0.1"}, 0, 0)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield srv, f"http://127.0.0.1:{port}"
@@ -179,7 +179,7 @@ def test_connections_are_bounded_timed_out_and_their_failures_logged_briefly(sta
         t0 = time.monotonic()
         assert s.recv(1) == b"" and time.monotonic() - t0 < 5
     # failed connections: one warning line each, at most ERROR_LINES
-    caplog.set_level(logging.WARNING, logger=service.LOG.name)
+    caplog.set_level(logging.WARNING, logger=httpd.LOG.name)
     srv._errors = 0
     for _ in range(srv.ERROR_LINES + 10):
         try:

@@ -7,7 +7,10 @@
 | `submit.py` | vLLM (both sides) | batched chunk submissions: one message per engine per event-loop turn, a thread in the engine core |
 | `sync.py` | pipeline | `VLLMWeightSync`: a `TrainerCallback` pushing the senior after every optimizer step |
 | `turns.py` | both | the row state machine over two streaming sessions, the per-chunk stop rule, the counters |
-| `service.py` | vLLM | the HTTP server with two `AsyncLLM` engines |
+| `service.py` | vLLM | `Service`: the token tables, the weights, the rollouts and scores over two `AsyncLLM` engines (`python -m` entry) |
+| `httpd.py` | vLLM | the HTTP layer: the bounded server, the request handler, `main` (port, secret, clean exits) |
+| `engines.py` | vLLM | the engines: their arguments, each on its devices (`placement`), start, sockets, weight loads, counters |
+| `sessions.py` | vLLM | `DirectSession` (one row's resumable request per model) and the `Router` of their outputs |
 | `sched.py` | vLLM engine core | `TandemScheduler`: stops chunks exactly at authorship switches; engine counters |
 | `worker.py` | vLLM engine core | `TandemWorker`: weights reloaded in place; `RowArrays` in the model runner's batch |
 | `returns.py` | vLLM (both sides) | chunk returns: the chunks that stop in a step, one message to the frontend |

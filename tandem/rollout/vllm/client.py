@@ -63,6 +63,7 @@ from urllib.parse import urlparse
 
 from tandem.errors import UserError
 from tandem.rollout.core import RolloutBatch
+from tandem.rollout.placement import Placement, placement_for
 from tandem.rollout.vllm import lifecycle
 from tandem.rollout.vllm.lifecycle import CHALLENGE_HEADER, health_proof
 from tandem.rollout.vllm.knobs import EngineKnobs
@@ -119,9 +120,10 @@ class LaunchOptions:
     """How `VLLMService.start` starts the rollout service: vLLM's Python (None = `.venv-vllm`), the address
     (port 0 = a free one), the engines' knobs (`knobs.EngineKnobs`: dtype, context length, GPU memory share,
     eager mode, KV blocks, rows per step; passed to the service as its flags), KV cache GiB on the CPU
-    build, how long to wait for /health, the log file (None = in the service's run directory), and the module
+    build, how long to wait for /health, the log file (None = in the service's run directory), the module
     that serves (`service`, run as `python -m`, with `service_args` after the flags: the benchmark runs its own
-    subclass of the service, `benchmarks.vllm_ab_service`)."""
+    subclass of the service, `benchmarks.vllm_ab_service`) and each engine's devices (`placement`, a
+    `tandem.rollout.placement.Placement`; None = the engines inherit this process's devices)."""
 
     python: str | os.PathLike | None = None
     host: str = "127.0.0.1"
@@ -132,28 +134,37 @@ class LaunchOptions:
     log_path: str | os.PathLike | None = None
     service: str = "tandem.rollout.vllm.service"
     service_args: tuple[str, ...] = ()
+    placement: Placement | None = None
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", self.service):
             raise ValueError(f"service is a dotted module name run with `python -m`, got {self.service!r}")
 
     @classmethod
-    def from_config(cls, rollout: Any) -> "LaunchOptions":
-        """The options the `rollout` params section states (`vllm_python`, `vllm_host`, ...)."""
+    def from_config(cls, rollout: Any, placement: Placement | None = None) -> "LaunchOptions":
+        """The options the `rollout` params section states (`vllm_python`, `vllm_host`, ...), with the engines'
+        `placement` (`tandem.rollout.placement.placement_for`)."""
         knobs = EngineKnobs(dtype=rollout.vllm_dtype, max_model_len=rollout.vllm_max_model_len,
                             gpu_memory=rollout.vllm_gpu_memory, enforce_eager=rollout.vllm_enforce_eager)
         return cls(python=rollout.vllm_python, host=rollout.vllm_host, port=rollout.vllm_port, knobs=knobs,
-                   cpu_kv_cache_gb=rollout.vllm_cpu_kv_cache_gb, start_timeout=rollout.vllm_start_timeout)
+                   cpu_kv_cache_gb=rollout.vllm_cpu_kv_cache_gb, start_timeout=rollout.vllm_start_timeout,
+                   placement=placement)
 
     def vllm_python(self) -> Path:
-        """vLLM's Python (`python`, else `.venv-vllm`; relative paths from the repository root); a clear error
-        when it is missing."""
+        """vLLM's Python (`python`, else `.venv-vllm`; relative paths from the repository root); a missing one
+        is one line naming the setting (`missing_python`)."""
         py = Path(self.python or DEFAULT_PYTHON)
         py = py if py.is_absolute() else REPO_ROOT / py
         if not py.exists():
-            raise FileNotFoundError(f"vllm backend: no Python at {py}; create vLLM's environment with "
-                                    f"`make vllm-env` (or set rollout.vllm_python)")
+            raise ServiceStartError(missing_python(py))
         return py
+
+
+def missing_python(py: Path) -> str:
+    """The one line for a vLLM interpreter that is not there: it names the setting and what sets it."""
+    return (f"vllm backend: no vLLM interpreter at {py} (rollout.vllm_python; $TANDEM_VLLM_PYTHON overrides it, "
+            f"and the GPU image sets it to /opt/vllm/bin/python): create vLLM's environment with `make vllm-env` "
+            f"or point rollout.vllm_python at vLLM's Python")
 
 
 class VLLMService:
@@ -186,7 +197,8 @@ class VLLMService:
         log = Path(o.log_path) if o.log_path else run_dir / "service.log"
         cmd = [str(py), "-m", o.service, "--senior", str(Path(senior_dir).resolve()),
                "--junior", str(Path(junior_dir or senior_dir).resolve()), "--host", host, "--port", str(port),
-               "--parent-pid", str(os.getpid()), "--run-dir", str(run_dir), *o.knobs.to_argv(), *o.service_args]
+               "--parent-pid", str(os.getpid()), "--run-dir", str(run_dir), *o.knobs.to_argv(),
+               *(o.placement.to_argv() if o.placement is not None else []), *o.service_args]
         for r in roots:
             cmd += ["--allow-root", str(Path(r).resolve())]
         token = secrets.token_urlsafe(32)
@@ -443,11 +455,13 @@ _SHARED: dict[str, VLLMService] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_service(rollout: Any, start_dir: str | os.PathLike, roots: Sequence[str | os.PathLike] = ()
-                   ) -> VLLMService:
+def shared_service(rollout: Any, start_dir: str | os.PathLike, roots: Sequence[str | os.PathLike] = (),
+                   trainer_processes: int = 1) -> VLLMService:
     """The process's rollout service for the `rollout` config section: attached to `rollout.vllm_url` if set
     ($TANDEM_VLLM_URL overrides it when params are loaded: tandem.config.ENV_OVERRIDES), else started once
-    from `start_dir` (its weight roots: `start_dir` and `roots`) and stopped at exit; reused by every caller."""
+    from `start_dir` (its weight roots: `start_dir` and `roots`), each engine on the devices the layout gives
+    it (`placement_for`: this process's `LOCAL_RANK` GPU, or the dedicated GPUs outside the trainer's
+    `trainer_processes`), and stopped at exit; reused by every caller."""
     url = rollout.vllm_url
     key = url or f"{rollout.vllm_python}|{rollout.vllm_host}|{rollout.vllm_dtype}|{rollout.vllm_max_model_len}"
     with _SHARED_LOCK:
@@ -457,8 +471,9 @@ def shared_service(rollout: Any, start_dir: str | os.PathLike, roots: Sequence[s
         if url:
             svc = VLLMService.attach(url, timeout=rollout.vllm_start_timeout)
         else:
+            placement = placement_for(rollout, trainer_processes)
             svc = VLLMService.start(start_dir, start_dir, roots=[start_dir, *roots],
-                                    options=LaunchOptions.from_config(rollout))
+                                    options=LaunchOptions.from_config(rollout, placement))
             atexit.register(svc.stop)
         _SHARED[key] = svc
         return svc
@@ -516,6 +531,7 @@ class VLLMEngine:
         self.senior_spec: dict | None = None
         self.version = 0
         self.last_stats: dict = {}
+        self.last_calls: list[int] = []  # the rows of each service call of the last `generate`
         self.totals = {"decoded": 0, "kept": 0, "chunks": 0, "seconds": 0.0}
         if self.live:
             if not hasattr(senior, "state_dict"):
@@ -596,12 +612,16 @@ class VLLMEngine:
     # -- the backend API -----------------------------------------------------------------------------
     def generate(self, request: Any) -> RolloutBatch:
         """Roll out every prompt of `request` once (see `tandem.rollout.request.RolloutRequest`): one service
-        call per group of `settings.batch_size` rows (all rows at once when 0)."""
+        call per group of `settings.batch_size` rows (all rows at once when 0); `last_calls` keeps the rows of
+        each call."""
         B = len(request)
         if B == 0:
+            self.last_calls = []
             return RolloutBatch([], [], [], [], [])
         t0 = time.perf_counter()
-        parts = [(g, self._generate(request.subset(g))) for g in request.groups()]
+        groups = request.groups()
+        self.last_calls = [len(g) for g in groups]
+        parts = [(g, self._generate(request.subset(g))) for g in groups]
         out = RolloutBatch.scatter(B, parts)
         service_s = sum(part.timings["service_seconds"] for _, part in parts)
         out.timings = {"seconds": time.perf_counter() - t0, "service_seconds": service_s}
@@ -639,14 +659,16 @@ class VLLMEngine:
 
 
 def engine_from_config(senior: Any, junior: Any | None, tokenizer: Any, rollout: Any, *, live: bool,
-                       roots: Sequence[str | os.PathLike] = (), eos_token_ids: Sequence[int] | None = None):
+                       roots: Sequence[str | os.PathLike] = (), eos_token_ids: Sequence[int] | None = None,
+                       trainer_processes: int = 1):
     """The `rollout.backend: vllm` engine: a `TandemEngine` over the process's shared service (started from
     the junior's directory with weight roots `roots`, or attached to `rollout.vllm_url`). `live=True` in
     training (the senior module is trained in place and pushed after each optimizer step, see
     `sync.VLLMWeightSync`), False in evaluation (the senior is a saved checkpoint directory)."""
     from tandem.rollout.engine import TandemEngine
 
-    service = shared_service(rollout, _model_dir(junior if junior is not None else senior), roots)
+    service = shared_service(rollout, _model_dir(junior if junior is not None else senior), roots,
+                             trainer_processes)
     return TandemEngine(senior, junior, tokenizer, backend="vllm", eos_token_ids=eos_token_ids,
                         vllm_options={"service": service, "live": live,
                                       "transport": rollout.vllm_weight_transport})

@@ -25,7 +25,7 @@ TESTED = "0.32.0"  # the version `make vllm-env` installs and the vLLM tests run
 # and V1-interface logits processors (the benchmark's replay) are rejected at start; the CPU build runs V1 anyway.
 ENGINE_ENV: dict[str, str] = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
-# Engine arguments the service always passes (service.engine_kwargs), whatever vLLM's defaults on the platform.
+# Engine arguments the service always passes (engines.engine_kwargs), whatever vLLM's defaults on the platform.
 # async_scheduling: vLLM 0.32 on CUDA turns asynchronous scheduling on by default for the `uni` executor; with it,
 # a synchronous scheduler subclass under the batch queue schedules new chunks into the next batch while rows in
 # flight skip a step, so tandem rows can split into two alternating cohorts (each batch reading the weights).
@@ -111,12 +111,13 @@ TOUCHPOINTS: tuple[Touchpoint, ...] = (
     Touchpoint("returns.open_returns", "EngineCoreProc.scheduler", "attribute",
                "the engine core's scheduler object (our TandemScheduler)"),
     # the service (frontend)
-    Touchpoint("service.DirectSession", "AsyncLLM.engine_core.add_request_async, abort_requests_async", "attribute",
+    Touchpoint("sessions.DirectSession", "AsyncLLM.engine_core.add_request_async, abort_requests_async", "attribute",
                "requests built from the first chunk's EngineCoreRequest (a msgspec struct) can be copied"),
-    Touchpoint("service.Router", "AsyncLLM.output_processor, AsyncLLM._run_output_handler", "attribute",
+    Touchpoint("sessions.Router", "AsyncLLM.output_processor, AsyncLLM._run_output_handler", "attribute",
                "the output handler loop is started lazily and feeds output_processor"),
-    Touchpoint("service", "vllm.inputs.TokensPrompt", "import", "token prompts"),
-    Touchpoint("service", "SamplingParams.extra_args, logprobs_mode='processed_logprobs'", "attribute",
+    Touchpoint("sessions.DirectSession.send / service.Service._score", "vllm.inputs.TokensPrompt", "import",
+               "token prompts"),
+    Touchpoint("service.Service._generate, engines.engine_kwargs", "SamplingParams.extra_args, logprobs_mode='processed_logprobs'", "attribute",
                "extra_args reach the scheduler with the request; processed log-probs are after temperature"),
     # the worker (CPU build, V1 model runner)
     Touchpoint("worker.TandemWorker.tandem_load_weights", "model_runner.reload_weights, "

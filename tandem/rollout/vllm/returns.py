@@ -12,7 +12,7 @@ the frontend (`Returns`) reads it with a plain reader callback on the socket's f
 message waiting, and hands each chunk to its session. vLLM's own path still carries everything else (other
 requests' outputs, errors, utility results), so an engine core that fails still fails its sessions.
 
-`install()` (called when `sched.py` is imported in the engine-core process) adds the engine-core utility that
+`install()` (called by `sched.TandemScheduler` when the engine core builds it at start) adds the engine-core utility that
 connects the socket (`open_returns`); without it, or before it, the chunks go vLLM's way as before.
 """
 

@@ -48,8 +48,6 @@ from tandem.rollout.schedule import LookupTables
 from tandem.rollout.vllm import lifecycle, returns, submit
 from tandem.rollout.vllm.turns import STOP_SWITCH, ChunkRule, tandem_args
 
-submit.install()  # the engine core's utility for batched chunk submissions (submit.py)
-returns.install()  # and for the chunks' returns (returns.py)
 
 FIELDS = ("steps", "busy_seconds", "sched_cpu_seconds", "computed_tokens", "generated_tokens", "chunks",
           "add_cpu_seconds", "switch_stops", "scheduled_rows_sum", "max_scheduled_rows", "rule_cpu_seconds",
@@ -111,6 +109,10 @@ class TandemScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         lifecycle.die_with_parent()  # this engine core dies with the service, however the service dies
+        # installed here, when the engine core builds its scheduler at start (never at import): the engine core's
+        # utilities for batched chunk submissions (submit.py) and for the chunks' returns (returns.py)
+        submit.install()
+        returns.install()
         extra = getattr(self.vllm_config, "additional_config", None) or {}
         self.tandem_counters = Counters(extra.get("tandem_stats"))
         self._t_step = None

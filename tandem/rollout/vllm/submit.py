@@ -13,7 +13,7 @@ utility call) receives it and does for each request what vLLM's input thread doe
 drains before every step. Aborts of these requests go the same way, so that a row's abort never overtakes
 its own last chunk. Nothing else changes: the busy loop adds each request exactly as before.
 
-`install()` (called when `sched.py` is imported in the engine-core process) adds the utility method to vLLM's
+`install()` (called by `sched.TandemScheduler` when the engine core builds it at start) adds the utility method to vLLM's
 `EngineCore`; without it the service falls back on one message per chunk.
 """
 

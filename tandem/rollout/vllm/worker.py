@@ -8,14 +8,14 @@ CPU build repacks linear weights). The tied LM head's post-processing is redone 
 post-processes a tied parameter for one of its layers only (the embedding), so on the CPU build the head kept
 the GEMM handle packed from the old weights (measured: log-probs off by > 1 after a push).
 
-Importing this module (vLLM does, in the worker, to resolve the extension) also installs `RowArrays` into the
-model runner's batch (`install_row_arrays`; `TANDEM_VLLM_ROW_ARRAYS=0` leaves vLLM's batch as it is). vLLM
+`tandem_install_patches`, which the service calls on every worker once its engine has started (never at import),
+installs `RowArrays` into the model runner's batch (`install_row_arrays`; `TANDEM_VLLM_ROW_ARRAYS=0` leaves vLLM's batch as it is). vLLM
 resumes a streaming session as a new request of the step whose `prompt_token_ids` is the session's whole
 history, and `InputBatch.add_request` converts that Python list into the batch's int32 token array at every
 chunk: ~57 us at 1,500 tokens, ~95 us at 3,000 on the CPU build, O(history) per chunk. A session's history only
 grows by appending (vLLM's `_update_request_as_session` extends it), so `RowArrays` keeps each tandem session's
 tokens as an int32 array, converts only the tokens added since its last chunk, and hands the batch that array
-(a memory copy, ~1 us). Dropped when the request finishes. It also installs `install_cpu_generator_rewind`:
+(a memory copy, ~1 us). Dropped when the request finishes. The same call installs `install_cpu_generator_rewind`:
 on the CPU build a seeded request whose prompt is split over steps otherwise kills the engine.
 """
 
@@ -65,6 +65,11 @@ class TandemWorker:
         self.model_runner.reload_weights(weights_iterator=counted())
         refresh_tied_head(self.model_runner.get_model())
         return n
+
+    def tandem_install_patches(self) -> dict[str, bool]:
+        """Install the model-runner patches in this worker's process (`install_patches`); the service calls it on
+        every worker once its engine has started (`engines.EngineHost._start`), before any rollout."""
+        return install_patches()
 
 
 class RowArrays:
@@ -206,6 +211,3 @@ def install_patches() -> dict[str, bool]:
         log.warning("V1 model runner patches NOT installed: %s (VLLM_USE_V2_MODEL_RUNNER=%s): this vLLM has no V1 "
                     "model runner to patch; see tandem/rollout/vllm/compat.py", got, runner)
     return got
-
-
-install_patches()
