@@ -7,7 +7,9 @@ run of some stages updates only theirs.
 The committed record is what HEAD's `dvc.lock` pins (every output's hash) and HEAD's `metrics/`. After a DVC
 project run `compare_with_record` sets the workspace's dvc.lock beside it, stage by stage, and
 `record_summary` says in a few lines whether the run reproduced the record bit for bit, which outputs differ,
-how far the headline numbers moved, and what to do (keep the run, or go back to the record). Only stages the
+each headline number beside the record's band (`metrics/band.json`, committed with the record: where the default
+run lands over seeds and kernel paths, `scripts/record_band.py`) and whether it landed inside, and what to do
+(keep the run, or go back to the record). Only stages the
 run computed can reproduce anything: a stage skipped as up to date left dvc.lock's entry as it was, so a run
 that computed none (every stage current) says that it ran nothing, never that it reproduced the record.
 """
@@ -26,6 +28,9 @@ import yaml
 from tasks.common import read_json, write_json
 
 RUN_FILE = Path("results") / "run.json"
+# The record's band: per headline number, the range the default run spans over seeds and CPU kernel paths,
+# measured and committed with the record (`scripts/record_band.py`, docs/results.md "The record's band").
+BAND_FILE = Path("metrics") / "band.json"
 # Stages whose outputs record the run's context, not only its inputs: the report's metadata names the time it
 # was generated, the git commit and the hash of dvc.lock, so it differs on every run by design.
 CONTEXT_STAGES = {"report": "the report records when, at which commit and from which dvc.lock it was made"}
@@ -107,6 +112,7 @@ class Comparison:
     differs: dict[str, list[str]] = field(default_factory=dict)
     headline: list[tuple[str, Any, Any]] = field(default_factory=list)
     ran: list[str] | None = None  # the stages this run computed, in dvc.lock's order; None: not known
+    band: dict[str, tuple[float, float]] | None = None  # the record's band (BAND_FILE); None: none committed
 
     @property
     def identical(self) -> bool:
@@ -155,6 +161,8 @@ def compare_with_record(root: Path, ran: Sequence[str] | None = None) -> Compari
             cmp.same.append(stage)
     if ran is not None:
         cmp.ran = [s for s in order if s in set(ran)]
+    shown = _git(root, "show", f"HEAD:{prefix}{BAND_FILE.as_posix()}")
+    cmp.band = read_band(shown.stdout) if shown.returncode == 0 else None
     for label, rel, keys in HEADLINE:
         shown = _git(root, "show", f"HEAD:{prefix}{rel}")
         before = json.loads(shown.stdout) if shown.returncode == 0 else {}
@@ -168,6 +176,58 @@ def compare_with_record(root: Path, ran: Sequence[str] | None = None) -> Compari
         else:
             cmp.headline.append((label, _get(before, keys), _get(after, keys)))
     return cmp
+
+
+def read_band(text: str) -> dict[str, tuple[float, float]]:
+    """The `band` of a band file's JSON text: headline label -> (low, high). A malformed file raises ValueError
+    naming what is wrong (the comparison then says it could not compare)."""
+    doc = json.loads(text)
+    band = doc.get("band") if isinstance(doc, dict) else None
+    if not isinstance(band, dict):
+        raise ValueError(f"{BAND_FILE}: no `band` object (headline label -> [low, high])")
+    out: dict[str, tuple[float, float]] = {}
+    for label, lh in band.items():
+        if not (isinstance(lh, list) and len(lh) == 2 and all(isinstance(x, (int, float)) for x in lh)
+                and lh[0] <= lh[1]):
+            raise ValueError(f"{BAND_FILE}: band {label!r} is {lh!r}, not [low, high] with low <= high")
+        out[label] = (float(lh[0]), float(lh[1]))
+    return out
+
+
+def in_band(value: Any, band: tuple[float, float]) -> bool:
+    """Whether a headline number lies in [low, high] (compared at the 4 decimals the metrics files keep)."""
+    return isinstance(value, (int, float)) and band[0] - 5e-5 <= value <= band[1] + 5e-5
+
+
+def _band_lines(cmp: Comparison) -> list[str]:
+    """Each headline number of this run beside the record's value and band, and the verdict: every number
+    within the record's band, or which fell outside (and which have no band)."""
+    band = cmp.band or {}
+    rows, outside, unbanded = [], [], []
+    for label, a, b in cmp.headline:
+        if label not in band:
+            unbanded.append(label)
+            rows.append(f"    {label}: {_num(b)} (record {_num(a)}; no band measured)")
+            continue
+        lo, hi = band[label]
+        inside = in_band(b, (lo, hi))
+        if not inside:
+            outside.append(label)
+        rows.append(f"    {label}: {_num(b)} (record {_num(a)}; band {lo:.3f}-{hi:.3f}: "
+                    f"{'inside' if inside else 'OUTSIDE'})")
+    lines = ["  headline numbers, this run (the record's value and band, metrics/band.json):", *rows]
+    if not outside and not unbanded:
+        lines.append("  Every headline number landed within the record's band: this run lands where the default "
+                     "run lands across seeds and CPU kernel paths.")
+    else:
+        if outside:
+            lines.append(f"  {len(outside)} of {len(cmp.headline)} headline numbers landed outside the record's "
+                         f"band: {', '.join(outside)}.")
+        else:
+            lines.append("  Every headline number with a band landed within the record's band.")
+        if unbanded:
+            lines.append(f"  No band was measured for: {', '.join(unbanded)}.")
+    return lines
 
 
 def _num(v: Any) -> str:
@@ -209,12 +269,15 @@ def record_summary(cmp: Comparison, machine_line: str = "") -> str:
     else:  # a whole new run: the stages say enough (`git diff HEAD -- dvc.lock` lists every output)
         lines.append("  other outputs:   " + ", ".join(f"{s} ({len(p)})" for s, p in cmp.differs.items()))
     moved = [f"{label} {_num(a)} -> {_num(b)}" for label, a, b in cmp.headline if a != b]
-    if moved:
+    if cmp.band is not None and cmp.headline:
+        lines += _band_lines(cmp)
+    elif moved:
         lines.append("  headline numbers (record -> this run): " + "; ".join(moved))
     lines += [
         "  Outputs differ when inputs or code differ, or on another machine: its CPU and math kernels"
         + (f" ({machine_line})" if machine_line else "") + " round differently, and training amplifies that",
-        "  (README \"Results\" names the record's machine and the spread over seeds, i.e. how far a rerun may land).",
+        "  (docs/results.md names the record's machine and its band over seeds and kernel paths: how far a rerun "
+        "may land).",
         "  dvc.lock and metrics/ now describe this run: commit them to keep it, or go back to the record with",
         "  `git checkout -- dvc.lock metrics && dvc checkout` (`dvc pull` fetches its artifacts if they are missing).",
     ]

@@ -121,6 +121,62 @@ def test_compare_with_record(tmp_path):
     assert "bit for bit" in record_summary(only_report) and "apart from report" in record_summary(only_report)
 
 
+def _base_json(greedy: float, sampled: float) -> str:
+    return json.dumps({"accuracy": {"greedy": {"macro": greedy}, "sampled": {"macro": sampled}}})
+
+
+def test_the_closing_message_states_the_records_band(tmp_path):
+    """A run that is not bit for bit the record shows every headline number beside the record's value and the
+    band committed with it (metrics/band.json), says which landed outside, and says "within the record's band"
+    only when every one landed inside; a bit-for-bit run still says "bit for bit"."""
+    from tasks.record import compare_with_record, read_band, record_summary
+
+    root = tmp_path / "proj"
+    (root / "metrics").mkdir(parents=True)
+    _git(root, "init", "-q")
+    (root / "dvc.lock").write_text(LOCK.format(metrics="m1", model="aaaa"))
+    (root / "metrics" / "base.json").write_text(_base_json(0.80, 0.50))
+    band = {"base greedy macro": [0.75, 0.85], "base sampled macro": [0.45, 0.55]}
+    (root / "metrics" / "band.json").write_text(json.dumps({"band": band, "runs": []}))
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "record")
+    assert "bit for bit" in record_summary(compare_with_record(root))
+
+    (root / "dvc.lock").write_text(LOCK.format(metrics="m2", model="bbbb"))
+    (root / "metrics" / "base.json").write_text(_base_json(0.83, 0.46))
+    inside = compare_with_record(root)
+    assert inside.band == {"base greedy macro": (0.75, 0.85), "base sampled macro": (0.45, 0.55)}
+    text = record_summary(inside)
+    assert "bit for bit" not in text and "within the record's band" in text and "OUTSIDE" not in text
+    assert "base greedy macro: 0.830 (record 0.800; band 0.750-0.850: inside)" in text
+    assert "base sampled macro: 0.460 (record 0.500; band 0.450-0.550: inside)" in text
+
+    # one number past its band: named, and the run is not called within the band
+    (root / "metrics" / "base.json").write_text(_base_json(0.83, 0.40))
+    text = record_summary(compare_with_record(root))
+    assert "within the record's band:" not in text
+    assert "base sampled macro: 0.400 (record 0.500; band 0.450-0.550: OUTSIDE)" in text
+    assert "1 of 2 headline numbers landed outside the record's band: base sampled macro" in text
+
+    # a headline number the band does not cover is said to have none, never counted as inside
+    (root / "metrics" / "band.json").write_text(json.dumps({"band": {"base greedy macro": [0.75, 0.85]}}))
+    _git(root, "commit", "-q", "-m", "narrower band file", "--", "metrics/band.json")
+    (root / "dvc.lock").write_text(LOCK.format(metrics="m3", model="cccc"))
+    text = record_summary(compare_with_record(root))
+    assert "base sampled macro: 0.400 (record 0.500; no band measured)" in text
+    assert "No band was measured for: base sampled macro" in text and "Every headline number landed" not in text
+
+    # no band committed: the moved numbers, record -> this run, as before
+    _git(root, "rm", "-q", "metrics/band.json")
+    _git(root, "commit", "-q", "-m", "no band")
+    plain = compare_with_record(root)
+    assert plain.band is None and "base sampled macro 0.500 -> 0.400" in record_summary(plain)
+    with pytest.raises(ValueError, match="low <= high"):
+        read_band(json.dumps({"band": {"base greedy macro": [0.9, 0.8]}}))
+    with pytest.raises(ValueError, match="no `band` object"):
+        read_band("[]")
+
+
 def test_a_run_that_ran_nothing_reproduced_nothing(tmp_path):
     """Only stages the run computed vouch for the record: with every stage up to date, dvc.lock matches HEAD's
     because nothing touched it, and the summary says so; a partial run names what it took as it was."""
@@ -212,3 +268,34 @@ def test_a_fresh_clone_gets_the_record_with_dvc_pull(tmp_path):
     outs = [o["path"] for st in lock["stages"].values() for o in st.get("outs") or []]
     assert all((clone / p).exists() for p in outs), [p for p in outs if not (clone / p).exists()]
     assert (clone / "models" / "base" / "model.safetensors").exists()
+
+
+def test_the_band_script_takes_each_headline_numbers_range_over_the_runs(tmp_path, monkeypatch):
+    """scripts/record_band.py: every finished run's headline numbers (with the labels the closing message uses),
+    and per label [lowest, highest] over the runs that measured it; an unfinished run is left out."""
+    import importlib.util
+
+    from tasks.record import read_band
+
+    spec = importlib.util.spec_from_file_location("record_band", REPO / "scripts" / "record_band.py")
+    rb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rb)
+    monkeypatch.setattr(rb, "REPO", tmp_path)
+    for name, greedy, arms in (("avx2-s0", 0.9, {"grpo": 0.7}), ("default-s0", 0.95, {"grpo": 0.66}),
+                               ("avx2-s1", 0.8, None)):
+        root = tmp_path / rb.BAND_ROOT / name
+        (root / "metrics").mkdir(parents=True)
+        (root / "metrics" / "base.json").write_text(json.dumps({"accuracy": {"greedy": {"macro": greedy},
+                                                                             "sampled": {"macro": greedy - 0.2}},
+                                                                "pretrain": {"steps": 3000}}))
+        if arms:
+            (root / "metrics" / "eval.json").write_text(json.dumps(
+                {"summary": {a: {"solo/pass@1": v} for a, v in arms.items()}}))
+        if name != "avx2-s1":
+            (root / "band-run.json").write_text(json.dumps({"seed": 0, "kernel": name.split("-")[0]}))
+    doc = rb.write_band(Path("band.json"))
+    assert [r["root"] for r in doc["runs"]] == ["runs/band/avx2-s0", "runs/band/default-s0"]
+    assert doc["runs"][0]["values"] == {"base greedy macro": 0.9, "base sampled macro": 0.7, "solo pass@1 grpo": 0.7}
+    band = read_band((tmp_path / "band.json").read_text())
+    assert band == {"base greedy macro": (0.9, 0.95), "base sampled macro": (0.7, 0.75),
+                    "solo pass@1 grpo": (0.66, 0.7)}
