@@ -128,7 +128,7 @@ MAX_STR = 4096     # characters of a string setting (paths, ids, titles) unless 
 MAX_ENTRIES = 256  # entries of a list or mapping setting unless its rule says otherwise
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # The synthetic reference-solution styles (tandem/data/synthetic.py renders them), in the order a share draw cuts.
-SOLUTION_STYLES = ("verbose", "terse", "compact", "coded")
+SOLUTION_STYLES = ("verbose", "terse", "compact", "coded", "annotated", "reversed")
 
 
 def _num(x: float) -> str:
@@ -462,7 +462,7 @@ class DataConfig(_Section):
     solution_styles: dict[str, float] = _f(
         {"verbose": 0.7, "terse": 0.3},
         "synthetic reference solutions (pretraining corpus and prepared data): style -> share, summing to 1; "
-        "styles verbose, terse, compact, coded (tandem/data/synthetic.py)",
+        "styles verbose, terse, compact, coded, annotated, reversed (tandem/data/synthetic.py)",
         nonempty=True, max_len=len(SOLUTION_STYLES), check=_style_shares)
     train_file: str = _f("data/raw/math_train/train.jsonl", "jsonl source: training problems (id, problem, answer)")
     eval_files: dict[str, str] = _f(
