@@ -545,6 +545,12 @@ class ModelConfig(_Section):
     sft_lr: float = _f(5e-5, "warm-up: peak learning rate (linear warmup over the first 10%, cosine decay)", gt=0, le=MAX_LR)
     sft_batch_size: int = _f(8, "warm-up: sequences per step; the corpus is sft_steps x sft_batch_size fresh synthetic problems, each seen once",
                              ge=1, le=MAX_ROWS)
+    dialect_steps: int = _f(0, "hub/path/gguf sources: a second supervised phase after the warm-up, on fresh synthetic solutions in model.dialect_styles (0 = off): a senior's jargon (the SmolLM2 jargon control); junior.source warmup rebuilds the base without it",
+                            ge=0, le=MAX_STEPS, note="0 = no dialect phase")
+    dialect_styles: dict[str, float] = _f(
+        {"annotated": 1.0},
+        "dialect phase: styles of its corpus, style -> share summing to 1 (dialect_steps x sft_batch_size problems, "
+        "each seen once, at sft_lr)", nonempty=True, max_len=len(SOLUTION_STYLES), check=_style_shares)
 
     def cross_problems(self) -> list[str]:
         p: list[str] = []
@@ -553,6 +559,12 @@ class ModelConfig(_Section):
         self._rule(p, self.num_heads % self.num_kv_heads == 0, "num_kv_heads", "must divide model.num_heads")
         self._rule(p, self.sft_steps * self.sft_batch_size <= MAX_PROBLEMS, "sft_steps",
                    f"the warm-up corpus (sft_steps x sft_batch_size problems) must stay <= {MAX_PROBLEMS}")
+        self._rule(p, self.dialect_steps * self.sft_batch_size <= MAX_PROBLEMS, "dialect_steps",
+                   f"the dialect corpus (dialect_steps x sft_batch_size problems) must stay <= {MAX_PROBLEMS}")
+        if self.dialect_steps > 0:
+            self._rule(p, self.source != "tiny" and self.sft_steps > 0, "dialect_steps",
+                       "a dialect phase follows the warm-up of a hub/path/gguf model: needs model.sft_steps > 0 "
+                       "and a source other than tiny (a tiny base takes its styles from data.solution_styles)")
         if self.source == "path":
             self._rule(p, bool(self.path), "path", "source 'path' needs a directory")
         if self.source == "hub":
@@ -563,7 +575,7 @@ class ModelConfig(_Section):
         return p
 
 
-JUNIOR_SOURCES = ("base", "tiny", "path", "hub", "gguf")
+JUNIOR_SOURCES = ("base", "tiny", "path", "hub", "gguf", "warmup")
 
 
 @dataclass(frozen=True)
@@ -575,10 +587,11 @@ class JuniorConfig(_Section):
 
     SECTION: ClassVar[str] = "junior"
 
-    source: Literal["base", "tiny", "path", "hub", "gguf"] = _f(
+    source: Literal["base", "tiny", "path", "hub", "gguf", "warmup"] = _f(
         "base", "base: the senior's base is the junior (the paper); tiny: pretrain one here with the base's recipe "
         "and tokenizer but its own styles and seed; path: a local HF directory; hub: snapshot hub_id at revision; "
-        "gguf: import gguf_file")
+        "gguf: import gguf_file; warmup: the base's own source and warm-up (model.*) without its dialect phase, "
+        "the senior's starting point before its jargon")
     seed: int = _f(1, "tiny: the junior's pretraining seed (corpus draw and initialisation)", ge=0, le=2**32 - 1)
     solution_styles: dict[str, float] = _f(
         {"verbose": 0.7, "terse": 0.3},
@@ -820,6 +833,11 @@ class Params(_Section):
         work rather than when that stage fails. Values are read through `__dict__` (as `__post_init__` does),
         so building a config records no params read (tests/test_contracts.py)."""
         p: list[str] = []
+        model, junior = self.__dict__["model"].__dict__, self.__dict__["junior"].__dict__
+        if junior["source"] == "warmup":
+            self._rule(p, model["source"] != "tiny" and model["sft_steps"] > 0, "junior",
+                       "source warmup rebuilds the base's warm-up without its dialect phase: needs a hub/path/gguf "
+                       "model.source with model.sft_steps > 0", key="junior.source", value=junior["source"])
         modes = self.__dict__["evaluate"].__dict__["modes"]
         # analyze teacher-forces each checkpoint's solo generations (legibility, drift); the report and the
         # promotion read step and word only when they were evaluated, so solo is the one mode they all need
