@@ -25,3 +25,20 @@ def test_params_real_is_valid_and_lists_every_setting():
     assert p.model.cpu_threads == p.train.cpu_threads == 2
     assert p.evaluate.cpu_threads == p.analyze.cpu_threads == 2
     assert "gsm8k" in p.evaluate.benchmark_files and p.model.sft_steps > 0
+
+
+
+STUDY = Path(__file__).resolve().parents[1] / "studies" / "jargon-smollm2"
+
+
+def test_the_jargon_control_params_derive_from_params_real():
+    """studies/jargon-smollm2/params.yaml: a complete file (strict load) on the same SmolLM2 GGUF import, S = the
+    warm-up + a dialect phase (base stage), J = the warm-up alone (junior.source warmup), keyed warm-up styles."""
+    p, real = load_params(STUDY / "params.yaml"), load_params(REAL)
+    assert (p.model.source, p.model.gguf_file) == (real.model.source, real.model.gguf_file)
+    assert p.model.sft_steps > 0 and p.model.dialect_steps > 0 and p.junior.source == "warmup"
+    assert set(p.data.solution_styles) <= {"verbose", "terse"}  # the warm-up never writes a jargon
+    assert p.data.benchmarks == {"arith": [1, 3]} and p.evaluate.benchmark_files == {}
+    assert p.train.max_new_tokens == p.evaluate.max_new_tokens  # one budget, fitting every style (registration)
+    # two one-thread jobs side by side on the 2-core machine
+    assert p.train.cpu_threads == p.evaluate.cpu_threads == p.analyze.cpu_threads == p.model.cpu_threads == 1
