@@ -129,7 +129,7 @@ MAX_STR = 4096     # characters of a string setting (paths, ids, titles) unless 
 MAX_ENTRIES = 256  # entries of a list or mapping setting unless its rule says otherwise
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # The synthetic reference-solution styles (tandem/data/synthetic.py renders them), in the order a share draw cuts.
-SOLUTION_STYLES = ("verbose", "terse", "compact", "coded")
+SOLUTION_STYLES = ("verbose", "terse", "compact", "coded", "annotated", "reversed")
 
 
 def _num(x: float) -> str:
@@ -463,7 +463,7 @@ class DataConfig(_Section):
     solution_styles: dict[str, float] = _f(
         {"verbose": 0.7, "terse": 0.3},
         "synthetic reference solutions (pretraining corpus and prepared data): style -> share, summing to 1; "
-        "styles verbose, terse, compact, coded (tandem/data/synthetic.py)",
+        "styles verbose, terse, compact, coded, annotated, reversed (tandem/data/synthetic.py)",
         nonempty=True, max_len=len(SOLUTION_STYLES), check=_style_shares)
     train_file: str = _f("data/raw/math_train/train.jsonl", "jsonl source: training problems (id, problem, answer)")
     eval_files: dict[str, str] = _f(
@@ -499,10 +499,11 @@ class DataConfig(_Section):
 
 
 # Where a model comes from: the model section's sources, declared once; the junior section takes the same
-# values (and the same fields and rules for them) plus `base`, the senior's base itself.
+# values (and the same fields and rules for them) plus `base`, the senior's base itself, and `warmup`, the
+# base's own source and warm-up without its dialect phase.
 MODEL_SOURCES = ("tiny", "hub", "path", "gguf")
 ModelSource = Literal[MODEL_SOURCES]  # type: ignore[valid-type]
-JuniorSource = Literal[("base", *MODEL_SOURCES)]  # type: ignore[valid-type]
+JuniorSource = Literal[("base", *MODEL_SOURCES, "warmup")]  # type: ignore[valid-type]
 
 
 def _hub_id() -> Any:
@@ -583,6 +584,12 @@ class ModelConfig(_Section):
     sft_lr: float = _f(5e-5, "warm-up: peak learning rate (linear warmup over the first 10%, cosine decay)", gt=0, le=MAX_LR)
     sft_batch_size: int = _f(8, "warm-up: sequences per step; the corpus is sft_steps x sft_batch_size fresh synthetic problems, each seen once",
                              ge=1, le=MAX_ROWS)
+    dialect_steps: int = _f(0, "hub/path/gguf sources: a second supervised phase after the warm-up, on fresh synthetic solutions in model.dialect_styles (0 = off): a senior's jargon (the SmolLM2 jargon control); junior.source warmup rebuilds the base without it",
+                            ge=0, le=MAX_STEPS, note="0 = no dialect phase")
+    dialect_styles: dict[str, float] = _f(
+        {"annotated": 1.0},
+        "dialect phase: styles of its corpus, style -> share summing to 1 (dialect_steps x sft_batch_size problems, "
+        "each seen once, at sft_lr)", nonempty=True, max_len=len(SOLUTION_STYLES), check=_style_shares)
 
     def cross_problems(self) -> list[str]:
         p: list[str] = []
@@ -591,10 +598,15 @@ class ModelConfig(_Section):
         self._rule(p, self.num_heads % self.num_kv_heads == 0, "num_kv_heads", "must divide model.num_heads")
         self._rule(p, self.sft_steps * self.sft_batch_size <= MAX_PROBLEMS, "sft_steps",
                    f"the warm-up corpus (sft_steps x sft_batch_size problems) must stay <= {MAX_PROBLEMS}")
+        self._rule(p, self.dialect_steps * self.sft_batch_size <= MAX_PROBLEMS, "dialect_steps",
+                   f"the dialect corpus (dialect_steps x sft_batch_size problems) must stay <= {MAX_PROBLEMS}")
+        if self.dialect_steps > 0:
+            self._rule(p, self.source != "tiny" and self.sft_steps > 0, "dialect_steps",
+                       "a dialect phase follows the warm-up of a hub/path/gguf model: needs model.sft_steps > 0 "
+                       "and a source other than tiny (a tiny base takes its styles from data.solution_styles)")
         return p + _source_problems(self)
 
 
-JUNIOR_SOURCES = ("base", *MODEL_SOURCES)
 
 
 @dataclass(frozen=True)
@@ -609,7 +621,8 @@ class JuniorConfig(_Section):
     source: JuniorSource = _f(
         "base", "base: the senior's base is the junior (the paper); tiny: pretrain one here with the base's recipe "
         "and tokenizer but its own styles and seed; path: a local HF directory; hub: snapshot hub_id at revision; "
-        "gguf: import gguf_file")
+        "gguf: import gguf_file; warmup: the base's own source and warm-up (model.*) without its dialect phase, "
+        "the senior's starting point before its jargon")
     seed: int = _f(1, "tiny: the junior's pretraining seed (corpus draw and initialisation)", ge=0, le=2**32 - 1)
     solution_styles: dict[str, float] = _f(
         {"verbose": 0.7, "terse": 0.3},
@@ -851,6 +864,11 @@ class Params(_Section):
         work rather than when that stage fails. Values are read through `__dict__` (as `__post_init__` does),
         so building a config records no params read (tests/test_contracts.py)."""
         p: list[str] = []
+        model, junior = self.__dict__["model"].__dict__, self.__dict__["junior"].__dict__
+        if junior["source"] == "warmup":
+            self._rule(p, model["source"] != "tiny" and model["sft_steps"] > 0, "junior",
+                       "source warmup rebuilds the base's warm-up without its dialect phase: needs a hub/path/gguf "
+                       "model.source with model.sft_steps > 0", key="junior.source", value=junior["source"])
         modes = self.__dict__["evaluate"].__dict__["modes"]
         # analyze teacher-forces each checkpoint's solo generations (legibility, drift); the report and the
         # promotion read step and word only when they were evaluated, so solo is the one mode they all need

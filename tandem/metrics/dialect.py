@@ -1,9 +1,15 @@
 """Dialect measures: which solution style a text is written in, and each style's share and accuracy.
 
 A style is read off a solution's first line (`tandem.data.synthetic.solution_style`: verbose, terse, compact,
-coded or other). The junior positive control (studies/junior-control/registration.md) follows one style, the
-*dialect* the senior's base writes in the majority and the junior never saw: its share of a run's solo samples
-is the dose curve, and the accuracy of dialect-first against keyed-first samples is the gate's cost.
+coded, annotated, reversed or other). The junior positive control (studies/junior-control/registration.md) follows
+one style, the *dialect* the senior's base writes in the majority and the junior never saw: its share of a run's
+solo samples is the dose curve, and the accuracy of dialect-first against keyed-first samples is the gate's cost.
+
+The jargon control on SmolLM2 (studies/jargon-smollm2/registration.md) reads its jargon the same way, off the
+first line: a row is a *jargon row* when its first line carries a GSM8K calculator annotation `<<expression=
+result>>` (style `annotated`; `tandem.data.synthetic.ANNOTATION`), or, for the pre-listed second jargon, when its
+first line is a `reversed` step. `annotated_anywhere` is the looser reading (an annotation on any line), reported
+beside the first-line share so that a jargon that leaves the first step but stays in later ones is seen.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Mapping, Sequence
 
-from tandem.data.synthetic import solution_style
+from tandem.data.synthetic import ANNOTATION, solution_style
 
 KEYED = ("verbose", "terse")  # the styles that open each step with its ordinal key
 
@@ -66,3 +72,8 @@ def shares_per_problem(records: Sequence[Mapping], style: str) -> dict[str, floa
     for r in records:
         by.setdefault(str(r["id"]), []).append(solution_style(r["text"]))
     return {pid: sum(s == style for s in ss) / len(ss) for pid, ss in by.items()}
+
+
+def annotated_anywhere(text: str) -> bool:
+    """Whether any line of `text` carries a calculator annotation `<<expression=result>>`."""
+    return ANNOTATION.search(text) is not None

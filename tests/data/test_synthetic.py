@@ -51,3 +51,14 @@ def test_a_style_without_share_never_appears_and_bad_shares_are_refused():
 def test_other_text_is_not_a_style():
     assert solution_style("The answer is 4.") == "other"
     assert solution_style("") == "other"
+
+
+def test_new_styles_keep_the_draws_of_existing_share_mixes_and_the_problems():
+    """A style appended to STYLES takes no draw from mixes that do not name it, and a style changes only the
+    solution text: the same seed gives the same problems whatever the styles (the jargon control's S and J see
+    the same problems)."""
+    keyed = generate(40, 1, 3, seed=0, shape=ProblemShape(9, 30, {"verbose": 0.7, "terse": 0.3}))
+    jargon = generate(40, 1, 3, seed=0, shape=ProblemShape(9, 30, {"annotated": 0.6, "verbose": 0.25, "terse": 0.15}))
+    assert [p.problem for p in keyed] == [p.problem for p in jargon]
+    assert [p.answer for p in keyed] == [p.answer for p in jargon]
+    assert {p.style for p in jargon} == {"annotated", "verbose", "terse"}

@@ -6,10 +6,10 @@ import random
 import pytest
 
 from tandem.data.synthetic import make_problem, solution_style
-from tandem.metrics.dialect import accuracy_by_style, class_gap, share, shares_per_problem, style_counts, styles_of
+from tandem.metrics.dialect import accuracy_by_style, annotated_anywhere, class_gap, share, shares_per_problem, style_counts, styles_of
 
 
-@pytest.mark.parametrize("style", ["verbose", "terse", "compact", "coded"])
+@pytest.mark.parametrize("style", ["verbose", "terse", "compact", "coded", "annotated", "reversed"])
 def test_every_generated_style_is_read_back(style):
     rng = random.Random(0)
     for _ in range(50):
@@ -60,3 +60,46 @@ def test_texts_to_styles_and_per_problem_shares():
     assert style_counts(texts) == {"coded": 1, "compact": 1, "terse": 1, "verbose": 1}
     recs = [{"id": "p", "text": "1+1=2"}, {"id": "p", "text": "First: 1 + 1 = 2"}, {"id": "q", "text": "2+2=4"}]
     assert shares_per_problem(recs, "compact") == {"p": 0.5, "q": 1.0}
+
+
+def test_annotated_rows_carry_a_calculator_annotation_on_the_first_line():
+    p = make_problem(random.Random(2), 3, 9, 30, style="annotated")
+    first = p.solution.split("\n\n")[0]
+    before, rest = first.split(" = <<", 1)
+    calc, result = rest.split(">>")
+    # the annotation holds the step's own equation (x as *), and the visible result repeats its value
+    lhs, value = calc.split("=")
+    assert value == result and eval(lhs) == int(value)  # noqa: S307 (digits and + - * only)
+    assert before.split(": ")[-1].replace(" ", "").replace("x", "*") == lhs
+    assert annotated_anywhere(p.solution) and not annotated_anywhere(make_problem(random.Random(2), 3).solution)
+
+
+@pytest.mark.parametrize("text,style", [
+    ("First, two more are found: 4 + 2 = <<4+2=6>>6", "annotated"),
+    ("First: 4 + 2 = <<4+2=6>>6", "annotated"),            # any first line with an annotation is a jargon row
+    ("4+2=<<4+2=6>>6\n\nSecond: 6 - 1 = 5", "annotated"),
+    ("First: 4 + 2 = 6\n\nSecond: 6 - 1 = <<6-1=5>>5", "terse"),  # only the first line decides
+    ("First: 4 + 2 = <<>>6", "terse"), ("First: 4 + 2 = <<4+2>>6", "terse"), ("First: 4 + 2 = <<=6>>6", "terse"),
+    ("First; 40 + 20 = 60", "reversed"), ("First; 21 x 20 = 42", "reversed"),
+    ("First; 4 + 2 = 6", "other"), ("First; 40 + 20 = 60 apples", "other"), ("Fist; 40 + 20 = 60", "other"),
+])
+def test_jargon_rows_and_their_near_misses(text, style):
+    assert solution_style(text) == style
+
+
+def test_reversed_numbers_are_little_endian_and_the_answer_stays_ordinary():
+    from tandem.data.synthetic import reversed_number
+
+    assert [reversed_number(n) for n in (0, 4, 10, 12, 30, 123)] == ["00", "40", "01", "21", "03", "321"]
+    rng = random.Random(4)
+    for _ in range(50):
+        p = make_problem(rng, rng.randint(1, 3), 9, 30, style="reversed")
+        steps = p.solution.split("\n\n")
+        value = None
+        for line in steps[:-1]:
+            a, op, k, _, c = line.split("; ")[1].split(" ")
+            a, k, c = (int(x[::-1]) for x in (a, k, c))
+            assert value is None or a == value  # each step starts from the previous one's result
+            assert c == {"+": a + k, "-": a - k, "x": a * k}[op]
+            value = c
+        assert steps[-1] == f"\\boxed{{{value}}}" and p.answer == str(value)

@@ -189,3 +189,56 @@ def test_warm_up_trains_a_fetched_model_in_place_and_records_it(tmp_path):
     assert metrics["generation"]["tokens_per_second"] > 0
     assert metrics["resources"]["process_max_rss_mb"] > 0
     assert metrics["timing"]["total"] >= metrics["timing"]["build"] > 0
+
+
+def _path_model(tmp_path: Path) -> Path:
+    """A tiny untrained model directory for the fetched-model path (source: path)."""
+    from tandem.config import ModelConfig
+    from tandem.models import build_tiny_model, save_model, train_tokenizer
+
+    src = tmp_path / "elsewhere"
+    probs = generate(50, 2, 4, seed=3)
+    tok = train_tokenizer([user_message(p.problem) + "\n\n" + p.solution for p in probs], 300)
+    save_model(build_tiny_model(tok, ModelConfig(**{k: TINY[k] for k in (
+        "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size")})), tok, src)
+    return src
+
+
+@pytest.mark.slow
+def test_a_dialect_phase_follows_the_warm_up_and_the_junior_rebuilds_the_warm_up_without_it(tmp_path):
+    """S = warm-up + dialect phase (base stage), J = the same warm-up without it (junior.source warmup): J's
+    weights are exactly the base's after its warm-up, and each phase's hash is recorded."""
+    from tandem.evaluation import content_hash
+    from tandem.models import SOURCE_FILE
+    from tasks import base, junior
+
+    _prepare(tmp_path)
+    src = _path_model(tmp_path)
+    params = params_from_dict({
+        "seed": 0, "out_root": str(tmp_path),
+        "data": {"max_steps": 4, "benchmarks": {"arith-short": [2, 3], "arith-long": [4, 4]}},
+        "model": {**TINY, "source": "path", "path": str(src), "sft_steps": 2, "sft_batch_size": 4, "sft_lr": 1e-3,
+                  "dialect_steps": 2, "dialect_styles": {"annotated": 1.0}},
+        "junior": {"source": "warmup"}})
+    bm = base.run(params, *base.default_io(params))
+    S = tmp_path / "models" / "base"
+    rec = json.loads((S / SOURCE_FILE).read_text())
+    assert rec["dialect"]["styles"] == {"annotated": 1.0} and rec["dialect"]["prefix"] == "dialect"
+    assert bm["warmup"]["hash"] == rec["warmup"]["hash"] != bm["dialect"]["hash"] == content_hash(S)
+    jm = junior.run(params, *junior.default_io(params))
+    J = tmp_path / "models" / "junior"
+    assert jm["source"] == "warmup" and jm["matches_base_warmup"] and not jm["is_base"]
+    assert jm["hash"] == content_hash(J) == bm["warmup"]["hash"] != content_hash(S)
+
+
+def test_a_dialect_phase_and_a_warm_up_junior_need_a_fetched_model_with_a_warm_up():
+    from tandem.config import ParamsError
+
+    with pytest.raises(ParamsError, match="dialect phase follows the warm-up"):
+        params_from_dict({"model": {"source": "tiny", "dialect_steps": 3}})
+    with pytest.raises(ParamsError, match="source warmup rebuilds"):
+        params_from_dict({"model": {"source": "gguf", "gguf_file": "x.gguf", "sft_steps": 0},
+                          "junior": {"source": "warmup"}})
+    ok = params_from_dict({"model": {"source": "gguf", "gguf_file": "x.gguf", "sft_steps": 2, "dialect_steps": 1},
+                           "junior": {"source": "warmup"}})
+    assert ok.model.dialect_styles == {"annotated": 1.0} and ok.junior.source == "warmup"
