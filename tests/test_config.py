@@ -359,7 +359,9 @@ def test_the_junior_takes_the_model_sections_sources_fields_and_rules():
     from tandem.config import MODEL_SOURCES, JuniorConfig, ModelConfig, ParamsError
 
     junior = typing.get_args(typing.get_type_hints(JuniorConfig)["source"])
-    assert junior == ("base", *MODEL_SOURCES) == ("base", *typing.get_args(typing.get_type_hints(ModelConfig)["source"]))
+    # the model's sources, plus the senior's base itself and the base's warm-up without its dialect phase
+    assert junior == ("base", *MODEL_SOURCES, "warmup") == (
+        "base", *typing.get_args(typing.get_type_hints(ModelConfig)["source"]), "warmup")
     shared = ("hub_id", "revision", "path", "gguf_file")
     fm, fj = ({f.name: f for f in dataclasses.fields(c)} for c in (ModelConfig, JuniorConfig))
     for name in shared:  # one declaration: the same default, help and rule
