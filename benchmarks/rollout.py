@@ -32,6 +32,7 @@ from tandem.rollout.engine import SamplingParams
 from tandem.rollout.factory import make_engine
 from tandem.rollout.lockstep import lockstep_generate
 from tandem.rollout.request import RolloutSettings
+from tandem.rollout.schedule import ScheduleSpec
 from tandem.rollout.toy import rollout
 
 DEFAULT_MODEL_DIR = "models/base"
@@ -157,7 +158,7 @@ def bench_rollout(model_dir: str | None = None, work: BenchWorkload = BenchWorkl
 
         def lockstep(ps=prompts, forward="fast"):
             with torch.no_grad():
-                return lockstep_generate(engine.pair, RolloutSettings("word", sp).request(ps, seed), forward=forward)
+                return lockstep_generate(engine.pair, RolloutSettings(ScheduleSpec("word"), sp).request(ps, seed), forward=forward)
 
         rollout(engine, prompts[:4], "word", SamplingParams(temperature=temperature, max_new_tokens=8), seed=seed)
         res: dict[str, Any] = {"model": desc, "rows": len(prompts), "max_new_tokens": max_new_tokens,

@@ -127,7 +127,7 @@ class Rollout:
         from vllm.utils.hashing import sha256_cbor
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
-        from tandem.rollout.schedule import RowSchedule
+        from tandem.rollout.schedule import RowSchedule, ScheduleSpec
         from tandem.rollout.vllm.sched import load_tables
 
         init_none_hash(sha256_cbor)
@@ -139,7 +139,7 @@ class Rollout:
         self.prompt, self.budget, self.seed = prompt, budget, seed
         self.scheds = {r: _scheduler(model_dir, len(pattern), prompt + budget + 64, block) for r in (0, 1)}
         tb = load_tables(self.path)
-        self.state = [RowSchedule("word", tb, seed, b, 0.5, 32, 150) for b in range(len(pattern))]
+        self.state = [RowSchedule(ScheduleSpec("word", 0.5, 32, 150), tb, seed, b) for b in range(len(pattern))]
         self.comp = [0] * len(pattern)  # completion tokens decided per row
         self.owner: list[list[int]] = [[] for _ in pattern]  # the author of each completion token
         self.seen = [{0: 0, 1: 0} for _ in pattern]  # history tokens each session holds

@@ -39,7 +39,7 @@ def chunk_request(i: int):
     from vllm import SamplingParams
     from vllm.v1.engine import EngineCoreRequest
 
-    args = {"kind": "word", "seed": 1, "row": i, "p_senior": 0.5, "max_gap_tokens": 32, "max_rounds": 0, "budget": 3000,
+    args = {"kind": "word", "seed": 1, "row": i, "p_senior": 0.5, "max_gap_tokens": 32, "max_rounds": 150, "budget": 3000,
             "t0": 100 + i, "gap": 2, "newline": False, "turns": 10, "role": 1, "tables": "/tmp/tables", "hold": True}
     sp = SamplingParams(max_tokens=2900, logprobs=0, temperature=1.0, extra_args={"tandem": args})
     return EngineCoreRequest(f"call-{i}-1", [11, 12, 13], None, sp, None, time.time(), None, None, None,

@@ -272,6 +272,7 @@ def run_tandem(case: TandemCase, sz: Sizes, gpu_memory: float | None, async_on: 
     from tandem.rollout.core import SamplingParams
     from tandem.rollout.engine import TandemEngine
     from tandem.rollout.request import RolloutSettings
+    from tandem.rollout.schedule import ScheduleSpec
     from tandem.rollout.vllm.client import LaunchOptions, VLLMService
     from tandem.rollout.vllm.knobs import EngineKnobs
 
@@ -288,7 +289,8 @@ def run_tandem(case: TandemCase, sz: Sizes, gpu_memory: float | None, async_on: 
         be.request_timeout = timeout_s
 
         def run(n: int) -> tuple[float, Any, dict]:
-            req = RolloutSettings("word", SamplingParams(temperature=1.0, max_new_tokens=n)).request(prompts, seed=0)
+            sp = SamplingParams(temperature=1.0, max_new_tokens=n)
+            req = RolloutSettings(ScheduleSpec("word"), sp).request(prompts, seed=0)
             t = time.perf_counter()
             b = be._generate(req, {"sessions": "direct", "replay": [r[:n] for r in text]})
             return time.perf_counter() - t, b, dict(be.last_stats)

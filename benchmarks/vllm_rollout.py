@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.* and
 from benchmarks.rollout import BenchWorkload  # noqa: E402
 from tandem.rollout.core import SamplingParams  # noqa: E402
 from tandem.rollout.request import RolloutSettings  # noqa: E402
+from tandem.rollout.schedule import ScheduleSpec  # noqa: E402
 from tandem.rollout.vllm.client import LaunchOptions  # noqa: E402
 from tandem.rollout.vllm.sched import CONTEXT_BINS  # noqa: E402
 
@@ -326,7 +327,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
         def run(schedule: str, settings_sp: SamplingParams = sp, rows_text=text, sessions: str = "direct",
                 side: tuple = (be, prompts)):
             backend, rows_prompts = side
-            req = RolloutSettings(schedule, settings_sp).request(rows_prompts, seed=seed)
+            req = RolloutSettings(ScheduleSpec(schedule), settings_sp).request(rows_prompts, seed=seed)
             t = time.perf_counter()
             extra: dict = {"sessions": sessions}
             if rows_text:

@@ -504,9 +504,11 @@ def _print_rollout_plan(r: dict) -> None:
 def plan(params: str = PARAMS_OPT,
          as_json: bool = typer.Option(False, "--json", help="print one JSON line (per_gpu_gib, gpus, fits, breakdown)"),
          device: str = typer.Option("cuda", help="plan for cuda (train.gpu_memory_gib per GPU) or cpu (this machine's RAM)"),
-         model: Optional[str] = typer.Option(None, help="model dir whose config.json gives the shape (default: models/base under out_root)")) -> None:
+         model: Optional[str] = typer.Option(None, help="model dir whose config.json gives the shape (default: models/base under out_root)"),
+         gpus: int = typer.Option(0, "--gpus", min=0, help="GPUs of the node (0 = not stated): a run that needs more is refused")) -> None:
     """The memory plan of a params file: per-GPU bytes for training (every arm) and evaluation, and whether it fits
-    (exit code 1 when it does not)."""
+    (exit code 1 when it does not); on cuda also the GPUs the run needs on one node (exit code 2 when --gpus is
+    fewer)."""
     from tandem.plan import PlanError, plan_all
 
     if device not in ("cuda", "cpu"):
@@ -514,7 +516,7 @@ def plan(params: str = PARAMS_OPT,
         raise typer.Exit(code=2)
     p = _load(params)
     try:
-        res = plan_all(p, model or Path(p.out_root) / "models" / "base", device)
+        res = plan_all(p, model or Path(p.out_root) / "models" / "base", device, gpus)
     except PlanError as e:
         typer.secho(str(e), fg=typer.colors.RED, err=True)
         raise typer.Exit(code=2)
@@ -524,6 +526,9 @@ def plan(params: str = PARAMS_OPT,
     m = res["model"]
     typer.echo(f"model: {m['n_params']:,} parameters ({m['source']}); {res['gpus']} process(es), "
                f"budget {res['budget_gib']} GiB per {'GPU' if device == 'cuda' else 'process'}")
+    if device == "cuda":
+        node = f" (the node has {gpus})" if gpus else " (state the node's with --gpus)"
+        typer.echo(f"GPUs: the run needs {res['gpus_needed']} on one node{node}")
     for name, pj in [*res["train"].items(), ("evaluate", res["evaluate"])]:
         title = f"train@{name}" if name != "evaluate" else "evaluate"
         typer.secho(f"\n{title}: {pj['per_gpu_gib']:.2f} GiB per device -> {'fits' if pj['fits'] else 'DOES NOT FIT'}",

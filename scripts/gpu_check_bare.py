@@ -167,6 +167,7 @@ def check_catchup(dev: str, sz: dict) -> dict:
     from tandem.rollout.engine import SamplingParams, TandemEngine
     from tandem.rollout.lockstep import lockstep_generate
     from tandem.rollout.request import RolloutSettings
+    from tandem.rollout.schedule import ScheduleSpec
 
     tok = toy.byte_bpe_tokenizer()
     senior, junior = toy.tiny_pair(tok)  # float64, different random weights
@@ -180,7 +181,7 @@ def check_catchup(dev: str, sz: dict) -> dict:
     sp = SamplingParams(temperature=1.0, max_new_tokens=sz["catchup_tokens"])
     per, ok = {}, eng.fast
     for schedule in ("word", "step", "token"):
-        settings = RolloutSettings(schedule, sp, max_gap_tokens=6, max_rounds=5)
+        settings = RolloutSettings(ScheduleSpec(schedule, max_gap_tokens=6, max_rounds=5), sp)
         fast = eng.generate(settings.request(prompts, 11))
         with torch.no_grad():
             ref = lockstep_generate(eng.pair, settings.request(prompts, 11))
@@ -250,6 +251,7 @@ def layouts_worker(out: str, backend: str) -> int:
     from tandem.rollout import toy
     from tandem.rollout.engine import SamplingParams, TandemEngine
     from tandem.rollout.request import RolloutSettings
+    from tandem.rollout.schedule import ScheduleSpec
     from tandem.train.one_call import OneCallEngine
 
     acc = Accelerator(cpu=backend == "gloo")
@@ -266,7 +268,7 @@ def layouts_worker(out: str, backend: str) -> int:
             return eng.generate(request)
 
     one = OneCallEngine(Counted() if acc.is_main_process else None, acc)
-    settings = RolloutSettings("word", SamplingParams(temperature=1.0, max_new_tokens=16), max_gap_tokens=6)
+    settings = RolloutSettings(ScheduleSpec("word", max_gap_tokens=6), SamplingParams(temperature=1.0, max_new_tokens=16))
     prompts = toy.prompts(tok, 8, seed=3)[4 * acc.process_index:4 * acc.process_index + 4]
     rows = range(4 * acc.process_index, 4 * acc.process_index + 4)
     per_step, equal, mine = [], True, []

@@ -49,6 +49,7 @@ from tandem.rollout import toy
 from tandem.rollout.core import SamplingParams
 from tandem.rollout.engine import TandemEngine
 from tandem.rollout.request import RolloutSettings
+from tandem.rollout.schedule import ScheduleSpec
 from tandem.rollout.vllm.client import VLLMService, engine_from_config
 from tandem.train.one_call import OneCallEngine, step_engine
 from tandem.train.rollout import TandemRollout
@@ -64,8 +65,8 @@ rollout = RolloutConfig(backend="vllm", vllm_layout="dedicated", vllm_gpu_memory
 engine = step_engine(lambda: engine_from_config(senior, junior, tok, rollout, live=False, roots=[root],
                                                 trainer_processes=trainers), rollout, acc)
 assert isinstance(engine, OneCallEngine) and (engine.engine is not None) == acc.is_main_process
-settings = RolloutSettings("word", SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=24),
-                           max_gap_tokens=6)
+settings = RolloutSettings(ScheduleSpec("word", max_gap_tokens=6),
+                           SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=24))
 run = types.SimpleNamespace(engine=engine, tokenizer=tok, seed=7, base=None, junior=None,
                             geometry=types.SimpleNamespace(step_of=lambda s: s),
                             spec=types.SimpleNamespace(name="tandem", schedule="word", group_size=2),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -31,6 +31,7 @@ from tandem.logprobs import iter_logp_chunks
 from tandem.metrics.drift import kl_BT, token_logratio_BT
 from tandem.metrics.legibility import overlap_BT, token_nll_BT
 from tandem.metrics.passk import mean_pass_at_k
+from tandem.rollout.schedule import ScheduleSpec
 from tandem.run_keys import eval_result_fields
 
 FORMAT_VERSION = 2  # bump when a stored record or summary changes shape: old cache entries stop matching
@@ -82,6 +83,9 @@ def rows_hash(rows: Sequence[dict]) -> str:
 # Settings and keys
 # --------------------------------------------------------------------------------------------------
 
+SCHEDULE_FIELDS = frozenset(f.name for f in fields(ScheduleSpec))
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     """Everything that shapes the sampled distribution of one evaluation (plus batch size, which does not)."""
@@ -91,18 +95,32 @@ class EvalSettings:
     top_p: float = 0.8
     top_k: int = 20
     max_new_tokens: int = 160
-    max_rounds: int = 150
-    p_senior: float = 0.5
-    max_gap_tokens: int = 32
+    # the tandem modes' schedule settings (p_senior, max_gap_tokens, max_rounds); each mode sets the kind
+    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
     seed: int = 0
     batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.schedule, ScheduleSpec):
+            raise TypeError(f"schedule must be a ScheduleSpec, got {type(self.schedule).__name__}")
+
+    @classmethod
+    def of(cls, values: dict[str, Any], batch_size: int) -> "EvalSettings":
+        """From result fields (`tandem.run_keys.EVAL_RESULT_KEYS`' names -> values): the `ScheduleSpec` fields
+        among them form `schedule` (its kind the default; each mode sets its own)."""
+        spec = ScheduleSpec(**{k: v for k, v in values.items() if k in SCHEDULE_FIELDS})
+        rest = {k: v for k, v in values.items() if k not in SCHEDULE_FIELDS}
+        return cls(**rest, schedule=spec, batch_size=batch_size)
+
+    def value(self, name: str) -> Any:
+        """One result field's value (`tandem.run_keys.EVAL_RESULT_KEYS`): a schedule setting or one of these."""
+        return getattr(self.schedule, name) if name in SCHEDULE_FIELDS else getattr(self, name)
 
     def rollout_settings(self, mode: str, sampling: Any) -> "RolloutSettings":
         """The engine's settings for `mode` (a schedule) with the `SamplingParams` built from these settings."""
         from tandem.rollout.request import RolloutSettings
 
-        return RolloutSettings(mode, sampling, p_senior=self.p_senior, max_gap_tokens=self.max_gap_tokens,
-                               max_rounds=self.max_rounds, batch_size=self.batch_size)
+        return RolloutSettings(replace(self.schedule, kind=mode), sampling, self.batch_size)
 
     def sampling(self):
         """The engine's `SamplingParams` for evaluation decoding."""
@@ -114,7 +132,7 @@ class EvalSettings:
     def key_fields(self, mode: str) -> dict:
         """The settings that enter the result key of `mode` (`tandem.run_keys.EVAL_RESULT_KEYS`; batch size
         never does)."""
-        return {k: getattr(self, k) for k in eval_result_fields(mode)}
+        return {k: self.value(k) for k in eval_result_fields(mode)}
 
 
 def result_key(model_hash: str, mode: str, benchmark: str, bench_rows_hash: str, settings: EvalSettings,

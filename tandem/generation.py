@@ -1,7 +1,7 @@
 """One generation-and-scoring path: the base stage's accuracy, train-time validation and the evaluate stage.
 
-    records = generate_and_score(engine, tokenizer, rows, RolloutSettings("solo", sampling), Draws(8, seed=0),
-                                 score_fn=...)
+    settings = RolloutSettings(ScheduleSpec("solo"), sampling)
+    records = generate_and_score(engine, tokenizer, rows, settings, Draws(8, seed=0), score_fn=...)
     accuracy(model, tokenizer, messages, golds, SoloDecode(temperature=0.0))   # solo accuracy of one model
 
 Every caller samples through `tandem.rollout.engine.TandemEngine` (built by `tandem.rollout.factory`), whose
@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tandem.rollout.core import SamplingParams
 from tandem.rollout.request import RolloutSettings
+from tandem.rollout.schedule import ScheduleSpec
 
 ScoreFn = Callable[[list[str], list[str]], list[float]]
 
@@ -155,7 +156,7 @@ def accuracy(model, tokenizer, messages: Sequence[str], golds: Sequence[str], de
         raise ValueError(f"batch_size must be >= 1, got {decode.batch_size}")
     sampling = SamplingParams(temperature=decode.temperature, top_p=1.0, top_k=0,
                               max_new_tokens=decode.max_new_tokens)
-    settings = RolloutSettings("solo", sampling, batch_size=decode.batch_size)
+    settings = RolloutSettings(ScheduleSpec("solo"), sampling, batch_size=decode.batch_size)
     draws = Draws(decode.n_samples if decode.temperature > 0 else 1, decode.seed)
     records = generate_and_score(engine, tokenizer, rows, settings, draws, score_fn or default_score_fn(),
                                  eos_ids=eos_token_ids(tokenizer, model))

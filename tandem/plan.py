@@ -31,7 +31,9 @@ With the vLLM backend the plan also prices the rollout layout on GPUs (`plan_rol
 shared (both engines on each trainer GPU, `rollout.vllm_gpu_memory` of it each) or dedicated (a rollout service
 with one GPU per model, the trainer's GPUs free of engines, a step's rows in one call from the main process):
 the GPUs each engine runs on, rows per engine, resident rows at the memory share, admission waves and the
-predicted tandem/solo (`tandem.rollout.layout`).
+predicted tandem/solo (`tandem.rollout.layout`). On GPUs the plan states how many GPUs the run needs on one node
+(`gpus_needed`: the trainer's, plus the rollout service's in the dedicated layout) and, given the node's count
+(`tandem plan --gpus N`), refuses in one line a layout that needs more.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from tandem.geometry import BatchGeometry
 from tandem.precision import DTYPE_BYTES, precision_plan
 from tandem.rollout.cost import GPUS, gpu_for_memory
 from tandem.rollout.layout import RolloutLayout, price_layout
-from tandem.rollout.placement import rollout_positions
+from tandem.rollout.placement import PlacementError, layout_gpus, place_engines, rollout_positions
 
 GIB = 2**30
 CUDA_OVERHEAD_GIB = 2.0      # CUDA context, cuBLAS workspaces, allocator slack (flat margin per GPU)
@@ -551,13 +553,45 @@ def plan_evaluate(params, shape: ModelShape, device: str = "cuda") -> Plan:
                                                      params.train.max_prompt_tokens})
 
 
-def plan_all(params, model_dir: str | Path | None = None, device: str = "cuda") -> dict:
-    """Every arm's training plan and the evaluation plan; the headline is the worst arm."""
+def gpus_needed(params) -> int:
+    """The GPUs one node must show for the run: the trainer's (`train.num_processes`), and with the vLLM backend's
+    dedicated layout every position up to the rollout service's last (`tandem.rollout.placement.layout_gpus`).
+    Raises PlanError (one line) when the dedicated layout's GPUs overlap each other or the trainer's."""
+    t, ro = params.train, params.rollout
+    if ro.backend != "vllm" or ro.vllm_layout != "dedicated":
+        return t.num_processes
+    n = layout_gpus(ro.vllm_layout, t.num_processes, ro.vllm_devices)
+    try:  # the placement's own rules on a node with exactly these GPUs
+        place_engines(ro.vllm_layout, visible=[str(i) for i in range(n)], rollout_devices=tuple(ro.vllm_devices),
+                      trainer_processes=t.num_processes)
+    except PlacementError as e:
+        raise PlanError(f"plan: {e}") from None
+    return n
+
+
+def check_node_gpus(params, node_gpus: int) -> int:
+    """The GPUs the run needs (`gpus_needed`); PlanError (one line) when a node of `node_gpus` GPUs has fewer."""
+    need = gpus_needed(params)
+    if node_gpus and need > node_gpus:
+        t, ro = params.train, params.rollout
+        parts = f"train.num_processes {t.num_processes}"
+        if ro.backend == "vllm" and ro.vllm_layout == "dedicated":
+            parts += f", the rollout service on GPU(s) {_gpus(rollout_positions(ro.vllm_devices, t.num_processes))}"
+        raise PlanError(f"plan: the run needs {need} GPUs on one node ({parts}) but --gpus says the node has "
+                        f"{node_gpus}: lower train.num_processes (an update's rows, prompts_per_step x group_size / "
+                        f"updates_per_batch, do not depend on it) or move rollout.vllm_devices")
+    return need
+
+
+def plan_all(params, model_dir: str | Path | None = None, device: str = "cuda", node_gpus: int = 0) -> dict:
+    """Every arm's training plan and the evaluation plan; the headline is the worst arm. On GPUs, `gpus_needed`
+    states the GPUs the run needs on one node; `node_gpus` (0 = not stated) refuses a run that needs more."""
+    need = check_node_gpus(params, node_gpus) if device == "cuda" else 0
     shape = model_shape(params, model_dir)
     arms = {a: plan_train_arm(params, a, shape, device) for a in params.train.arms}
     worst = max(arms.values(), key=lambda p: (not p.fits, p.peak_bytes))
     ev = plan_evaluate(params, shape, device)
-    return {"per_gpu_gib": round(worst.peak_bytes / GIB, 2), "gpus": params.train.num_processes,
+    return {"per_gpu_gib": round(worst.peak_bytes / GIB, 2), "gpus": params.train.num_processes, "gpus_needed": need,
             "fits": all(p.fits for p in arms.values()) and ev.fits, "device": device,
             "budget_gib": round(worst.budget_bytes / GIB, 2), "worst_arm": worst.arm,
             "model": {**asdict(shape), "n_params": shape.n_params},

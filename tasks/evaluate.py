@@ -58,8 +58,8 @@ def _io(params: Params, inputs: dict | None, outputs: dict | None) -> tuple[dict
 
 def settings_of(params: Params) -> EvalSettings:
     """The evaluation settings: each result key from its params key (`tandem.run_keys.EVAL_RESULT_KEYS`)."""
-    return EvalSettings(**{f: setting(params, key) for f, key in EVAL_RESULT_KEYS.items()},
-                        batch_size=params.evaluate.batch_size)
+    return EvalSettings.of({f: setting(params, key) for f, key in EVAL_RESULT_KEYS.items()},
+                           params.evaluate.batch_size)
 
 
 def load_benchmarks(params: Params, inputs: dict) -> dict[str, list[dict]]:
@@ -365,10 +365,10 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
             summary[arm].update({f"{m}/pass@{k}": last["modes"][m]["macro"][f"pass@{k}"] for k in ev.ks})
     summary[JUNIOR] = {f"solo/pass@{k}": junior["modes"]["solo"]["macro"][f"pass@{k}"] for k in ev.ks}
     # the result settings (`tandem.run_keys`), in the order eval.json has always listed them
-    estimate = {k: getattr(settings, k) for k in eval_estimate_fields()}
+    estimate = {k: settings.value(k) for k in eval_estimate_fields()}
     doc = {
         "settings": {"n_samples": estimate.pop("n_samples"), "ks": list(ev.ks), "modes": list(ev.modes), **estimate,
-                     "max_problems": ev.max_problems, **{k: getattr(settings, k) for k in EVAL_STREAM_KEYS},
+                     "max_problems": ev.max_problems, **{k: settings.value(k) for k in EVAL_STREAM_KEYS},
                      "benchmarks": {b: {"n_problems": len(r), "rows_hash": rows_hash(r)} for b, r in benches.items()}},
         "junior": junior, "arms": arms, "summary": summary,
     }

@@ -62,13 +62,14 @@ def _styles(params: Params, model_dir: Path, eval_sets: dict[str, list[dict]]) -
     from tandem.rollout.core import SamplingParams
     from tandem.rollout.factory import make_engine
     from tandem.rollout.request import RolloutSettings
+    from tandem.rollout.schedule import ScheduleSpec
 
     mc = params.model
     model = load_model(model_dir, mc.dtype, mc.trust_remote_code)
     tok = load_tokenizer(model_dir, mc.trust_remote_code)
     engine = make_engine(model, None, tok, "hf")
-    settings = RolloutSettings("solo", SamplingParams(temperature=1.0, top_p=1.0, top_k=0,
-                                                      max_new_tokens=mc.eval_max_new_tokens),
+    settings = RolloutSettings(ScheduleSpec("solo"), SamplingParams(temperature=1.0, top_p=1.0, top_k=0,
+                                                                    max_new_tokens=mc.eval_max_new_tokens),
                                batch_size=mc.eval_batch_size)
     rows = [{**r, "id": f"{b}/{r['id']}"} for b, rs in eval_sets.items() for r in rs]
     records = generate_and_score(engine, tok, rows, settings, Draws(mc.eval_samples, params.junior.seed),

@@ -8,6 +8,7 @@ from tandem.generation import (Draws, SoloDecode, accuracy, accuracy_of, cut_at_
                                stable_seed)
 from tandem.rollout.core import RolloutBatch, SamplingParams
 from tandem.rollout.request import RolloutSettings
+from tandem.rollout.schedule import ScheduleSpec
 
 SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=0, intermediate_size=64,
              max_position=512)
@@ -46,7 +47,8 @@ def test_records_cut_at_eos_score_and_share_one_seed(tok_model):
     rows = [{"id": "a", "prompt": "p a", "answer": "5"}, {"id": "b", "prompt": "p b", "answer": "4"},
             {"id": "c", "prompt": "p c", "answer": "2"}]
     seen = []
-    recs = generate_and_score(engine, tok, rows, RolloutSettings("solo", SamplingParams(), batch_size=4), Draws(2, seed=9),
+    settings = RolloutSettings(ScheduleSpec("solo"), SamplingParams(), batch_size=4)
+    recs = generate_and_score(engine, tok, rows, settings, Draws(2, seed=9),
                               score_fn=lambda t, g: [float(x.strip() == y) for x, y in zip(t, g)],
                               eos_ids=[0], progress=seen.append)
     assert [(r["id"], r["sample"]) for r in recs] == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)]
@@ -70,7 +72,7 @@ def test_accuracy_counts_samples_per_problem(tok_model):
 
     class Fake:
         def generate(self, request):
-            assert request.schedule == "solo"
+            assert request.schedule.kind == "solo"
             ids = [tok(next(texts), add_special_tokens=False)["input_ids"] for _ in request.row_ids]
             return RolloutBatch(ids, [[1] * len(i) for i in ids], [[0.0] * len(i) for i in ids], [0] * len(ids),
                                 ["eos"] * len(ids))

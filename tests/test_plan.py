@@ -14,7 +14,8 @@ import yaml
 
 from tandem.config import ARMS, params_from_dict
 from tandem.plan import (GIB, KNOWN_SHAPES, ModelShape, PlanError, activation_bytes_per_token, arm_group_and_beta,
-                         VLLM_OVERHEAD_GIB, check_fits, model_shape, plan_all, plan_train_arm, shape_from_config)
+                         VLLM_OVERHEAD_GIB, check_fits, check_node_gpus, gpus_needed, model_shape, plan_all,
+                         plan_train_arm, shape_from_config)
 from tandem.precision import load_dtypes, trainer_precision_kwargs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,8 +135,8 @@ def test_params_files_list_the_plan_settings():
 def test_paper_preset_fits_eight_80gb_gpus():
     p = _params("params.paper.yaml")
     assert p.train.updates_per_batch == 2 and p.train.precision == "bf16_mixed"
-    res = plan_all(p, device="cuda")
-    assert res["fits"] and res["gpus"] == 8 and res["per_gpu_gib"] <= 80
+    res = plan_all(p, device="cuda", node_gpus=8)
+    assert res["fits"] and res["gpus"] == res["gpus_needed"] == 8 and res["per_gpu_gib"] <= 80
     for arm, pj in res["train"].items():
         assert pj["fits"] and not pj["checks"], arm
     # the same preset as first written (one 128-row pass, no checkpointing, one GPU, bf16 weights) is far over
@@ -224,24 +225,61 @@ def test_cli_plan_json_for_the_paper_preset():
 
 
 def test_cli_plan_prints_the_dedicated_rollout_layout():
-    """params.paper-dedicated.yaml: a rollout service with one GPU per model holding a step's 128 rows resident,
-    the trainer's 8 GPUs free of engines; the JSON line and the table both carry the layout and the ratio."""
+    """params.paper-dedicated.yaml on one 8-GPU node: a rollout service with one GPU per model holding a step's 128
+    rows resident, the trainer's 4 GPUs free of engines; the JSON line and the table both carry the layout, the
+    GPUs the run needs and the ratio."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "cli", "plan", "--params", "params.paper-dedicated.yaml"]
+    cmd = [sys.executable, "-m", "cli", "plan", "--params", "params.paper-dedicated.yaml", "--gpus", "8"]
     out = subprocess.run(cmd + ["--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     ro = res["rollout"]
-    assert res["fits"] is True and ro["layout"] == "dedicated" and ro["rollout_gpus"] == 2 and ro["trainer_gpus"] == 8
+    assert res["fits"] is True and ro["layout"] == "dedicated" and ro["rollout_gpus"] == 2 and ro["trainer_gpus"] == 4
+    assert res["gpus_needed"] == 6
     assert ro["rows_per_engine"] == 128 and ro["resident_rows"] >= 128 and ro["admission_waves"] == 1
     assert ro["gpu"] == "H200" and ro["engine_steps_per_token"]["solo"] == 1.0
     assert 0.5 < ro["predicted_tandem_over_solo"] < 1.0 and ro["rows_per_call"] == 128  # a step's rows, one call
-    assert ro["engine_devices"] == {"senior": [8], "junior": [9]}
+    assert ro["engine_devices"] == {"senior": [4], "junior": [5]}
     assert "predicted_tandem_over_solo_per_call" not in ro
     assert "vllm_engines" not in res["train"]["tandem"]["persistent_gib"]
     text = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120).stdout
     assert "rollout: layout dedicated" in text and "rows resident" in text and "predicted tandem/solo" in text
-    assert "senior's engine on GPU 8" in text and "junior's on GPU 9" in text and "not run" not in text
+    assert "senior's engine on GPU 4" in text and "junior's on GPU 5" in text and "not run" not in text
+    assert "GPUs: the run needs 6 on one node (the node has 8)" in text
+    # a node with fewer GPUs than the layout needs: one line, exit code 2
+    short = subprocess.run(cmd[:-1] + ["5"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert short.returncode == 2 and short.stdout == ""
+    assert short.stderr.strip() == (
+        "plan: the run needs 6 GPUs on one node (train.num_processes 4, the rollout service on GPU(s) 4,5) but "
+        "--gpus says the node has 5: lower train.num_processes (an update's rows, prompts_per_step x group_size / "
+        "updates_per_batch, do not depend on it) or move rollout.vllm_devices")
+
+
+def test_both_paper_presets_fit_one_eight_gpu_node_with_the_papers_update_batch():
+    """Both presets run on one node of 8 GPUs, and each optimizer update sees the paper's mini-batch: 8 prompts
+    x 8 samples = 64 rows, 2 updates per step of 16 prompts."""
+    from tandem.geometry import BatchGeometry
+
+    for name, need in (("params.paper.yaml", 8), ("params.paper-dedicated.yaml", 6)):
+        p = _params(name)
+        assert gpus_needed(p) == need and check_node_gpus(p, 8) == need, name
+        geo = BatchGeometry.of(p.train)
+        assert geo.rollout_rows == 128 and geo.updates == 2, name
+        assert geo.processes * geo.rows_per_update == 64, name  # rows the optimizer sees per update
+        with pytest.raises(PlanError, match=f"needs {need} GPUs on one node"):
+            check_node_gpus(p, need - 1)
+    # the dedicated layout's GPUs: past the trainer's, a device that overlaps it is refused in one line
+    raw = yaml.safe_load((REPO / "params.paper-dedicated.yaml").read_text())
+    raw["rollout"]["vllm_devices"] = [6, 9]
+    assert gpus_needed(params_from_dict(raw)) == 10
+    raw["rollout"]["vllm_devices"] = [3, 4]
+    with pytest.raises(PlanError, match="names GPU 3, one of the trainer's"):
+        gpus_needed(params_from_dict(raw))
+    raw["rollout"]["vllm_devices"] = []  # empty: the two GPUs after the trainer's
+    assert gpus_needed(params_from_dict(raw)) == 6
+    # without vLLM, or in the shared layout, the trainer's GPUs are all the run needs
+    raw["rollout"]["backend"] = "hf"
+    assert gpus_needed(params_from_dict(raw)) == 4
 
 
 def test_dedicated_layout_plans_a_step_of_rows_per_engine_and_starts_its_own_service():

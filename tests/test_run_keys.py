@@ -58,9 +58,9 @@ def test_evaluation_keys_derive_from_one_list():
     # every result key is a field of the settings and a real params key
     p = params_from_dict({})
     for field, key in run_keys.EVAL_RESULT_KEYS.items():
-        assert hasattr(s, field) and run_keys.setting(p, key) is not None
+        assert s.value(field) is not None and run_keys.setting(p, key) is not None
     # promotion compares the estimate keys: all result keys but the seed
-    ev = {"settings": {k: getattr(s, k) for k in run_keys.EVAL_RESULT_KEYS}}
+    ev = {"settings": {k: s.value(k) for k in run_keys.EVAL_RESULT_KEYS}}
     assert settings_fingerprint(ev) == settings_fingerprint({"settings": {**ev["settings"], "seed": 7}})
     for k in run_keys.eval_estimate_fields():
         assert settings_fingerprint(ev) != settings_fingerprint({"settings": {**ev["settings"], k: -1}}), k

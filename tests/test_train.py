@@ -71,7 +71,7 @@ class ScriptedEngine:
 
     def generate(self, request):
         prompt_ids = [list(p) for p in request.prompts]
-        self.calls.append({"n": len(request), "schedule": request.schedule, "seed": request.seed,
+        self.calls.append({"n": len(request), "schedule": request.schedule.kind, "seed": request.seed,
                            "row_ids": request.row_ids})
         lps = token_logprobs_B(self.senior, prompt_ids, self.completions, self.t, self.tokenizer.pad_token_id)
         lps = [[lp if o else 0.0 for lp, o in zip(row, own)] for row, own in zip(lps, self.owners)]
@@ -198,7 +198,8 @@ def test_rollout_func_returns_owner_as_env_mask(base_dir):
     stats = StepStats()
     run = ArmRun("tandem", senior, junior, tok, [], TrainConfig(group_size=2, kl_rows=4), RolloutConfig(), ".",
                  seed=3, engine=engine)
-    fn = TandemRollout(run, RolloutSettings(run.spec.schedule, em.SamplingParams(max_new_tokens=8)), stats)
+    settings = RolloutSettings(em.ScheduleSpec(run.spec.schedule), em.SamplingParams(max_new_tokens=8))
+    fn = TandemRollout(run, settings, stats)
 
     class T:  # the two attributes of the trainer the rollout function reads
         model = senior
@@ -493,7 +494,8 @@ def test_each_rank_rolls_out_its_rows_with_global_row_ids(base_dir):
     engine = ScriptedEngine(senior, tok, [[20, 21]] * 4, [[1, 0]] * 4, 1.0)
     run = ArmRun("grpo", senior, junior, tok, [], TrainConfig(group_size=2, kl_rows=0, updates_per_batch=2),
                  RolloutConfig(), ".", seed=3, engine=engine)
-    fn = TandemRollout(run, RolloutSettings(run.spec.schedule, em.SamplingParams(max_new_tokens=4)), StepStats())
+    settings = RolloutSettings(em.ScheduleSpec(run.spec.schedule), em.SamplingParams(max_new_tokens=4))
+    fn = TandemRollout(run, settings, StepStats())
 
     class T:  # a trainer on rank 1 of 2, at optimizer update 6 = step 3 of 2 updates each
         model = senior

@@ -155,14 +155,13 @@ def start_rounds(pair: Any, request: Any, device: torch.device | str | None,
     total = max(len(p) for p in request.prompts) + s.sampling.max_new_tokens
     hist_BS, off_B, p_max = left_pad(request.prompts, total, device=dev)
     rows_B = torch.as_tensor(list(request.row_ids), dtype=torch.int64, device=dev)
-    sched = Schedule(s.schedule, pair.tables.to(dev), request.seed, rows_B, s.p_senior, s.max_gap_tokens,
-                     s.max_rounds)
+    sched = Schedule(s.schedule, pair.tables.to(dev), request.seed, rows_B)
     steppers: dict[int, Any] = {}
     if s.needs_senior:
         steppers[1] = make_stepper(pair.senior)
     if s.needs_junior:
         if pair.junior is None:
-            raise ValueError(f"schedule {s.schedule!r} needs a junior model")
+            raise ValueError(f"schedule {s.schedule.kind!r} needs a junior model")
         steppers[0] = make_stepper(pair.junior)
     for st in steppers.values():
         st.start(hist_BS, off_B, p_max)

@@ -1,7 +1,7 @@
 """`TandemEngine`: co-generation by a senior and a junior over one shared token history.
 
     engine = TandemEngine(senior, junior, tokenizer)            # checks the shared vocabulary
-    settings = RolloutSettings("word", SamplingParams(temperature=1.0, max_new_tokens=160))
+    settings = RolloutSettings(ScheduleSpec("word"), SamplingParams(temperature=1.0, max_new_tokens=160))
     batch = engine.generate(settings.request(prompt_ids, seed=3))
     batch.completion_ids, batch.owner, batch.senior_logprobs, batch.handoffs, batch.finish_reason, batch.stats()
 
@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from tandem.rollout.backends import backend_names, make_backend
 from tandem.rollout.core import RolloutBatch, SamplingParams, collect_eos_ids
 from tandem.rollout.request import HFOptions, ModelPair, RolloutRequest, RolloutSettings
-from tandem.rollout.schedule import uses_junior, uses_senior
+from tandem.rollout.schedule import ScheduleSpec, uses_junior, uses_senior
 from tandem.rollout.vocab import TokenTables
 
 BACKENDS = backend_names()
@@ -73,7 +73,7 @@ class TandemEngine:
             raise TypeError(f"generate takes a RolloutRequest (RolloutSettings.request(prompts, seed, row_ids)), "
                             f"got {type(request).__name__}")
         if request.settings.needs_junior and self.junior is None:
-            raise ValueError(f"schedule {request.schedule!r} (p_senior={request.settings.p_senior}) needs a "
+            raise ValueError(f"schedule {request.schedule.kind!r} (p_senior={request.schedule.p_senior}) needs a "
                              f"junior model, but junior is None")
         request.check_vocab(self.vocab_size)
         return self._backend.generate(request)
@@ -94,5 +94,5 @@ class TandemEngine:
         return push(module) if push is not None else {}
 
 
-__all__ = ["TandemEngine", "SamplingParams", "RolloutBatch", "RolloutRequest", "RolloutSettings",
+__all__ = ["TandemEngine", "SamplingParams", "RolloutBatch", "RolloutRequest", "RolloutSettings", "ScheduleSpec",
            "collect_eos_ids", "uses_senior", "uses_junior"]

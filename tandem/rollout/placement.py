@@ -116,6 +116,14 @@ def rollout_positions(devices: Sequence[int], trainer_processes: int) -> list[in
     return list(devices) if devices else [trainer_processes, trainer_processes + 1]
 
 
+def layout_gpus(layout: str, trainer_processes: int, devices: Sequence[int] = ()) -> int:
+    """The GPUs one node must show for `layout`: shared, the trainer's (`train.num_processes`); dedicated, every
+    position up to the rollout service's last one (`rollout_positions`; the trainer holds 0 .. processes - 1)."""
+    if layout == "shared":
+        return trainer_processes
+    return max(trainer_processes, max(rollout_positions(devices, trainer_processes)) + 1)
+
+
 def place_engines(layout: str, *, visible: Sequence[str], rank: int = 0, rollout_devices: Sequence[int] = (),
                   trainer_processes: int = 1) -> Placement:
     """Each engine's devices for `layout` (module docstring), given the GPUs the process sees (`visible`), its

@@ -1,15 +1,15 @@
 """The rollout request: one frozen settings object, built once from params and validated once, and the rows of
 one engine call.
 
-    settings = RolloutSettings.from_config(params.rollout, sampling, schedule="word")   # validated here, once
+    settings = RolloutSettings.from_config(params.rollout, sampling, kind="word")   # validated here, once
     batch = engine.generate(settings.request(prompt_ids, seed=step_seed, row_ids=rows))  # -> RolloutBatch
 
-`RolloutSettings` holds everything that shapes the sampled distribution of a rollout (the authorship schedule,
-`p_senior`, `max_gap_tokens`, `max_rounds`, the sampling settings and with them the token budget) plus the
-batching (`batch_size`, which never changes a result). `RolloutRequest` adds the prompts, the seed and the row
-ids of one call. Every backend (`tandem.rollout.backends`) implements `generate(request) -> RolloutBatch`; the
-engine checks only what depends on its models (token ids inside the vocabulary, a junior when the schedule
-needs one).
+`RolloutSettings` holds everything that shapes the sampled distribution of a rollout (the authorship schedule as
+one `ScheduleSpec`: kind, `p_senior`, `max_gap_tokens`, `max_rounds`; the sampling settings and with them the
+token budget) plus the batching (`batch_size`, which never changes a result). `RolloutRequest` adds the
+prompts, the seed and the row ids of one call. Every backend (`tandem.rollout.backends`) implements
+`generate(request) -> RolloutBatch`; the engine checks only what depends on its models (token ids inside the
+vocabulary, a junior when the schedule needs one).
 
 `ModelPair` is what every backend and the lockstep reference receive about the models: senior, junior and
 what they share (tokenizer, vocabulary size, token tables, EOS ids), checked once by `ModelPair.build`.
@@ -29,31 +29,26 @@ from tandem.rollout.schedule import ScheduleSpec
 class RolloutSettings:
     """Schedule, sampling and batching of rollouts; invalid values raise `ValueError` at construction."""
 
-    schedule: str = "word"
+    # the schedule and its settings: the one value that crosses into the rollout service and its engine cores
+    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    p_senior: float = 0.5
-    max_gap_tokens: int = 32
-    max_rounds: int = 150
     batch_size: int = 0  # rows generated together in one group (0 = all rows of a call)
-    # the schedule and its settings as the one value that crosses into the rollout service and its engine cores
-    spec: ScheduleSpec = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "spec", ScheduleSpec(self.schedule, self.p_senior, self.max_gap_tokens,
-                                                      self.max_rounds))  # validates them
+        if not isinstance(self.schedule, ScheduleSpec):
+            raise TypeError(f"schedule must be a ScheduleSpec, got {type(self.schedule).__name__}")
         if not isinstance(self.sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(self.sampling).__name__}")
         if self.batch_size < 0:
             raise ValueError(f"batch_size must be >= 0 (0 = all rows together), got {self.batch_size}")
 
     @classmethod
-    def from_config(cls, rollout: Any, sampling: SamplingParams, schedule: str | None = None,
+    def from_config(cls, rollout: Any, sampling: SamplingParams, kind: str | None = None,
                     batch_size: int | None = None) -> "RolloutSettings":
-        """From the `rollout` params section (`p_senior`, `max_gap_tokens`, `max_rounds`, `batch_size`,
-        `schedule` unless given) and the stage's sampling settings."""
-        return cls(schedule=schedule or rollout.schedule, sampling=sampling, p_senior=rollout.p_senior,
-                   max_gap_tokens=rollout.max_gap_tokens, max_rounds=rollout.max_rounds,
-                   batch_size=rollout.batch_size if batch_size is None else batch_size)
+        """From the `rollout` params section (`schedule` unless `kind` is given, `p_senior`, `max_gap_tokens`,
+        `max_rounds`, `batch_size`) and the stage's sampling settings."""
+        spec = ScheduleSpec(kind or rollout.schedule, rollout.p_senior, rollout.max_gap_tokens, rollout.max_rounds)
+        return cls(spec, sampling, rollout.batch_size if batch_size is None else batch_size)
 
     @property
     def budget(self) -> int:
@@ -62,11 +57,11 @@ class RolloutSettings:
 
     @property
     def needs_junior(self) -> bool:
-        return self.spec.needs_junior
+        return self.schedule.needs_junior
 
     @property
     def needs_senior(self) -> bool:
-        return self.spec.needs_senior
+        return self.schedule.needs_senior
 
     def replace(self, **changes: Any) -> "RolloutSettings":
         """A copy with some fields changed (validated again)."""
@@ -111,7 +106,7 @@ class RolloutRequest:
         return len(self.prompts)
 
     @property
-    def schedule(self) -> str:
+    def schedule(self) -> ScheduleSpec:
         return self.settings.schedule
 
     @property

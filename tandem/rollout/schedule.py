@@ -42,9 +42,10 @@ def check_schedule(schedule: str, p_senior: float, max_gap_tokens: int, max_roun
 
 @dataclass(frozen=True)
 class ScheduleSpec:
-    """Which schedule and its settings: the one value that travels from params (`RolloutSettings.spec`) through
-    the rollout service (`/generate`'s "schedule") to every chunk the engine core stops (`turns.chunk_args`),
-    under the same field names on each side. Validated once, at construction (`check_schedule`)."""
+    """Which schedule and its settings: the one value that travels from params (`RolloutSettings.schedule`,
+    `EvalSettings.schedule`) into `Schedule` / `RowSchedule` and through the rollout service (`/generate`'s
+    "schedule") to every chunk the engine core stops (`turns.chunk_args`), under the same field names on each
+    side. Validated once, at construction (`check_schedule`)."""
 
     kind: str = "word"
     p_senior: float = 0.5
@@ -93,15 +94,14 @@ def uses_senior(schedule: str, p_senior: float = 0.5) -> bool:
 class Schedule:
     """Per-row author state for one batch. `author_B` (bool, True = senior) names the author of the next token."""
 
-    def __init__(self, kind: str, tables: TokenTables, seed: int, row_ids_B: torch.Tensor,
-                 p_senior: float = 0.5, max_gap_tokens: int = 32, max_rounds: int = 150):
-        check_schedule(kind, p_senior, max_gap_tokens, max_rounds)
-        self.kind, self.tables, self.seed = kind, tables, seed
+    def __init__(self, spec: ScheduleSpec, tables: TokenTables, seed: int, row_ids_B: torch.Tensor):
+        if not isinstance(spec, ScheduleSpec):
+            raise TypeError(f"spec must be a ScheduleSpec, got {type(spec).__name__}")
+        self.spec, self.tables, self.seed = spec, tables, seed
         self.row_ids_B = row_ids_B.to(torch.int64)
-        self.p_senior, self.max_gap, self.max_rounds = p_senior, max_gap_tokens, max_rounds
-        B, dev = self.row_ids_B.numel(), self.row_ids_B.device
+        B, dev, kind = self.row_ids_B.numel(), self.row_ids_B.device, spec.kind
         if kind in ("word", "token"):
-            self.author_B = uniform(seed, STREAM_FIRST, self.row_ids_B, 0) < p_senior
+            self.author_B = uniform(seed, STREAM_FIRST, self.row_ids_B, 0) < spec.p_senior
         else:
             self.author_B = torch.full((B,), kind != "junior", dtype=torch.bool, device=dev)
         self.gap_B = torch.zeros(B, dtype=torch.int64, device=dev)
@@ -116,23 +116,23 @@ class Schedule:
         """
         B = tokens_B.numel()
         done_rounds_B = torch.zeros(B, dtype=torch.bool, device=tokens_B.device)
-        if self.kind in ("word", "token"):
-            if self.kind == "word":
+        if self.spec.kind in ("word", "token"):
+            if self.spec.kind == "word":
                 self.gap_B += 1
-                redraw_B = self.tables.word_start_V[tokens_B] | (self.gap_B >= self.max_gap)
+                redraw_B = self.tables.word_start_V[tokens_B] | (self.gap_B >= self.spec.max_gap_tokens)
             else:
                 redraw_B = torch.ones(B, dtype=torch.bool, device=tokens_B.device)
-            drawn_B = uniform(self.seed, STREAM_REDRAW, self.row_ids_B, t) < self.p_senior
+            drawn_B = uniform(self.seed, STREAM_REDRAW, self.row_ids_B, t) < self.spec.p_senior
             self.author_B = torch.where(redraw_B, drawn_B, self.author_B)
             self.gap_B = torch.where(redraw_B, torch.zeros_like(self.gap_B), self.gap_B)
-        elif self.kind == "step":
+        elif self.spec.kind == "step":
             tb = self.tables
             end_B = tb.step_end_V[tokens_B] | (self.newline_B & tb.starts_newline_V[tokens_B])
             self.newline_B = torch.where(tb.empty_V[tokens_B], self.newline_B, tb.ends_newline_V[tokens_B])
             self.author_B = torch.where(end_B, ~self.author_B, self.author_B)
             self.newline_B = self.newline_B & ~end_B  # a new turn starts with empty text
             self.turns_B = self.turns_B + end_B.to(torch.int64)
-            done_rounds_B = end_B & (self.turns_B >= self.max_rounds)
+            done_rounds_B = end_B & (self.turns_B >= self.spec.max_rounds)
         return done_rounds_B
 
 
@@ -209,40 +209,27 @@ class RowSchedule:
     a newline), `turns` (step schedule: completed turns).
     """
 
-    __slots__ = ("kind", "seed", "row_id", "p_senior", "max_gap", "max_rounds", "_t", "author", "gap", "newline",
-                 "turns")
+    __slots__ = ("spec", "seed", "row_id", "_t", "author", "gap", "newline", "turns")
 
-    def __init__(self, kind: str, tables: "TokenTables | LookupTables", seed: int, row_id: int,
-                 p_senior: float = 0.5, max_gap_tokens: int = 32, max_rounds: int = 150):
-        check_schedule(kind, p_senior, max_gap_tokens, max_rounds)
-        self.kind, self.seed, self.row_id = kind, seed, row_id
-        self.p_senior, self.max_gap, self.max_rounds = p_senior, max_gap_tokens, max_rounds
+    def __init__(self, spec: ScheduleSpec, tables: "TokenTables | LookupTables", seed: int, row_id: int):
+        """Row `row_id`'s state machine at its start, for a validated `spec` (no second validation)."""
+        if not isinstance(spec, ScheduleSpec):
+            raise TypeError(f"spec must be a ScheduleSpec, got {type(spec).__name__}")
+        self.spec, self.seed, self.row_id = spec, seed, row_id
         self._t = LookupTables.of(tables)
-        if kind in ("word", "token"):
-            self.author = int(uniform_int(seed, STREAM_FIRST, row_id, 0) < p_senior)
+        if spec.kind in ("word", "token"):
+            self.author = int(uniform_int(seed, STREAM_FIRST, row_id, 0) < spec.p_senior)
         else:
-            self.author = JUNIOR if kind == "junior" else SENIOR
+            self.author = JUNIOR if spec.kind == "junior" else SENIOR
         self.gap, self.newline, self.turns = 0, False, 0
 
     @classmethod
-    def of(cls, spec: ScheduleSpec, tables: "TokenTables | LookupTables", seed: int, row_id: int) -> "RowSchedule":
-        """Row `row_id`'s state machine at its start, for a validated `spec` (no second validation)."""
-        st = cls.resume(spec.kind, tables, seed, row_id, spec.p_senior, spec.max_gap_tokens, spec.max_rounds,
-                        {"author": 0, "gap": 0, "newline": False, "turns": 0})
-        if spec.kind in ("word", "token"):
-            st.author = int(uniform_int(seed, STREAM_FIRST, row_id, 0) < spec.p_senior)
-        else:
-            st.author = JUNIOR if spec.kind == "junior" else SENIOR
-        return st
-
-    @classmethod
-    def resume(cls, kind: str, tables: "TokenTables | LookupTables", seed: int, row_id: int, p_senior: float,
-               max_gap_tokens: int, max_rounds: int, state: Mapping[str, Any]) -> "RowSchedule":
+    def resume(cls, spec: ScheduleSpec, tables: "TokenTables | LookupTables", seed: int, row_id: int,
+               state: Mapping[str, Any]) -> "RowSchedule":
         """The state machine at a known `state` (the keys of `state()`: author, gap, newline, turns; others are
         ignored). No validation: the state comes from a validated one."""
         st = cls.__new__(cls)
-        st.kind, st.seed, st.row_id = kind, seed, row_id
-        st.p_senior, st.max_gap, st.max_rounds = p_senior, max_gap_tokens, max_rounds
+        st.spec, st.seed, st.row_id = spec, seed, row_id
         st._t = LookupTables.of(tables)
         st.author, st.gap = int(state["author"]), int(state["gap"])
         st.newline, st.turns = bool(state["newline"]), int(state["turns"])
@@ -260,18 +247,18 @@ class RowSchedule:
     def _redraw(self, t: int) -> int:
         """The author after position t: `uniform_int(seed, STREAM_REDRAW, row, t) < p_senior`, the row's part of
         the hash cached (`uniform_prefix`)."""
-        return int(uniform_at(uniform_prefix(self.seed, STREAM_REDRAW, self.row_id), t) < self.p_senior)
+        return int(uniform_at(uniform_prefix(self.seed, STREAM_REDRAW, self.row_id), t) < self.spec.p_senior)
 
     def advance(self, token: int, t: int) -> bool:
         """Account for `token` emitted at position t; return True when it completed the last allowed turn."""
-        if self.kind == "word":
+        if self.spec.kind == "word":
             self.gap += 1
-            if self._t.word[token] or self.gap >= self.max_gap:
+            if self._t.word[token] or self.gap >= self.spec.max_gap_tokens:
                 self.author = self._redraw(t)
                 self.gap = 0
-        elif self.kind == "token":
+        elif self.spec.kind == "token":
             self.author = self._redraw(t)
-        elif self.kind == "step":
+        elif self.spec.kind == "step":
             tb = self._t
             end = tb.end[token] or (self.newline and tb.snl[token])
             if not tb.empty[token]:
@@ -279,5 +266,5 @@ class RowSchedule:
             if end:
                 self.author, self.newline = 1 - self.author, False
                 self.turns += 1
-                return self.turns >= self.max_rounds
+                return self.turns >= self.spec.max_rounds
         return False

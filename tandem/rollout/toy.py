@@ -119,8 +119,10 @@ def add_logit_bias(model: Any, bias: dict[int, float]) -> Any:
 
 def rollout(engine: Any, prompts: Any, schedule: str, sampling: Any, seed: int, row_ids: Any = None,
             batch_size: int | None = None, **settings: Any):
-    """`engine.generate` of one request built from loose settings (tests and benchmarks)."""
+    """`engine.generate` of one request built from loose settings (tests and benchmarks): `schedule` the kind,
+    `settings` the other `ScheduleSpec` fields."""
     from tandem.rollout.request import RolloutSettings
+    from tandem.rollout.schedule import ScheduleSpec
 
-    s = RolloutSettings(schedule, sampling, batch_size=batch_size or 0, **settings)
+    s = RolloutSettings(ScheduleSpec(schedule, **settings), sampling, batch_size=batch_size or 0)
     return engine.generate(s.request(prompts, seed, row_ids))

@@ -74,9 +74,9 @@ class TandemRollout:
 
     def __init__(self, run: ArmRun, settings, stats: StepStats):
         spec = run.spec
-        if settings.schedule != spec.schedule:
+        if settings.schedule.kind != spec.schedule:
             raise ValueError(f"arm {spec.name} rolls out with schedule {spec.schedule!r}, settings say "
-                             f"{settings.schedule!r}")
+                             f"{settings.schedule.kind!r}")
         self.engine, self.tokenizer, self.spec, self.settings = run.engine, run.tokenizer, spec, settings
         self.sampling = settings.sampling
         self.stats, self.seed, self.geometry = stats, run.seed, run.geometry

@@ -327,7 +327,7 @@ def build_trainer(run: ArmRun, fingerprint: str, guard: JuniorGuard):
     stats = StepStats()
     ds = Dataset.from_list([{"prompt": render_prompt(r["prompt"], tokenizer), "answer": str(r["answer"]),
                              "id": str(r.get("id", i))} for i, r in enumerate(run.train_rows)])
-    settings = RolloutSettings.from_config(rollout, sampling_params(train), schedule=spec.schedule)
+    settings = RolloutSettings.from_config(rollout, sampling_params(train), kind=spec.schedule)
     rollout_fn = TandemRollout(run, settings, stats)
     reward = CorrectnessReward(stats, spec.group_size, train.score_timeout, train.score_workers, run.score_fn)
     callbacks: list[TrainerCallback] = [PhaseTimer(stats, geo), guard, NonFiniteGuard(train.nonfinite_loss)]

@@ -15,7 +15,7 @@ from tandem.rollout.core import RolloutBatch, count_handoffs
 from tandem.rollout.engine import SamplingParams, TandemEngine
 from tandem.rollout.lockstep import lockstep_generate
 from tandem.rollout.request import HFOptions, RolloutSettings
-from tandem.rollout.schedule import naive_authors
+from tandem.rollout.schedule import ScheduleSpec, naive_authors
 from tandem.rollout.vocab import token_texts
 
 
@@ -31,7 +31,7 @@ def steered(tok):
 
 
 def _lockstep(eng, prompts, schedule, sp, seed, forward="hf", **settings):
-    request = RolloutSettings(schedule, sp, **settings).request(prompts, seed)
+    request = RolloutSettings(ScheduleSpec(schedule, **settings), sp).request(prompts, seed)
     with torch.no_grad():
         return lockstep_generate(eng.pair, request, forward=forward)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tandem.config import ParamsError, RolloutConfig
-from tandem.rollout.placement import (DEVICE_ENV, Placement, PlacementError, place_engines, placement_for,
-                                      visible_devices)
+from tandem.rollout.placement import (DEVICE_ENV, Placement, PlacementError, layout_gpus, place_engines,
+                                      placement_for, visible_devices)
 
 EIGHT = [str(i) for i in range(8)]
 TEN = [str(i) for i in range(10)]
@@ -110,3 +110,10 @@ def test_the_service_starts_each_engine_under_its_devices():
     assert engine_envs(Placement("shared")) == [{1: {}, 0: {}}]
     assert parallel_kwargs(1) == {} and parallel_kwargs(2) == {"tensor_parallel_size": 2,
                                                                "distributed_executor_backend": "mp"}
+
+
+def test_layout_gpus_counts_every_position_the_node_must_show():
+    assert layout_gpus("shared", 8) == 8
+    assert layout_gpus("dedicated", 4) == 6 and layout_gpus("dedicated", 4, (4, 5)) == 6  # the two after
+    assert layout_gpus("dedicated", 4, (6, 9)) == 10  # positions 4, 5, 7, 8 unused but still on the node
+    assert layout_gpus("dedicated", 2, (2, 3, 4, 5)) == 6  # a tensor-parallel pair per model

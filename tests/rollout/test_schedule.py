@@ -17,7 +17,7 @@ def run_vectorised(kind, tokens_BT, seed=0, rows=None, **kw):
     """Authors [B, T] from `Schedule`, and the position at which each row hit the rounds cap (-1 if never)."""
     B, T = tokens_BT.shape
     rows = torch.arange(B) if rows is None else rows
-    s = Schedule(kind, TABLES, seed, rows, **kw)
+    s = Schedule(ScheduleSpec(kind, **kw), TABLES, seed, rows)
     authors = torch.zeros(B, T, dtype=torch.int64)
     cap = torch.full((B,), -1)
     for t in range(T):
@@ -41,7 +41,7 @@ def test_vectorised_and_row_schedules_match_naive(kind, max_gap, max_rounds):
         n = len(want)
         assert authors[b, :n].tolist() == want, b
         assert (int(cap[b]) == n - 1) if stopped else (int(cap[b]) == -1)
-        rs = RowSchedule(kind, TABLES, 5, int(rows[b]), **kw)
+        rs = RowSchedule(ScheduleSpec(kind, **kw), TABLES, 5, int(rows[b]))
         got = []
         for t, tok in enumerate(tokens[b, :n].tolist()):
             got.append(rs.author)
@@ -117,9 +117,9 @@ def test_p_senior_extremes_and_usage():
     assert not uses_junior("solo") and not uses_junior("word", 1.0) and uses_junior("step")
     assert not uses_senior("junior") and not uses_senior("token", 0.0) and uses_senior("word")
     with pytest.raises(ValueError, match="unknown schedule"):
-        Schedule("random", TABLES, 0, torch.arange(2))
+        Schedule(ScheduleSpec("random"), TABLES, 0, torch.arange(2))
     with pytest.raises(ValueError, match="p_senior"):
-        Schedule("word", TABLES, 0, torch.arange(2), p_senior=1.5)
+        Schedule(ScheduleSpec("word", p_senior=1.5), TABLES, 0, torch.arange(2))
 
 
 def test_schedule_spec_is_validated_once_and_crosses_boundaries_under_its_own_names():
@@ -136,17 +136,23 @@ def test_schedule_spec_is_validated_once_and_crosses_boundaries_under_its_own_na
         ScheduleSpec.from_dict({"kind": "word", "p": 0.5, "max_gap_tokens": 32, "max_rounds": 150})
     with pytest.raises(ValueError, match="integers"):
         ScheduleSpec.from_dict({**spec.as_dict(), "max_rounds": "3"})
-    settings = RolloutSettings("token", p_senior=0.75, max_gap_tokens=9, max_rounds=4)
-    assert settings.spec == ScheduleSpec("token", 0.75, 9, 4) and settings.replace(p_senior=0.5).spec.p_senior == 0.5
+    settings = RolloutSettings(ScheduleSpec("token", 0.75, 9, 4))
+    assert settings.needs_junior and settings.replace(schedule=ScheduleSpec("solo")).needs_junior is False
+    # the schedule is one value wherever it is held: a bare kind or loose scalars are refused
+    for make in (lambda: RolloutSettings("token"), lambda: Schedule("word", TABLES, 0, torch.arange(2)),
+                 lambda: RowSchedule("word", TABLES, 5, 2)):
+        with pytest.raises(TypeError, match="must be a ScheduleSpec"):
+            make()
     # the engine core's chunk arguments carry the spec's fields under the same names
-    row = RowSchedule.of(spec, TABLES, 5, 2)
+    row = RowSchedule(spec, TABLES, 5, 2)
     args = chunk_args(row, row.author, 0, 10, "t")
     assert {f.name: args[f.name] for f in fields(ScheduleSpec)} == spec.as_dict()
 
 
 @pytest.mark.parametrize("kind", ["word", "token", "step", "solo", "junior"])
-def test_row_schedule_of_a_spec_equals_the_validated_constructor(kind):
+def test_row_schedule_resumed_at_its_start_equals_a_fresh_one(kind):
     spec = ScheduleSpec(kind, 0.3, 5, 2)
     for row in range(20):
-        a, b = RowSchedule.of(spec, TABLES, 11, row), RowSchedule(kind, TABLES, 11, row, 0.3, 5, 2)
-        assert a.state() == b.state() and (a.kind, a.p_senior, a.max_gap, a.max_rounds) == (b.kind, 0.3, 5, 2)
+        a = RowSchedule(spec, TABLES, 11, row)
+        b = RowSchedule.resume(spec, TABLES, 11, row, a.state())
+        assert a.state() == b.state() and a.spec is b.spec is spec

@@ -113,7 +113,7 @@ def test_turn_walk_reproduces_the_vectorised_schedule():
     g = torch.Generator().manual_seed(0)
     tokens = torch.multinomial(torch.tensor([3.0, 2, 1, 1, 3, 0]), 60, replacement=True, generator=g).tolist()
     for kind in ("word", "token", "step"):
-        st = RowSchedule(kind, TABLES, 3, 7, max_gap_tokens=4, max_rounds=50)
+        st = RowSchedule(ScheduleSpec(kind, max_gap_tokens=4, max_rounds=50), TABLES, 3, 7)
         kept, owner, pos = [], [], 0
         while pos < len(tokens):
             author = st.author
@@ -121,7 +121,7 @@ def test_turn_walk_reproduces_the_vectorised_schedule():
             kept += tokens[pos:pos + n]
             owner += [author] * n
             pos += n
-        s = Schedule(kind, TABLES, 3, torch.tensor([7]), max_gap_tokens=4, max_rounds=50)
+        s = Schedule(st.spec, TABLES, 3, torch.tensor([7]))
         want = []
         for t, tok in enumerate(tokens):
             want.append(int(s.author_B[0]))
@@ -130,11 +130,11 @@ def test_turn_walk_reproduces_the_vectorised_schedule():
 
 
 def test_turn_walk_stops_at_eos_budget_and_rounds():
-    st = RowSchedule("word", TABLES, 0, 0)
+    st = RowSchedule(ScheduleSpec("word"), TABLES, 0, 0)
     assert walk_turn(st, [0, 4, 5, 0], 0, 100, EOS) == (3, "eos")
-    st = RowSchedule("word", TABLES, 0, 0, max_gap_tokens=100)
+    st = RowSchedule(ScheduleSpec("word", max_gap_tokens=100), TABLES, 0, 0)
     assert walk_turn(st, [0, 4, 0, 4], 10, 12, EOS) == (2, "length")
-    st = RowSchedule("step", TABLES, 0, 0, max_rounds=1)
+    st = RowSchedule(ScheduleSpec("step", max_rounds=1), TABLES, 0, 0)
     assert walk_turn(st, [0, 2, 2, 0], 0, 100, EOS) == (3, "rounds")
 
 
@@ -152,12 +152,12 @@ def test_chunk_referee_equals_the_per_token_walk(kind, path):
         seed, row, p = rng.randrange(2**40), rng.randrange(2**33), rng.random()
         state = {"author": rng.randrange(2), "gap": rng.randrange(gap_cap), "newline": rng.random() < 0.5,
                  "turns": rng.randrange(rounds)}
-        st = RowSchedule.resume(kind, LOOKUP, seed, row, p, gap_cap, rounds, state)
+        st = RowSchedule.resume(ScheduleSpec(kind, p, gap_cap, rounds), LOOKUP, seed, row, state)
         weights = [rng.random() for _ in TEXTS]
         toks = rng.choices(range(len(TEXTS)), weights, k=rng.randrange(1, 40))
         t0 = rng.randrange(50)
         budget = t0 + rng.randrange(1, 60)
-        ref = RowSchedule.resume(kind, LOOKUP, st.seed, st.row_id, st.p_senior, gap_cap, rounds, st.state())
+        ref = RowSchedule.resume(st.spec, LOOKUP, st.seed, st.row_id, st.state())
         want = walk_turn(ref, toks, t0, budget, EOS)
         got = referee.walk(st, toks, t0, budget)
         assert got == want and st.state() == ref.state(), (trial, toks, t0, budget)
@@ -170,14 +170,14 @@ def test_chunk_rule_resumes_the_schedule_state_across_chunks():
 
     rng = random.Random(4)
     tokens = [rng.choice([0, 0, 0, 4, 1]) for _ in range(200)]
-    ref = RowSchedule("word", TABLES, 5, 2, 0.5, max_gap_tokens=3)
+    ref = RowSchedule(ScheduleSpec("word", 0.5, max_gap_tokens=3), TABLES, 5, 2)
     switches = []
     for t, tok in enumerate(tokens):
         a = ref.author
         ref.advance(tok, t)
         if ref.author != a:
             switches.append(t)
-    st = RowSchedule("word", TABLES, 5, 2, 0.5, max_gap_tokens=3)
+    st = RowSchedule(ScheduleSpec("word", 0.5, max_gap_tokens=3), TABLES, 5, 2)
     t, got = 0, []
     while t < 150:
         rule = ChunkRule(chunk_args(st, st.author, t, 150, "x"), LOOKUP)
@@ -208,7 +208,7 @@ def test_chunk_rule_stops_where_the_row_schedule_switches(kind):
         cap, p, budget = rng.choice([1, 2, 3, 32]), rng.choice([0.0, 0.3, 0.5, 1.0]), rng.randrange(1, 120)
         seed, row = rng.randrange(1 << 40), rng.randrange(1 << 33)
         tokens = [rng.randrange(len(TEXTS)) for _ in range(budget)]
-        st = RowSchedule(kind, TABLES, seed, row, p, max_gap_tokens=cap, max_rounds=rng.choice([2, 150]))
+        st = RowSchedule(ScheduleSpec(kind, p, cap, rng.choice([2, 150])), TABLES, seed, row)
         t = 0
         while t < budget:
             role = st.author

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tandem.rollout.schedule import LookupTables, RowSchedule
+from tandem.rollout.schedule import LookupTables, RowSchedule, ScheduleSpec
 from cli.main import load_benchmark
 
 _bench = load_benchmark("vllm_rollout")
@@ -21,7 +21,7 @@ def _tables(word: list[int]) -> LookupTables:
 
 
 def _owners(tokens: list[int], tables: LookupTables, seed: int, row: int) -> list[int]:
-    st = RowSchedule("word", tables, seed, row)
+    st = RowSchedule(ScheduleSpec("word"), tables, seed, row)
     out = []
     for t, tok in enumerate(tokens):
         out.append(st.author)

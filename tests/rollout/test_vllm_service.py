@@ -178,8 +178,9 @@ def test_replay_is_exact_and_independent_of_the_batch_split_and_of_kv_pressure(s
     assert other.completion_ids != full.completion_ids[:6]
     # the sessions driven through the engine-core client and through AsyncLLM.generate make the same rollout
     from tandem.rollout.request import RolloutSettings
+    from tandem.rollout.schedule import ScheduleSpec
 
-    req = RolloutSettings("word", sp).request(prompts[:6], 7, rows[:6])
+    req = RolloutSettings(ScheduleSpec("word"), sp).request(prompts[:6], 7, rows[:6])
     stream = eng._backend._generate(req, {"sessions": "stream"})
     assert stream.completion_ids == full.completion_ids[:6] and stream.owner == full.owner[:6]
     assert max(abs(a - b) for x, y in zip(stream.senior_logprobs, full.senior_logprobs) for a, b in zip(x, y)) < 1e-5

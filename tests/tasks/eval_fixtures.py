@@ -102,7 +102,7 @@ def use_engine(monkeypatch, counter: list | None = None, fail_after: int | None 
             if counter is not None:
                 if fail_after is not None and len(counter) >= fail_after:
                     raise RuntimeError("simulated crash in the middle of evaluate")
-                counter.append((request.schedule, len(request)))
+                counter.append((request.schedule.kind, len(request)))
             return inner(request)
 
         eng.generate = generate

@@ -14,6 +14,7 @@ import pytest
 from tandem.config import params_from_dict
 from tandem.checkpoints import list_checkpoints
 from tandem.evaluation import EvalSettings, content_hash, result_key, summarize_benchmark
+from tandem.rollout.schedule import ScheduleSpec
 from tests.tasks import eval_fixtures as F
 
 import tasks.evaluate as ev
@@ -97,11 +98,11 @@ def test_result_key_changes_with_everything_that_shapes_the_distribution():
     assert len({base, *changed}) == len(changed) + 1
     # batch size changes the random stream, not the distribution; mode-specific settings only where used
     assert result_key("h", "solo", "b", "r", EvalSettings(batch_size=3)) == base
-    assert result_key("h", "solo", "b", "r", EvalSettings(max_rounds=2, p_senior=0.3)) == base
+    assert result_key("h", "solo", "b", "r", EvalSettings(schedule=ScheduleSpec(p_senior=0.3, max_rounds=2))) == base
     step = result_key("h", "step", "b", "r", s, junior_hash="j")
-    assert result_key("h", "step", "b", "r", EvalSettings(max_rounds=2), junior_hash="j") != step
+    assert result_key("h", "step", "b", "r", EvalSettings(schedule=ScheduleSpec(max_rounds=2)), junior_hash="j") != step
     assert result_key("h", "step", "b", "r", s, junior_hash="j2") != step
-    assert result_key("h", "word", "b", "r", EvalSettings(p_senior=0.3), junior_hash="j") != \
+    assert result_key("h", "word", "b", "r", EvalSettings(schedule=ScheduleSpec(p_senior=0.3)), junior_hash="j") != \
         result_key("h", "word", "b", "r", s, junior_hash="j")
     with pytest.raises(ValueError, match="junior_hash"):
         result_key("h", "word", "b", "r", s)

@@ -634,7 +634,7 @@ class VLLMEngine:
         sp = s.sampling
         payload = {"tables": self._tables_msg["key"], "senior": self.senior_spec, "junior": self.junior_spec,
                    "prompts": [list(p) for p in request.prompts], "rows": list(request.row_ids),
-                   "schedule": s.spec.as_dict(),
+                   "schedule": s.schedule.as_dict(),
                    "sampling": {"temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k,
                                 "max_new_tokens": sp.max_new_tokens},
                    "seed": int(request.seed), "eos": request.eos(self.eos_ids)}

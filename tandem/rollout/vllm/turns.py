@@ -28,7 +28,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Callable, Protocol, Sequence
 
 from tandem.rollout.core import FINISH_EOS, FINISH_LENGTH, FINISH_ROUNDS, RolloutBatch, count_handoffs
@@ -127,7 +127,7 @@ class ChunkReferee:
         """Indices in the chunk at which the word schedule redraws (word start or gap cap)."""
         np = self.np
         ws = np.flatnonzero(self.word[toks])
-        cap, L = state.max_gap, len(toks)
+        cap, L = state.spec.max_gap_tokens, len(toks)
         # gap after token j = j - last, with last = the previous redraw's index (virtually -gap-1 at the start)
         bounds = np.concatenate(([-state.gap - 1], ws, [L]))
         if (np.diff(bounds) <= cap).all():
@@ -156,9 +156,9 @@ class ChunkReferee:
         return self._walk_numpy(state, tokens, t0, budget)
 
     def _walk_loop(self, state: RowSchedule, tokens: Sequence[int], t0: int, budget: int) -> tuple[int, str | None]:
-        kind, eos, word, V = state.kind, self.eos_bytes, self.word_bytes, len(self.word_bytes)
+        kind, eos, word, V = state.spec.kind, self.eos_bytes, self.word_bytes, len(self.word_bytes)
         start = author = state.author
-        cap, gap, p = state.max_gap, state.gap, state.p_senior
+        cap, gap, p = state.spec.max_gap_tokens, state.gap, state.spec.p_senior
         h = self._hash(state.seed, state.row_id) if kind in ("word", "token") else 0
         rounds_done = False
         for i, tok in enumerate(tokens):
@@ -200,11 +200,11 @@ class ChunkReferee:
         if e.size:
             stop = int(e[0])
         stop = min(stop, max(0, budget - t0 - 1))
-        kind, switch, rounds_done = state.kind, None, False
+        kind, switch, rounds_done = state.spec.kind, None, False
         if kind == "word":
             red = self._word_redraws(state, toks[:stop + 1])
             if len(red):
-                drawn = self._uniform(state.seed, state.row_id, red + t0) < state.p_senior
+                drawn = self._uniform(state.seed, state.row_id, red + t0) < state.spec.p_senior
                 other = np.flatnonzero(drawn != bool(state.author))
                 if other.size:
                     switch = int(red[other[0]])
@@ -216,7 +216,7 @@ class ChunkReferee:
                 state.gap += stop + 1
         elif kind == "token":
             drawn = self._uniform(state.seed, state.row_id, np.arange(t0, t0 + stop + 1, dtype=np.int64)) \
-                < state.p_senior
+                < state.spec.p_senior
             other = np.flatnonzero(drawn != bool(state.author))
             if other.size:
                 stop = switch = int(other[0])
@@ -233,7 +233,7 @@ class ChunkReferee:
                 stop = switch = int(ends[0])
                 state.author, state.newline = 1 - state.author, False
                 state.turns += 1
-                rounds_done = state.turns >= state.max_rounds
+                rounds_done = state.turns >= state.spec.max_rounds
             elif last_ne[stop] >= 0:
                 state.newline = bool(self.enl[t[last_ne[stop]]])
         n = stop + 1
@@ -273,11 +273,18 @@ def _mix32_np(np, x):
 def chunk_args(state: RowSchedule, role: int, t0: int, budget: int, tables: str) -> dict:
     """What the engine core needs to stop a chunk of `role` starting at completion position t0: the schedule's
     settings and state there, the budget and the token tables' file. JSON/msgpack-friendly."""
-    return {"kind": state.kind, "p_senior": float(state.p_senior), "max_gap_tokens": int(state.max_gap),
-            "max_rounds": int(state.max_rounds),  # the ScheduleSpec's fields, under its names
+    spec = state.spec
+    return {"kind": spec.kind, "p_senior": float(spec.p_senior), "max_gap_tokens": int(spec.max_gap_tokens),
+            "max_rounds": int(spec.max_rounds),  # the ScheduleSpec's fields, under its names
             "role": int(role), "row": int(state.row_id), "seed": int(state.seed),
             "budget": int(budget), "t0": int(t0), "gap": int(state.gap), "newline": bool(state.newline),
             "turns": int(state.turns), "tables": tables}
+
+
+@lru_cache(maxsize=256)
+def chunk_spec(kind: str, p_senior: float, max_gap_tokens: int, max_rounds: int) -> ScheduleSpec:
+    """The `ScheduleSpec` a chunk's arguments name, made (and validated) once per distinct spec in the process."""
+    return ScheduleSpec(kind, p_senior, max_gap_tokens, max_rounds)
 
 
 class ChunkRule:
@@ -287,8 +294,8 @@ class ChunkRule:
     __slots__ = ("state", "role", "t0", "budget")
 
     def __init__(self, args: dict, tables: LookupTables):
-        self.state = RowSchedule.resume(args["kind"], tables, args["seed"], args["row"], args["p_senior"],
-                                        args["max_gap_tokens"], args["max_rounds"], {**args, "author": args["role"]})
+        spec = chunk_spec(args["kind"], args["p_senior"], args["max_gap_tokens"], args["max_rounds"])
+        self.state = RowSchedule.resume(spec, tables, args["seed"], args["row"], {**args, "author": args["role"]})
         self.role, self.t0, self.budget = int(args["role"]), int(args["t0"]), int(args["budget"])
 
     def step(self, token: int, i: int) -> str | None:
@@ -373,7 +380,7 @@ class RolloutContext:
         return ChunkReferee(self.tables, sorted(self.eos))
 
     def row_schedule(self, row_id: int) -> RowSchedule:
-        return RowSchedule.of(self.schedule, self.tables, self.seed, row_id)
+        return RowSchedule(self.schedule, self.tables, self.seed, row_id)
 
 
 async def run_row(prompt: Sequence[int], row_id: int, ctx: RolloutContext,
