@@ -70,7 +70,7 @@ if not torch.cuda.is_available():
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks.rollout import _prompts  # the working directory (the checkout) is on the path
-from tandem.rollout.engine import RolloutSettings, SamplingParams, TandemEngine
+from tandem.rollout.engine import RolloutSettings, SamplingParams, ScheduleSpec, TandemEngine
 from tandem.rollout.lockstep import lockstep_generate
 from tandem.rollout.toy import rollout
 
@@ -115,7 +115,7 @@ eng64 = TandemEngine(s64, j64, tok)
 few = prompts[::8]
 fast = rollout(eng64, few, "word", SamplingParams(max_new_tokens=64), seed=3)
 with torch.no_grad():
-    ref = lockstep_generate(eng64.pair, RolloutSettings("word", SamplingParams(max_new_tokens=64)).request(few, 3))
+    ref = lockstep_generate(eng64.pair, RolloutSettings(ScheduleSpec("word"), SamplingParams(max_new_tokens=64)).request(few, 3))
 print(json.dumps({"check": "hf catch-up == lockstep (cuda, float64)",
                   "ok": fast.completion_ids == ref.completion_ids}), flush=True)
 ok = fast.completion_ids == ref.completion_ids
