@@ -122,6 +122,21 @@ def bug_indicators(v: Mapping[str, float | bool | None], reg: Mapping) -> dict:
     return out
 
 
+def setting_indicators(dose: Mapping, reg: Mapping) -> dict:
+    """The registered setting indicators (not bugs: the setting's own assumptions), each {value, rule, fired}:
+    `H_grpo_keeps` fires when grpo's mean final dialect share is below that fraction of its step-0 share (the
+    horizon was too long: grpo shed the dialect alone). `dose`: dose_series's output."""
+    out: dict[str, dict] = {}
+    if "H_grpo_keeps" in reg:
+        frac = float(reg["H_grpo_keeps"])
+        mean = (dose.get("grpo") or {}).get("mean") or []
+        first, last = (mean[0], mean[-1]) if mean else (None, None)
+        out["H"] = {"value": {"grpo_step0": first, "grpo_final": last},
+                    "rule": f"grpo's mean final share not below {frac} of its step-0 share",
+                    "fired": None if first is None else last < frac * first}
+    return out
+
+
 def dose_series(reg, res, seeds: list[int]) -> dict:
     """arm -> {steps, per_seed (seed -> share per checkpoint), mean, slope_per_100_steps, rollout (seed -> step ->
     share of the training rollouts)} of the solo dialect share (`res`: tandem.study.results.Results)."""
