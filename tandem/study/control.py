@@ -192,7 +192,8 @@ def _f(x, digits: int = 3) -> str:
 
 
 def gate_markdown(doc: dict) -> str:
-    lines = ["# The gate of the junior positive control", "",
+    setting = f", setting {doc['setting']}" if doc.get("setting") else ""
+    lines = [f"# The gate of the junior positive control{setting}", "",
              "Base models only, no RL (studies/junior-control/registration.md). Written by `tandem study gate` "
              "from `gate.json`.", ""]
     lines.append(f"**Result: {'passed, dialect ' + repr(doc['dialect']) if doc['passed'] else 'no dialect passed'}.**")
@@ -214,6 +215,12 @@ def gate_markdown(doc: dict) -> str:
         lines += ["", f"Hashes: S `{d['hashes']['S'][:16]}`, J `{d['hashes']['J'][:16]}`. "
                       f"J's styles: " + ", ".join(f"{k} {_f(v['share'])} (accuracy {_f(v['accuracy'])})"
                                                  for k, v in (d["junior_metrics"].get("styles") or {}).items()) + "."]
+        if "matches_base_warmup" in d["junior_metrics"]:
+            lines.append(f"J equals S's warm-up (matches_base_warmup): {d['junior_metrics']['matches_base_warmup']}.")
+        anywhere = {k: s["annotated_anywhere"] for k, s in m.items() if "annotated_anywhere" in s}
+        if anywhere:
+            lines.append("Share of samples with an annotation on any line: "
+                         + ", ".join(f"{k} {_f(v)}" for k, v in anywhere.items()) + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -266,7 +266,7 @@ def gate(out: Path = CONTROL_DIR) -> dict:
             keep_models(reg, name)
             break
     doc = {"registration": rel(Path(out) / "registration.yaml"), "passed": chosen is not None,
-           "dialect": chosen, "dialects": results}
+           "dialect": chosen, "dialects": results, **({"setting": reg.setting} if reg.setting else {})}
     write_json(Path(out) / "gate.json", doc)
     with atomic_path(Path(out) / "gate.md") as tmp:
         Path(tmp).write_text(gate_markdown(doc))

@@ -142,3 +142,18 @@ def test_the_rollout_dialect_series_names_the_new_styles():
     assert solution_style("First, 4 + 2 = <<4+2=6>>6\n\\boxed{6}") == "annotated"
     assert solution_style("First; 40 + 20 = 60\n\\boxed{6}") == "reversed"
     assert solution_style("First, 4 + 2 = 6") == "verbose"
+
+
+def test_the_gate_page_names_the_setting_and_the_jargon_extras():
+    from tandem.study.control import gate_markdown
+
+    doc = json.loads((ROOT / "studies" / "junior-control" / "gate.json").read_text())
+    plain = gate_markdown(doc)
+    assert plain.startswith("# The gate of the junior positive control\n") and "annotation on any line" not in plain
+    d = doc["dialects"][-1]
+    d["junior_metrics"] = {**d["junior_metrics"], "matches_base_warmup": True}
+    for k in d["measures"]:
+        d["measures"][k]["annotated_anywhere"] = 0.25
+    page = gate_markdown({**doc, "setting": "smollm2-jargon"})
+    assert page.startswith("# The gate of the junior positive control, setting smollm2-jargon\n")
+    assert "matches_base_warmup): True" in page and "S_solo 0.250" in page
