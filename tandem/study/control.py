@@ -79,7 +79,8 @@ def bug_indicators(v: Mapping[str, float | bool | None], reg: Mapping) -> dict:
     its inputs are missing).
 
     `v` keys: `senior_share` (arm -> mean senior token share of training), `junior_hashes_equal`,
-    `junior_unchanged`, `first_reward` / `first_reward_se` (tandem-naive, first steps), `gate_word_SJ`,
+    `junior_unchanged`, `junior_matches_warmup` (a warm-up junior's equality to S's warm-up; None otherwise),
+    `first_reward` / `first_reward_se` (tandem-naive, first steps), `gate_word_SJ`,
     `gate_cost` (G3), `move` (arm -> final minus initial dialect share), `final_share` (arm -> final share),
     `J1_holds`, `H1_estimate`."""
     lo, hi = reg["B1_senior_share"]
@@ -91,6 +92,11 @@ def bug_indicators(v: Mapping[str, float | bool | None], reg: Mapping) -> dict:
     out["B2"] = {"value": {"hashes_equal": eq, "unchanged_by_training": unch},
                  "rule": "one junior hash across gate, training, evaluation and analysis; unchanged by training",
                  "fired": None if eq is None or unch is None else not (eq and unch)}
+    warm = v.get("junior_matches_warmup")  # a junior built from the base's warm-up (junior.source: warmup) only
+    if warm is not None:
+        out["B2"]["value"]["matches_base_warmup"] = warm
+        out["B2"]["rule"] += "; J equal to S's warm-up"
+        out["B2"]["fired"] = None if out["B2"]["fired"] is None else out["B2"]["fired"] or not warm
     fr, se, gw = v.get("first_reward"), v.get("first_reward_se"), v.get("gate_word_SJ")
     k = float(reg["B3_max_se"])
     out["B3"] = {"value": {"first_reward": fr, "se": se, "gate_word_SJ": gw},
@@ -183,6 +189,7 @@ def bug_inputs(reg, res, seeds: list[int], gate_doc: Mapping, doc: Mapping) -> d
         "gate_cost": gate_d["values"]["cost_SJ"],
         "move": {a: v[-1] - v[0] for a, v in share.items()}, "final_share": {a: v[-1] for a, v in share.items()},
         "J1_holds": by_claim["J1"]["verdict"] == "holds", "H1_estimate": by_claim["H1"]["estimate"],
+        "junior_matches_warmup": (gate_d.get("junior_metrics") or {}).get("matches_base_warmup"),
     }
 
 

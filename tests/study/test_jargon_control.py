@@ -157,3 +157,13 @@ def test_the_gate_page_names_the_setting_and_the_jargon_extras():
     page = gate_markdown({**doc, "setting": "smollm2-jargon"})
     assert page.startswith("# The gate of the junior positive control, setting smollm2-jargon\n")
     assert "matches_base_warmup): True" in page and "S_solo 0.250" in page
+
+
+def test_b2_reads_a_warmup_junior_s_equality_to_the_senior_s_warm_up():
+    from tandem.study.control import bug_indicators
+
+    reg = R.load(JARGON, ROOT).bug_indicators
+    base = {"junior_hashes_equal": True, "junior_unchanged": True}
+    assert "matches_base_warmup" not in bug_indicators(base, reg)["B2"]["value"]
+    assert bug_indicators({**base, "junior_matches_warmup": True}, reg)["B2"]["fired"] is False
+    assert bug_indicators({**base, "junior_matches_warmup": False}, reg)["B2"]["fired"] is True
