@@ -96,6 +96,12 @@ def build_report(doc: Mapping[str, Any], gate_doc: Mapping[str, Any]) -> Report:
                               [[k, v["rule"], "n/a" if v["fired"] is None else ("FIRED" if v["fired"] else "no")]
                                for k, v in doc["bug_indicators"].items()]))
         rep.sections.append(s)
+    if doc.get("setting_indicators"):
+        s = Section("Setting indicators (not bugs: the setting's own assumptions, read before the claims)")
+        s.tables.append(Table("The registered setting indicators", ["id", "rule", "fired"],
+                              [[k, v["rule"], "n/a" if v["fired"] is None else ("FIRED" if v["fired"] else "no")]
+                               for k, v in doc["setting_indicators"].items()]))
+        rep.sections.append(s)
     s = Section("The gate (base models only)")
     for d in gate_doc.get("dialects", []):
         s.tables.append(Table(f"Dialect {d['dialect']}: {'passed' if d['passed'] else 'failed'}",

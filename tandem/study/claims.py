@@ -223,7 +223,7 @@ def control_document(reg: ControlRegistration, res: Results, gate_doc: dict, reg
     """claims.json of a positive control from its results, registration and gate: the claims (Holm over the
     family), the secondary rows, the dose curve and the bug indicators; a note only, with the dose curve, while
     fewer seeds than the registered minimum are complete."""
-    from tandem.study.control import bug_inputs, bug_indicators, dose_series
+    from tandem.study.control import bug_inputs, bug_indicators, dose_series, setting_indicators
 
     seeds = complete_seeds(reg, res)
     stats = reg.statistics.as_dict()
@@ -265,4 +265,6 @@ def control_document(reg: ControlRegistration, res: Results, gate_doc: dict, reg
         doc["secondary"].append(entry)
     doc["dose"] = dose_series(reg, res, seeds)
     doc["bug_indicators"] = bug_indicators(bug_inputs(reg, res, seeds, gate_doc, doc), reg.bug_indicators)
+    if reg.setting_indicators:  # read before the claims and reported beside the bug indicators; not bugs
+        doc["setting_indicators"] = setting_indicators(doc["dose"], reg.setting_indicators)
     return doc

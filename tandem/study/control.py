@@ -79,7 +79,8 @@ def bug_indicators(v: Mapping[str, float | bool | None], reg: Mapping) -> dict:
     its inputs are missing).
 
     `v` keys: `senior_share` (arm -> mean senior token share of training), `junior_hashes_equal`,
-    `junior_unchanged`, `first_reward` / `first_reward_se` (tandem-naive, first steps), `gate_word_SJ`,
+    `junior_unchanged`, `junior_matches_warmup` (a warm-up junior's equality to S's warm-up; None otherwise),
+    `first_reward` / `first_reward_se` (tandem-naive, first steps), `gate_word_SJ`,
     `gate_cost` (G3), `move` (arm -> final minus initial dialect share), `final_share` (arm -> final share),
     `J1_holds`, `H1_estimate`."""
     lo, hi = reg["B1_senior_share"]
@@ -91,6 +92,11 @@ def bug_indicators(v: Mapping[str, float | bool | None], reg: Mapping) -> dict:
     out["B2"] = {"value": {"hashes_equal": eq, "unchanged_by_training": unch},
                  "rule": "one junior hash across gate, training, evaluation and analysis; unchanged by training",
                  "fired": None if eq is None or unch is None else not (eq and unch)}
+    warm = v.get("junior_matches_warmup")  # a junior built from the base's warm-up (junior.source: warmup) only
+    if warm is not None:
+        out["B2"]["value"]["matches_base_warmup"] = warm
+        out["B2"]["rule"] += "; J equal to S's warm-up"
+        out["B2"]["fired"] = None if out["B2"]["fired"] is None else out["B2"]["fired"] or not warm
     fr, se, gw = v.get("first_reward"), v.get("first_reward_se"), v.get("gate_word_SJ")
     k = float(reg["B3_max_se"])
     out["B3"] = {"value": {"first_reward": fr, "se": se, "gate_word_SJ": gw},
@@ -119,6 +125,21 @@ def bug_indicators(v: Mapping[str, float | bool | None], reg: Mapping) -> dict:
     out["B7"] = {"value": {"H1_estimate": h1, "predicted": pred, "ratio": ratio},
                  "rule": f"H1's estimate within {rlo}-{rhi}x of (share drop x G3 cost), when both are nonzero",
                  "fired": None if ratio is None else not (rlo <= ratio <= rhi)}
+    return out
+
+
+def setting_indicators(dose: Mapping, reg: Mapping) -> dict:
+    """The registered setting indicators (not bugs: the setting's own assumptions), each {value, rule, fired}:
+    `H_grpo_keeps` fires when grpo's mean final dialect share is below that fraction of its step-0 share (the
+    horizon was too long: grpo shed the dialect alone). `dose`: dose_series's output."""
+    out: dict[str, dict] = {}
+    if "H_grpo_keeps" in reg:
+        frac = float(reg["H_grpo_keeps"])
+        mean = (dose.get("grpo") or {}).get("mean") or []
+        first, last = (mean[0], mean[-1]) if mean else (None, None)
+        out["H"] = {"value": {"grpo_step0": first, "grpo_final": last},
+                    "rule": f"grpo's mean final share not below {frac} of its step-0 share",
+                    "fired": None if first is None else last < frac * first}
     return out
 
 
@@ -168,6 +189,7 @@ def bug_inputs(reg, res, seeds: list[int], gate_doc: Mapping, doc: Mapping) -> d
         "gate_cost": gate_d["values"]["cost_SJ"],
         "move": {a: v[-1] - v[0] for a, v in share.items()}, "final_share": {a: v[-1] for a, v in share.items()},
         "J1_holds": by_claim["J1"]["verdict"] == "holds", "H1_estimate": by_claim["H1"]["estimate"],
+        "junior_matches_warmup": (gate_d.get("junior_metrics") or {}).get("matches_base_warmup"),
     }
 
 
@@ -177,7 +199,8 @@ def _f(x, digits: int = 3) -> str:
 
 
 def gate_markdown(doc: dict) -> str:
-    lines = ["# The gate of the junior positive control", "",
+    setting = f", setting {doc['setting']}" if doc.get("setting") else ""
+    lines = [f"# The gate of the junior positive control{setting}", "",
              "Base models only, no RL (studies/junior-control/registration.md). Written by `tandem study gate` "
              "from `gate.json`.", ""]
     lines.append(f"**Result: {'passed, dialect ' + repr(doc['dialect']) if doc['passed'] else 'no dialect passed'}.**")
@@ -199,6 +222,12 @@ def gate_markdown(doc: dict) -> str:
         lines += ["", f"Hashes: S `{d['hashes']['S'][:16]}`, J `{d['hashes']['J'][:16]}`. "
                       f"J's styles: " + ", ".join(f"{k} {_f(v['share'])} (accuracy {_f(v['accuracy'])})"
                                                  for k, v in (d["junior_metrics"].get("styles") or {}).items()) + "."]
+        if "matches_base_warmup" in d["junior_metrics"]:
+            lines.append(f"J equals S's warm-up (matches_base_warmup): {d['junior_metrics']['matches_base_warmup']}.")
+        anywhere = {k: s["annotated_anywhere"] for k, s in m.items() if "annotated_anywhere" in s}
+        if anywhere:
+            lines.append("Share of samples with an annotation on any line: "
+                         + ", ".join(f"{k} {_f(v)}" for k, v in anywhere.items()) + ".")
     return "\n".join(lines) + "\n"
 
 

@@ -36,9 +36,14 @@ def seed_changes(seed: int, root: str) -> list[dict]:
 
 
 def gate_changes(reg, dialect, root: str) -> list[dict]:
-    """`reg`: a tandem.study.registration.ControlRegistration; `dialect`: one of its dialects."""
-    return [{"out_root": root, "seed": reg.senior.seed}, dict(reg.senior.sections),
-            {"data": {"solution_styles": dict(dialect.senior_styles)}}, dict(reg.junior.sections)]
+    """`reg`: a tandem.study.registration.ControlRegistration; `dialect`: one of its dialects. The dialect's
+    senior styles are the warm-up corpus's (`senior.build: styles`, data.solution_styles) or the base stage's
+    dialect phase's (`senior.build: dialect_phase`, model.dialect_styles; data.solution_styles stays the params
+    file's keyed warm-up mix, which J shares)."""
+    styles = dict(dialect.senior_styles)
+    where = {"model": {"dialect_styles": styles}} if reg.senior.build == "dialect_phase" else \
+        {"data": {"solution_styles": styles}}
+    return [{"out_root": root, "seed": reg.senior.seed}, dict(reg.senior.sections), where, dict(reg.junior.sections)]
 
 
 def run_changes(reg, seed: int, arm: str, root: str) -> list[dict]:

@@ -32,6 +32,18 @@ KINDS = ("junior-control", "pilot")
 # What the claims engine implements (tandem.study.claims); a registration asking for anything else is refused.
 IMPLEMENTED = {"bootstrap": "crossed", "robustness": "seed_t", "multiplicity": "holm"}
 PARTNERS = ("S", "J")
+# How S is built from a dialect's senior styles: `styles` (the toy's: they are the base stage's warm-up corpus,
+# data.solution_styles) or `dialect_phase` (they are the base stage's dialect phase, model.dialect_styles, after the
+# keyed warm-up that J shares; model.dialect_steps must be on).
+SENIOR_BUILDS = ("styles", "dialect_phase")
+# The top-level fields a control's registration may hold; any other is refused (a field no code reads is a
+# registered rule nothing checks).
+CONTROL_FIELDS = ("kind", "setting", "reason", "params", "gate_from", "params_overrides", "classifier", "senior",
+                  "junior", "dialects", "keyed_styles", "gate", "arms", "seeds", "min_seeds_for_verdict", "steps",
+                  "checkpoint_every", "evaluation", "statistics", "claims", "secondary", "bug_indicators",
+                  "setting_indicators")
+# The setting indicators the claims engine computes (tandem.study.control.setting_indicators).
+SETTING_INDICATORS = ("H_grpo_keeps",)
 SECONDARY_TESTS = ("less", "greater", "noninferior", "difference", "per_arm")
 
 
@@ -118,10 +130,12 @@ class Arm:
 @dataclass(frozen=True)
 class Build:
     """How S or J is built: `seed`, and the params sections it sets (section -> {key: value}); for J, its
-    `junior` section (the junior stage's source and settings)."""
+    `junior` section (the junior stage's source and settings); for S, `build` (one of SENIOR_BUILDS: where the
+    dialect's senior styles go)."""
 
     seed: int
     sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    build: str = "styles"
 
 
 @dataclass(frozen=True)
@@ -158,6 +172,7 @@ class ControlRegistration:
     gate_from: "ControlRegistration | None" = None
     params_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     classifier: str = "solution_style"
+    setting_indicators: Mapping[str, Any] = field(default_factory=dict)
     kind: str = "junior-control"
 
     @property
@@ -261,19 +276,25 @@ def _build(d: Any, where: str, problems: list[str], junior: bool) -> Build | Non
         rest = {k: v for k, v in d.items() if k != "seed"}
         # the committed registrations build J with the junior stage's `tiny` source (their comment says so)
         return Build(int(d["seed"]), {"junior": {"source": rest.pop("source", "tiny"), "seed": int(d["seed"]), **rest}})
-    extra = sorted(set(d) - {"seed", "params"})
+    extra = sorted(set(d) - {"seed", "params", "build"})
     if extra:
-        problems.append(f"{where}: unknown keys {extra} (seed, params)")
+        problems.append(f"{where}: unknown keys {extra} (seed, params, build)")
+    build = d.get("build", "styles")
+    if build not in SENIOR_BUILDS:
+        problems.append(f"{where}.build: {build!r} is none of {', '.join(SENIOR_BUILDS)}")
     sections = d.get("params") or {}
     if not isinstance(sections, Mapping) or not all(isinstance(v, Mapping) for v in sections.values()):
         problems.append(f"{where}.params: section -> {{key: value}}")
         return None
-    return Build(int(d["seed"]), {k: dict(v) for k, v in sections.items()})
+    return Build(int(d["seed"]), {k: dict(v) for k, v in sections.items()}, build)
 
 
 def _control(path: Path, raw: Mapping, problems: list[str], root: Path) -> ControlRegistration | None:
     from tandem.config import SOLUTION_STYLES
 
+    unknown = sorted(set(raw) - set(CONTROL_FIELDS))
+    if unknown:
+        problems.append(f"unknown fields {unknown} (a control registers only {', '.join(CONTROL_FIELDS)})")
     gate_from = None
     if raw.get("gate_from"):
         parent = (root / raw["gate_from"]).resolve()
@@ -343,6 +364,12 @@ def _control(path: Path, raw: Mapping, problems: list[str], root: Path) -> Contr
     overrides = raw.get("params_overrides") or {}
     if not isinstance(overrides, Mapping) or not all(isinstance(v, Mapping) for v in overrides.values()):
         problems.append("params_overrides: section -> {key: value}")
+    setting_ind = raw.get("setting_indicators") or {}
+    if not isinstance(setting_ind, Mapping) or sorted(set(setting_ind) - set(SETTING_INDICATORS)):
+        problems.append(f"setting_indicators: known ones are {', '.join(SETTING_INDICATORS)} (got {setting_ind!r})")
+    elif "H_grpo_keeps" in setting_ind and not (isinstance(setting_ind["H_grpo_keeps"], (int, float))
+                                                 and 0 < setting_ind["H_grpo_keeps"] <= 1):
+        problems.append("setting_indicators.H_grpo_keeps: a fraction in (0, 1] of grpo's step-0 share")
     if problems:
         return None
     return ControlRegistration(
@@ -353,7 +380,8 @@ def _control(path: Path, raw: Mapping, problems: list[str], root: Path) -> Contr
         min_seeds_for_verdict=ints["min_seeds_for_verdict"], evaluation=dict(raw.get("evaluation") or {}),
         statistics=stats, claims=claims, secondary=tuple(secondary), bug_indicators=dict(raw.get("bug_indicators") or {}),
         setting=raw.get("setting"), reason=raw.get("reason"), gate_from=gate_from,
-        params_overrides={k: dict(v) for k, v in overrides.items()}, classifier=classifier)
+        params_overrides={k: dict(v) for k, v in overrides.items()}, classifier=classifier,
+        setting_indicators=dict(setting_ind))
 
 
 def _pilot(path: Path, raw: Mapping, problems: list[str]) -> PilotRegistration | None:

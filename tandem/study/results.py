@@ -240,8 +240,10 @@ def read_control_results(results_dir: str | Path, ks: Iterable[int]) -> Results:
             if not res.ids:  # one problem order: the first document's, ids sorted as strings
                 res.ids = {b: sorted(probs) for b, probs in modes["solo"].items()}
             per: dict[str, dict[str, np.ndarray]] = {}
-            for metric in ("dialect_share", *(f"{m}/pass@{k}" for m in ("solo", "step") for k in res.ks)):
-                mode = "solo" if metric == "dialect_share" else metric.split("/")[0]
+            # a fourth count (samples with an annotation on any line) where the dialect is `annotated`
+            anywhere = ("annotated_anywhere",) if _has_anywhere(modes.get("solo", {})) else ()
+            for metric in ("dialect_share", *anywhere, *(f"{m}/pass@{k}" for m in ("solo", "step") for k in res.ks)):
+                mode = "solo" if metric in ("dialect_share", "annotated_anywhere") else metric.split("/")[0]
                 if mode in modes:
                     per[metric] = {b: np.array([_count_value(modes[mode][b].get(p), metric) for p in ids], dtype=float)
                                    for b, ids in res.ids.items()}
@@ -254,13 +256,20 @@ def read_control_results(results_dir: str | Path, ks: Iterable[int]) -> Results:
     return res
 
 
+def _has_anywhere(solo: Mapping) -> bool:
+    return any(len(c) == 4 for probs in solo.values() for c in probs.values())
+
+
 def _count_value(c: list | None, metric: str) -> float:
-    """One problem's dialect share or pass@k from its [samples, correct, in the dialect] counts (NaN if absent)."""
+    """One problem's dialect share, any-line annotation share or pass@k from its [samples, correct, in the
+    dialect(, annotated on any line)] counts (NaN if absent)."""
     if c is None:
         return math.nan
-    n, correct, dial = c
+    n, correct, dial = c[:3]
     if metric == "dialect_share":
         return dial / n
+    if metric == "annotated_anywhere":
+        return c[3] / n if len(c) > 3 else math.nan
     k = int(metric.split("@")[1])
     return pass_at_k(n, correct, k) if k <= n else math.nan
 

@@ -57,6 +57,9 @@ def dialect_params(reg: R.ControlRegistration, dialect: R.Dialect) -> Path:
     written once: the file is the record of what the gate built)."""
     root = work_root(reg, dialect.name)
     raw = yaml.safe_load((CODE_ROOT / reg.params).read_text())
+    if reg.senior.build == "dialect_phase" and not (raw.get("model") or {}).get("dialect_steps"):
+        raise BadInputError(f"control: senior.build dialect_phase, but {reg.params} has no dialect phase "
+                            "(model.dialect_steps is 0)")
     return write_params(root / "params.yaml", derive(raw, *gate_changes(reg, dialect, str(root))))
 
 
@@ -70,19 +73,33 @@ def build_models(params_file: Path, log_dir: Path) -> None:
             stage(params_file, name, log_dir / f"{name}.log")
 
 
+# S and J are committed under `models/<dialect>/` only when both together stay under this size; larger ones (the
+# SmolLM2 control's, about 540 MB each) stay git-ignored under `work/<dialect>/models/` and are rebuilt by the
+# stages when missing; either way every run checks them against the hashes the gate recorded.
+KEEP_MAX_BYTES = 50 * 2**20
+
+
 def models_dir(reg: R.ControlRegistration, dialect: str) -> Path:
     """`models/<dialect>/{S,J}`: the committed copies of the gated S and J (small), so that every seed x arm,
     on any machine, trains from the very weights the gate measured (a rebuild on other CPU kernels may differ)."""
     return (gate_dir(reg) / "models" / dialect).resolve()
 
 
+def _size(d: Path) -> int:
+    return sum(f.stat().st_size for f in Path(d).rglob("*") if f.is_file())
+
+
 def keep_models(reg: R.ControlRegistration, dialect: str) -> Path:
-    """Copy the dialect's S (models/base) and J (models/junior) into `models_dir` (once; checked equal after)."""
+    """Copy the dialect's S (models/base) and J (models/junior) into `models_dir` (once; checked equal after)
+    when they are small (KEEP_MAX_BYTES); larger ones stay in the git-ignored work root, and `gate.json`'s hashes
+    are what a later run checks them against. Returns where they are kept."""
     import shutil
 
     from tandem.evaluation import content_hash
 
     src, dest = work_root(reg, dialect) / "models", models_dir(reg, dialect)
+    if not dest.exists() and sum(_size(src / rel) for rel in ("base", "junior")) > KEEP_MAX_BYTES:
+        return src
     for name, rel in (("S", "base"), ("J", "junior")):
         if not (dest / name).exists():
             with atomic_path(dest / name) as tmp:
@@ -92,20 +109,45 @@ def keep_models(reg: R.ControlRegistration, dialect: str) -> Path:
     return dest
 
 
+def gated_hashes(reg: R.ControlRegistration, dialect: str) -> dict[str, str]:
+    """{"S": hash, "J": hash} of the dialect's models as the gate measured them (gate.json)."""
+    doc = read_json(gate_dir(reg) / "gate.json")
+    found = [d for d in doc["dialects"] if d["dialect"] == dialect]
+    if not found:
+        raise BadInputError(f"control: {rel(gate_dir(reg) / 'gate.json')} has no dialect {dialect!r}")
+    return dict(found[0]["hashes"])
+
+
+def check_models(root: Path, gated: dict[str, str]) -> None:
+    """Refuse (one line) when the S (`root/models/base`) or J (`root/models/junior`) a run would use is not the
+    gated one."""
+    from tandem.evaluation import content_hash
+
+    for name, sub in (("S", "base"), ("J", "junior")):
+        got = content_hash(Path(root) / "models" / sub)
+        if got != gated[name]:
+            raise BadInputError(f"control: {name} at {Path(root) / 'models' / sub} has hash {got[:16]}, the gate "
+                                f"measured {gated[name][:16]}: it is not the gated model (remove it to rebuild it "
+                                "with the stages, on the machine that ran the gate)")
+
+
 def ensure_inputs(reg: R.ControlRegistration, dialect: str) -> Path:
     """The dialect's work root with its prepared data (rebuilt by the prepare stage when missing: it is
-    deterministic) and its models linked to the committed S and J (a later setting's: its gate's)."""
+    deterministic) and its models: linked to the committed S and J where the gate kept them in git, otherwise
+    the git-ignored ones in the work root, rebuilt by the base and junior stages when missing; either way checked
+    against the gate's hashes (a later setting's: its gate's)."""
     reg = reg.gated
     d = reg.dialect(dialect)
     f = dialect_params(reg, d)
     root = work_root(reg, dialect)
     keep = models_dir(reg, dialect)
-    for name, rel in (("S", "base"), ("J", "junior")):
-        dst = root / "models" / rel
+    for name, sub in (("S", "base"), ("J", "junior")):
+        dst = root / "models" / sub
         if not dst.exists() and (keep / name).exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.symlink_to(keep / name, target_is_directory=True)
     build_models(f, root / "logs")
+    check_models(root, gated_hashes(reg, dialect))
     return root
 
 
@@ -137,7 +179,7 @@ def _pair_records(params, tok, senior, junior, rows_by_bench: dict, mode: str, w
 
 
 def _summary(records: list[dict], dialect: str, style_of, keyed) -> dict:
-    from tandem.metrics.dialect import accuracy_by_style, class_gap
+    from tandem.metrics.dialect import accuracy_by_style, annotated_anywhere, class_gap
 
     styles, scores = [style_of(r["text"]) for r in records], [float(r["score"]) for r in records]
     n = len(scores)
@@ -148,6 +190,7 @@ def _summary(records: list[dict], dialect: str, style_of, keyed) -> dict:
     return {"n": n, "pass@1": p, "se": (p * (1 - p) / n) ** 0.5,
             "pass@1_by_benchmark": {b: sum(v) / len(v) for b, v in by_bench.items()},
             "styles": accuracy_by_style(styles, scores), "dialect_vs_keyed": class_gap(styles, scores, dialect, keyed),
+            "annotated_anywhere": sum(annotated_anywhere(r["text"]) for r in records) / n,
             "senior_share": (sum(sum(r["owner"]) / len(r["owner"]) for r in records if r["owner"]) /
                              max(1, sum(1 for r in records if r["owner"])))}
 
@@ -223,7 +266,7 @@ def gate(out: Path = CONTROL_DIR) -> dict:
             keep_models(reg, name)
             break
     doc = {"registration": rel(Path(out) / "registration.yaml"), "passed": chosen is not None,
-           "dialect": chosen, "dialects": results}
+           "dialect": chosen, "dialects": results, **({"setting": reg.setting} if reg.setting else {})}
     write_json(Path(out) / "gate.json", doc)
     with atomic_path(Path(out) / "gate.md") as tmp:
         Path(tmp).write_text(gate_markdown(doc))
@@ -288,13 +331,20 @@ def run_one(reg: R.ControlRegistration, dialect: str, seed: int, arm: str) -> Pa
 
 
 def _problems(records: list[dict], dialect: str, style_of) -> dict[str, list[int]]:
-    """Problem id -> [samples, correct, in the dialect] (the per-problem counts a result file keeps)."""
+    """Problem id -> [samples, correct, in the dialect] (the per-problem counts a result file keeps), and for the
+    `annotated` dialect a fourth: samples with an annotation on any line (tandem.metrics.dialect.annotated_anywhere,
+    the secondary row S7)."""
+    from tandem.metrics.dialect import annotated_anywhere
+
+    anywhere = dialect == "annotated"
     out: dict[str, list[int]] = {}
     for r in records:
-        c = out.setdefault(str(r["id"]), [0, 0, 0])
+        c = out.setdefault(str(r["id"]), [0, 0, 0, 0] if anywhere else [0, 0, 0])
         c[0] += 1
         c[1] += int(float(r["score"]) > 0)
         c[2] += int(style_of(r["text"]) == dialect)
+        if anywhere:
+            c[3] += int(annotated_anywhere(r["text"]))
     return out
 
 

@@ -1,0 +1,169 @@
+"""The SmolLM2 jargon control's registration (studies/jargon-smollm2) read by the control's driver on tiny
+stand-ins: its fields load, the gate's per-dialect params are the registered ones (the dialect phase on for S with
+the dialect's styles, J from the warm-up), an unknown field is refused, a model other than the gated one is refused,
+the any-line annotation count reaches the results, and the rollout dialect series names the new styles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tandem.errors import BadInputError
+from tandem.study import registration as R
+
+ROOT = Path(__file__).resolve().parents[2]
+JARGON = ROOT / "studies" / "jargon-smollm2"
+
+
+def _copy(tmp_path: Path, **changes) -> Path:
+    raw = yaml.safe_load((JARGON / "registration.yaml").read_text())
+    raw["params"] = str(ROOT / raw["params"])
+    raw.update(changes)
+    (tmp_path / "registration.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return tmp_path
+
+
+def test_the_jargon_registration_loads():
+    reg = R.load(JARGON, ROOT)
+    assert isinstance(reg, R.ControlRegistration) and reg.setting == "smollm2-jargon"
+    assert reg.senior.build == "dialect_phase" and reg.senior.seed == 0
+    assert reg.junior.sections["junior"]["source"] == "warmup"
+    assert reg.setting_indicators == {"H_grpo_keeps": 0.5}
+    assert [d.name for d in reg.dialects] == ["annotated", "reversed"]
+    assert "S7" in [s.id for s in reg.secondary] and "annotated_anywhere" in reg.gate.reported
+    assert reg.seeds == (0, 1, 2) and reg.steps == 100 and reg.evaluation["checkpoints"] == [0, 50, 100]
+    # the toy keeps its build (the styles are the warm-up's) and its tiny junior
+    toy = R.load(ROOT / "studies" / "junior-control", ROOT)
+    assert toy.senior.build == "styles" and toy.junior.sections["junior"]["source"] == "tiny"
+    assert toy.setting_indicators == {}
+
+
+@pytest.mark.parametrize("dialect", ["annotated", "reversed"])
+def test_the_gate_params_of_each_dialect_are_the_registered_ones(tmp_path, dialect):
+    from tasks.study import control as ctl
+
+    reg = ctl.registration(_copy(tmp_path))
+    d = reg.dialect(dialect)
+    raw = yaml.safe_load(ctl.dialect_params(reg, d).read_text())
+    base = yaml.safe_load((JARGON / "params.yaml").read_text())
+    assert raw["model"]["dialect_styles"] == {dialect: 0.60, "verbose": 0.28, "terse": 0.12}
+    assert raw["model"]["dialect_steps"] == 16 and raw["model"]["sft_steps"] == 12
+    assert raw["data"]["solution_styles"] == {"verbose": 0.70, "terse": 0.30} == base["data"]["solution_styles"]
+    assert raw["junior"]["source"] == "warmup" and raw["seed"] == 0
+    assert raw["out_root"] == str((tmp_path / "work" / dialect).resolve())
+    # a run of seed 2 keeps the warm-up junior (tandem-self: the base), and the registered decoding and length
+    from tandem.study.params import derive, run_changes
+
+    for arm, source in (("grpo", "warmup"), ("tandem-naive", "warmup"), ("tandem-self", "base")):
+        run = derive(raw, *run_changes(reg, 2, arm, "/r"))
+        assert run["seed"] == 2 and run["junior"]["source"] == source
+        assert run["train"]["steps"] == 100 and run["train"]["save_every"] == 50
+        assert run["train"]["temperature"] == 0.5 and run["evaluate"]["temperature"] == 0.5
+
+
+def test_an_unknown_field_or_build_is_refused_in_one_line(tmp_path):
+    with pytest.raises(BadInputError) as e:
+        R.load(_copy(tmp_path, junior_source="warmup"), ROOT)
+    assert "\n" not in str(e.value) and "unknown fields ['junior_source']" in str(e.value)
+    with pytest.raises(BadInputError, match="senior.build: 'phase'"):
+        R.load(_copy(tmp_path, senior={"seed": 0, "build": "phase"}), ROOT)
+    with pytest.raises(BadInputError, match="setting_indicators"):
+        R.load(_copy(tmp_path, setting_indicators={"H_other": 1}), ROOT)
+
+
+def test_a_model_other_than_the_gated_one_is_refused(tmp_path):
+    from tandem.evaluation import content_hash
+    from tasks.study import control as ctl
+
+    root = tmp_path / "work"
+    for sub, data in (("base", b"S"), ("junior", b"J")):
+        (root / "models" / sub).mkdir(parents=True)
+        (root / "models" / sub / "model.safetensors").write_bytes(data * 64)
+    gated = {"S": content_hash(root / "models" / "base"), "J": content_hash(root / "models" / "junior")}
+    ctl.check_models(root, gated)
+    (root / "models" / "junior" / "model.safetensors").write_bytes(b"X" * 64)
+    with pytest.raises(BadInputError) as e:
+        ctl.check_models(root, gated)
+    assert "\n" not in str(e.value) and "J at" in str(e.value) and "not the gated model" in str(e.value)
+
+
+def test_large_models_stay_in_the_ignored_work_root(tmp_path, monkeypatch):
+    from tasks.study import control as ctl
+
+    reg = ctl.registration(_copy(tmp_path))
+    src = ctl.work_root(reg, "annotated") / "models"
+    for sub in ("base", "junior"):
+        (src / sub).mkdir(parents=True)
+        (src / sub / "model.safetensors").write_bytes(b"w" * 1000)
+    monkeypatch.setattr(ctl, "KEEP_MAX_BYTES", 1500)
+    assert ctl.keep_models(reg, "annotated") == src and not ctl.models_dir(reg, "annotated").exists()
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert "/studies/jargon-smollm2/work/" in ignored
+
+
+def test_the_any_line_annotation_count_reaches_the_results(tmp_path):
+    from tandem.data.synthetic import solution_style
+    from tandem.study.results import read_control_results
+    from tasks.study.control import _problems
+
+    recs = [{"id": 1, "score": 1.0, "text": "First, 4 + 2 = <<4+2=6>>6\n\\boxed{6}"},
+            {"id": 1, "score": 0.0, "text": "First, 4 + 2 = 6\nThen, 6 + 1 = <<6+1=7>>7"},
+            {"id": 1, "score": 0.0, "text": "First: 4 + 2 = 6"}]
+    assert _problems(recs, "annotated", solution_style) == {"1": [3, 1, 1, 2]}
+    assert _problems(recs, "reversed", solution_style) == {"1": [3, 1, 0]}
+    counts = {"solo": {"arith": {"1": [3, 1, 1, 2]}}, "step": {"arith": {"1": [3, 0, 1, 1]}}}
+    doc = {"seed": 0, "arm": "grpo", "evaluation": {"checkpoints": {"0": counts}}, "analysis": {}}
+    (tmp_path / "seed-0").mkdir()
+    (tmp_path / "seed-0" / "grpo.json").write_text(json.dumps(doc))
+    res = read_control_results(tmp_path, [1])
+    vals = res.values[("0", "grpo", 0)]
+    assert vals["annotated_anywhere"]["arith"].tolist() == pytest.approx([2 / 3])
+    assert vals["dialect_share"]["arith"].tolist() == pytest.approx([1 / 3])
+
+
+def test_the_setting_indicator_h():
+    from tandem.study.control import setting_indicators
+
+    keeps = setting_indicators({"grpo": {"mean": [0.6, 0.5, 0.4]}}, {"H_grpo_keeps": 0.5})
+    sheds = setting_indicators({"grpo": {"mean": [0.6, 0.4, 0.2]}}, {"H_grpo_keeps": 0.5})
+    assert keeps["H"]["fired"] is False and sheds["H"]["fired"] is True
+    assert setting_indicators({}, {"H_grpo_keeps": 0.5})["H"]["fired"] is None
+
+
+def test_the_rollout_dialect_series_names_the_new_styles():
+    """tandem/train/rollout.py logs `style/<name>` for every SOLUTION_STYLES name via solution_style."""
+    from tandem.config import SOLUTION_STYLES
+    from tandem.data.synthetic import solution_style
+
+    assert {"annotated", "reversed"} <= set(SOLUTION_STYLES)
+    assert solution_style("First, 4 + 2 = <<4+2=6>>6\n\\boxed{6}") == "annotated"
+    assert solution_style("First; 40 + 20 = 60\n\\boxed{6}") == "reversed"
+    assert solution_style("First, 4 + 2 = 6") == "verbose"
+
+
+def test_the_gate_page_names_the_setting_and_the_jargon_extras():
+    from tandem.study.control import gate_markdown
+
+    doc = json.loads((ROOT / "studies" / "junior-control" / "gate.json").read_text())
+    plain = gate_markdown(doc)
+    assert plain.startswith("# The gate of the junior positive control\n") and "annotation on any line" not in plain
+    d = doc["dialects"][-1]
+    d["junior_metrics"] = {**d["junior_metrics"], "matches_base_warmup": True}
+    for k in d["measures"]:
+        d["measures"][k]["annotated_anywhere"] = 0.25
+    page = gate_markdown({**doc, "setting": "smollm2-jargon"})
+    assert page.startswith("# The gate of the junior positive control, setting smollm2-jargon\n")
+    assert "matches_base_warmup): True" in page and "S_solo 0.250" in page
+
+
+def test_b2_reads_a_warmup_junior_s_equality_to_the_senior_s_warm_up():
+    from tandem.study.control import bug_indicators
+
+    reg = R.load(JARGON, ROOT).bug_indicators
+    base = {"junior_hashes_equal": True, "junior_unchanged": True}
+    assert "matches_base_warmup" not in bug_indicators(base, reg)["B2"]["value"]
+    assert bug_indicators({**base, "junior_matches_warmup": True}, reg)["B2"]["fired"] is False
+    assert bug_indicators({**base, "junior_matches_warmup": False}, reg)["B2"]["fired"] is True
