@@ -91,7 +91,7 @@ OTHER_FILES = {
     "scripts/gpu_check_vllm.sh": "the vLLM GPU check for a user's own GPU: makes .venv-vllm, runs benchmarks/vllm_gpu.py (stock solo against tandem, Qwen3-4B shape, 128 x 3,000) and prints its table",
     "scripts/gpu_bundle.sh": "builds the folder (wheels, library, run.sh) that `scripts/gpu_check_bare.py` needs on a bare GPU machine, refusing over 64 MiB",
     "studies/jargon-smollm2/params.yaml": "the SmolLM2 jargon control's params file (from params.real.yaml): S = warm-up + dialect phase, J = the warm-up",
-    "studies/jargon-smollm2/registration.md": "the SmolLM2 jargon control (draft until committed to main): setting, arms, gate G1-G5, the two jargons, claims, bug indicators, budget",
+    "studies/jargon-smollm2/registration.md": "the registered SmolLM2 jargon control, committed before anything of it ran: setting, arms, gate G1-G5, the two jargons, claims, bug indicators, budget",
     "studies/jargon-smollm2/registration.yaml": "the same registration in the form the control driver reads (kind: junior-control)",
     "studies/junior-control/params.yaml": "the junior positive control's params file: what every one of its runs starts from",
     "studies/junior-control/registration.md": "the registered junior positive control: setting, arms, gate G1-G5, claims, bug indicators, seeds",
