@@ -90,18 +90,16 @@ def build_report(doc: Mapping[str, Any], gate_doc: Mapping[str, Any]) -> Report:
     else:
         s.paragraphs.append(doc.get("note") or "No claims yet.")
     rep.sections.append(s)
-    if doc.get("bug_indicators"):
-        s = Section("Bug indicators (read before the claims)")
-        s.tables.append(Table("The registered indicators B1-B7", ["id", "rule", "fired"],
-                              [[k, v["rule"], "n/a" if v["fired"] is None else ("FIRED" if v["fired"] else "no")]
-                               for k, v in doc["bug_indicators"].items()]))
-        rep.sections.append(s)
-    if doc.get("setting_indicators"):
-        s = Section("Setting indicators (not bugs: the setting's own assumptions, read before the claims)")
-        s.tables.append(Table("The registered setting indicators", ["id", "rule", "fired"],
-                              [[k, v["rule"], "n/a" if v["fired"] is None else ("FIRED" if v["fired"] else "no")]
-                               for k, v in doc["setting_indicators"].items()]))
-        rep.sections.append(s)
+    for key, title, caption in (
+            ("bug_indicators", "Bug indicators (read before the claims)", "The registered indicators B1-B7"),
+            ("setting_indicators", "Setting indicators (not bugs: the setting's own assumptions, read before the "
+             "claims)", "The registered setting indicators")):
+        if doc.get(key):
+            s = Section(title)
+            s.tables.append(Table(caption, ["id", "rule", "fired"],
+                                  [[k, v["rule"], "n/a" if v["fired"] is None else ("FIRED" if v["fired"] else "no")]
+                                   for k, v in doc[key].items()]))
+            rep.sections.append(s)
     s = Section("The gate (base models only)")
     for d in gate_doc.get("dialects", []):
         s.tables.append(Table(f"Dialect {d['dialect']}: {'passed' if d['passed'] else 'failed'}",

@@ -42,8 +42,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from tandem.rollout.cost import GPU, roofline
-
-LAYOUTS = ("shared", "dedicated")
+from tandem.rollout.placement import LAYOUTS  # declared once, where the layouts are placed
 
 # The design's counts per generated token: docs/results.md ("The vLLM rollout service"), Qwen3's vocabulary,
 # 32 rows x 3,000 tokens of replayed text on vLLM's CPU build 0.32.0

@@ -17,9 +17,13 @@ GPU check runs it.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, Callable
 
 from tandem.rollout.core import RolloutBatch
+
+# the per-row columns of a RolloutBatch, in its field order (`timings` is the batch's, not a row's)
+_ROW_COLUMNS = tuple(f.name for f in fields(RolloutBatch) if f.name != "timings")
 
 
 def step_engine(build: Callable[[], Any], rollout: Any, accelerator: Any) -> Any:
@@ -54,8 +58,7 @@ class OneCallEngine:
             prompts = [p for ps, _ in parts for p in ps]
             rows = [r for _, rs in parts for r in rs]
             batch = self.engine.generate(request.settings.request(prompts, seed=request.seed, row_ids=rows))
-            payload = [{"batch": (batch.completion_ids, batch.owner, batch.senior_logprobs, batch.handoffs,
-                                  batch.finish_reason), "timings": dict(batch.timings),
+            payload = [{"batch": {name: getattr(batch, name) for name in _ROW_COLUMNS}, "timings": dict(batch.timings),
                         "sizes": [len(ps) for ps, _ in parts], "calls": list(getattr(self.engine, "last_calls", []))}]
         broadcast_object_list(payload, from_process=0)
         got = payload[0]
@@ -63,10 +66,7 @@ class OneCallEngine:
         i = self.accelerator.process_index
         lo = sum(got["sizes"][:i])
         hi = lo + got["sizes"][i]
-        cols = [list(c[lo:hi]) for c in got["batch"]]
-        out = RolloutBatch(*cols)
-        out.timings = got["timings"]
-        return out
+        return RolloutBatch(**{name: list(col[lo:hi]) for name, col in got["batch"].items()}, timings=got["timings"])
 
     def push_weights(self, module: Any | None = None) -> dict:
         """The main process pushes the senior to the service; the others take the module's state dict (a
