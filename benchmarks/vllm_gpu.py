@@ -26,6 +26,9 @@ generated token, and residency: the rows that were live at once (`max_live_rows`
 `max_running_rows` for stock vLLM), the KV blocks the engines hold, preemptions, and what vLLM actually ran
 (`async_scheduling` as each engine resolved it: the service's /health, the stock engine's config). vLLM's CPU
 build forces asynchronous scheduling off whatever is asked; the record says what ran, never what was asked.
+Beside them, `predicted`: the cost model's tandem/solo for the same rows, tokens and GPU with both engines on
+one GPU (`tandem/rollout/cost.py`, the committed premises `tandem/rollout/premises.json`), the figure `tandem plan`
+and the rollout benchmark print for that configuration, so a measured ratio reads against the prediction.
 
 The memory plan: the KV cache of `rows` x (longest prompt + `tokens`) at bf16 plus the weights and vLLM's runtime
 (`tandem.plan.VLLM_OVERHEAD_GIB`), as a share of the GPU (`kv_fit`); `--gpu-memory` defaults to the share that
@@ -63,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # benchmarks.* and the library, from this checkout
 
 from tandem.plan import GIB, KNOWN_SHAPES, VLLM_OVERHEAD_GIB, ModelShape  # noqa: E402
+from tandem.rollout.cost import GPUS, gpu_for_memory, load_premises, predicted_ratio  # noqa: E402
 from tandem.rollout.layout import resident_rows  # noqa: E402
 
 SHAPES: dict[str, ModelShape] = {
@@ -335,6 +339,20 @@ def run_tandem(case: TandemCase, sz: Sizes, gpu_memory: float | None, async_on: 
 # The record and its table
 # --------------------------------------------------------------------------------------------------
 
+def prediction(shape: ModelShape, gpu: tuple[str, int] | None, rows: int, tokens: int, prompt_tokens: float,
+               premises_path: Path | None = None) -> dict:
+    """The cost model's tandem/solo for this check's configuration (both tandem engines on one GPU, stock solo
+    with their memory: the `shared` layout of `tandem/rollout/cost.py`), from the committed premises: the figure
+    `tandem plan` and the rollout benchmark print for the same rows, tokens and GPU. The GPU's kind is the `GPUS`
+    entry named in the device's name (H200, H100), else the one nearest its memory; without a GPU an H200."""
+    prem = load_premises(premises_path) if premises_path else load_premises()
+    key = "h200"
+    if gpu:
+        key = next((k for k in GPUS if k in gpu[0].lower()), None) or gpu_for_memory(gpu[1] / GIB)
+    p = predicted_ratio(shape, GPUS[key], prem, "shared", rows, tokens, prompt_tokens)
+    return {**p, "premises": prem.measured.get("what"), "premises_commit": prem.measured.get("commit")}
+
+
 def checks(rec: dict) -> dict:
     """What the record must show: every configuration measured at a finite positive rate, every row at its
     length, every row resident at once (no admission wave, no preemption); and, reported, whether each run's
@@ -425,7 +443,13 @@ def table(rec: dict) -> str:
                     f"{chunks} | {_f(r.get('computed_per_token'), 3)} | {_f(live)} / {r['rows']}; "
                     f"{_f(r.get('kv_blocks'))}; {_f(r.get('preemptions'))} |")
     c = rec.get("checks", {})
-    foot = ["",
+    pr = rec.get("predicted") or {}
+    foot = []
+    if pr:
+        foot += ["", f"Predicted by the cost model (`tandem/rollout/cost.py`, both engines on one {pr['gpu']}, from the "
+                 f"committed premises: {pr.get('premises')}): tandem over stock solo "
+                 f"**{pr['predicted_tandem_over_solo']:.2f}** (tandem {pr['tandem_s']:.1f} s, solo {pr['solo_s']:.1f} s)."]
+    foot += ["",
             "Engine steps x rows / generated tokens: 1.00 when every row is in every step of that engine (each step "
             "reads the weights once on a GPU); the raw steps per generated token are in the JSON record. Tandem runs "
             "replay real text through the benchmark's service (`benchmarks/vllm_ab_service.py --replay`), senior "
@@ -507,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
         share = fit["share"] if gpu else None
         solo_share = a.solo_gpu_memory or (min(0.9, round(2 * share, 2)) if share else 0.9)
         rec.update(max_prompt_tokens=longest, max_model_len=max_model_len, kv_fit=fit, gpu_memory_per_engine=share,
-                   solo_gpu_memory=solo_share)
+                   solo_gpu_memory=solo_share,
+                   predicted=prediction(shape, gpu, sz.rows, sz.tokens, sum(map(len, prompts)) / len(prompts)))
         case = TandemCase(path, tok, prompts, text, max_model_len, a.python, limit)
         steps = (("solo_stock", lambda: run_stock(path, prompts, sz, solo_share, max_model_len, work, a.python,
                                                    limit)),

@@ -21,8 +21,13 @@ warm-up:
   vLLM's output path (`Router`) instead of the chunk returns (`returns.py`), interleaved likewise;
   `return_chunks_per_message`, `return_cpu_us_per_token` / `_per_message`: the chunks one returns message
   carried, and the frontend thread's CPU in receiving, decoding and handing them out;
-- `predicted_gpu_tandem_over_solo` (and `_two_gpus`): the counts of both rollouts priced on a GPU by the cost
-  model of `tandem/rollout/cost.py` (Qwen3-4B on an H200 at 128 rows by default);
+- `premises`: the cost model's premises measured by this run (`tandem/rollout/cost.py`: engine steps, scheduled
+  rows, computed tokens and chunks per generated token of the senior, the junior and solo; the frontend's CPU per
+  token; the scheduler's CPU per row and chunk from the isolated step when it ran, else the committed premises'),
+  which `tandem bench rollout ... --write-premises` writes to `tandem/rollout/premises.json`;
+- `predicted_gpu_tandem_over_solo` (and `_two_gpus`): those premises priced by the cost model for `gpu_rows` rows of
+  Qwen3-4B at this run's length (an H200 at 128 rows by default): both engines on one GPU (the `shared` layout) and
+  one GPU per model (`dedicated`), by the function `tandem plan` prices a layout with;
 - `logprob_max_abs_diff`: the service's log-probs against the transformers model's on the same tokens
   (teacher-forced on both engines, and the sampled senior log-probs of the tandem batch);
 - `weights_synced`: one real optimizer step (AdamW on the senior's own tokens) is pushed like training does;
@@ -263,11 +268,9 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
     None = 128 (qwen3: 3000); `launch` starts the service (unless `url` attaches to a running one; the
     benchmark sets the weight roots, the replay flag, the context length of a replay and a 30-minute start)."""
     from tandem.models import load_tokenizer
-    from tandem.plan import KNOWN_SHAPES, ModelShape
     from benchmarks.rollout import _prompts
     from tandem.rollout.engine import TandemEngine
     from tandem.rollout.vllm.client import VLLMService
-    from tandem.rollout.cost import predict
 
     n_prompts, n_samples, max_new_tokens, temperature, seed, repeats = (
         work.n_prompts, work.n_samples, work.max_new_tokens, work.temperature, work.seed, work.repeats)
@@ -387,24 +390,11 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
         res["solo_engine_steps_per_token"] = st_s["engines"]["senior"]["steps"] / max(st_s["kept"], 1)
         res["solo_sched_cpu_us_per_step"] = (1e6 * st_s["engines"]["senior"]["sched_cpu_seconds"]
                                              / max(st_s["engines"]["senior"]["steps"], 1))
-        gpu_shape = ModelShape(**KNOWN_SHAPES["Qwen/Qwen3-4B-Instruct-2507"], source="Qwen3-4B")
-        pred = predict(st_t, st_s, gpu_shape, gpu=gpu, rows=gpu_rows)
-        per_row = predict(st_t, st_s, gpu_shape, gpu=gpu, rows=gpu_rows, cpu_per_row=True)
-        res.update({"predicted_gpu_tandem_over_solo": pred["predicted_gpu_tandem_over_solo"],
-                    "predicted_gpu_tandem_over_solo_two_gpus": pred["predicted_gpu_tandem_over_solo_two_gpus"],
-                    # the scheduler CPU per step scaled to the predicted rows (cost.py, `cpu_per_row`)
-                    "predicted_gpu_cpu_per_row_tandem_over_solo": per_row["predicted_gpu_tandem_over_solo"],
-                    "predicted_gpu_cpu_per_row_tandem_over_solo_two_gpus":
-                        per_row["predicted_gpu_tandem_over_solo_two_gpus"],
-                    "predicted_gpu": {k: v for k, v in pred.items() if not k.startswith("predicted")},
-                    "service_stats": {"tandem": st_t, "solo": st_s}})
-        for name, prefix, keys in (("tandem_single", "single_", ("", "_two_gpus")),
-                                   ("tandem_vllm_out", "vllm_out_", ("", "_two_gpus")),
-                                   ("tandem_stream", "stream_", ("",))):
-            if name in best:
-                other = predict(best[name][2], st_s, gpu_shape, gpu=gpu, rows=gpu_rows)
-                for k in keys:
-                    res[f"{prefix}predicted_gpu_tandem_over_solo{k}"] = other[f"predicted_gpu_tandem_over_solo{k}"]
+        res["service_stats"] = {"tandem": st_t, "solo": st_s, **{name: best[name][2] for name in VARIANTS
+                                                                 if name in best}}
+        res["prompt_tokens_mean"] = sum(map(len, prompts)) / len(prompts)
+        res["p_senior"] = ScheduleSpec("word").p_senior
+        _predict(res, options)
         if replay:
             if short_tokens and short_tokens < budget:
                 _, _, st_short = run("word", SamplingParams(temperature=temperature, max_new_tokens=short_tokens),
@@ -426,8 +416,74 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
         # after the services have stopped: the scheduler step alone, the history and vocabulary questions
         # without the machine's other tenants
         _isolated(res, launch, len(prompts), short_tokens, budget - short_tokens)
+        _predict(res, options)  # the premises' scheduler CPU from the isolated step
     res["seconds"] = time.perf_counter() - t_start
     return res
+
+
+# the A/B variants of the tandem rollout whose counts are priced too: (service stats name, prefix, layouts)
+VARIANTS = {"tandem_single": ("single_", ("shared", "dedicated")), "tandem_vllm_out": ("vllm_out_", ("shared", "dedicated")),
+            "tandem_stream": ("stream_", ("shared",))}
+PREDICTED = {"shared": "predicted_gpu_tandem_over_solo", "dedicated": "predicted_gpu_tandem_over_solo_two_gpus"}
+
+
+def _cpu_premises() -> tuple:
+    """(CpuPremises, source) when the isolated scheduler step did not run: the committed premises' CPU figures."""
+    from tandem.rollout.cost import load_premises
+
+    committed = load_premises()
+    return committed.cpu, committed.measured.get("cpu_source", "the committed premises (tandem/rollout/premises.json)")
+
+
+def _predict(res: dict, options: VLLMBenchOptions) -> None:
+    """This run's premises (`cost.premises_from_stats`: the tandem and solo rollouts' counts per generated token;
+    the scheduler's CPU per row and chunk from the isolated step when it ran, else the committed premises') under
+    `premises`, and the cost model's tandem/solo for `options.gpu_rows` rows of Qwen3-4B at this run's length on
+    `options.gpu`: both engines on one GPU (`predicted_gpu_tandem_over_solo`) and one GPU per model (`_two_gpus`),
+    the same function `tandem plan` prices a layout with (`cost.predicted_ratio`)."""
+    import platform
+    import subprocess
+
+    from tandem.plan import KNOWN_SHAPES, ModelShape
+    from tandem.rollout.cost import GPUS, CpuPremises, predicted_ratio, premises_from_stats
+
+    iso = res.get("isolated_step")
+    if iso:
+        mean = lambda key: sum(iso[key.format(r)] for r in ("senior", "junior")) / 2e6  # noqa: E731  us -> s
+        cpu = CpuPremises(mean("qwen3_long_{}_us_per_row"), iso["solo_long_us_per_row"] / 1e6,
+                          mean("qwen3_long_{}_add_us_per_chunk"), 0.0)
+        cpu_source = (f"the isolated scheduler step of this run (benchmarks/sched_step.py, {iso['rows']} rows, "
+                      f"Qwen3's table, {iso['history'][-1]} tokens of history)")
+    else:
+        cpu, cpu_source = _cpu_premises()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parents[1], timeout=10).stdout.strip()
+    except OSError:
+        commit = ""
+    st = res["service_stats"]
+    measured = {"what": (f"tandem (word schedule) and solo rollouts of {res['rows']} rows x {res['max_new_tokens']} "
+                         f"tokens on {res['model']}"),
+                "on": f"vLLM {res.get('vllm_version')} CPU build, {platform.processor() or platform.machine()}",
+                "vocab": res["vocab"], "rows": res["rows"], "new_tokens": res["max_new_tokens"],
+                "p_senior": res["p_senior"], "senior_fraction": res.get("senior_fraction"), "commit": commit,
+                "cpu_source": cpu_source,
+                "rerun": "tandem bench rollout --backend vllm --vocab qwen3 --json --write-premises"}
+    prem = premises_from_stats(st["tandem"], st["solo"], cpu, measured)
+    res["premises"] = prem.to_json()
+    shape = ModelShape(**KNOWN_SHAPES["Qwen/Qwen3-4B-Instruct-2507"], source="Qwen3-4B")
+    gpu = GPUS[options.gpu]
+    args = (options.gpu_rows, res["max_new_tokens"], res["prompt_tokens_mean"])
+    for layout, key in PREDICTED.items():
+        p = predicted_ratio(shape, gpu, prem, layout, *args)
+        res[key] = p["predicted_tandem_over_solo"]
+        res.setdefault("predicted_gpu", {})[layout] = {k: v for k, v in p.items() if k != "predicted_tandem_over_solo"}
+    for name, (prefix, layouts) in VARIANTS.items():
+        if name in st:
+            other = premises_from_stats(st[name], st["solo"], cpu)
+            for layout in layouts:
+                res[f"{prefix}{PREDICTED[layout]}"] = predicted_ratio(shape, gpu, other, layout, *args)[
+                    "predicted_tandem_over_solo"]
 
 
 def _isolated(res: dict, launch: LaunchOptions, rows: int, tokens: int, long_history: int) -> None:

@@ -485,9 +485,10 @@ def _print_rollout_plan(r: dict) -> None:
     typer.echo(f"  rows per engine {r['rows_per_engine']}{per_call}; KV per row at full "
                f"length {r['kv_gib_per_row']} GiB; {r['vllm_gpu_memory']} of a GPU per engine leaves "
                f"{r['room_gib']} GiB: {r['resident_rows']} rows resident, {r['admission_waves']} admission wave(s)")
-    typer.echo(f"  engine steps per generated token of a row: tandem {r['engine_steps_per_token']['tandem']} per "
-               f"engine, solo {r['engine_steps_per_token']['solo']}; computed tokens per generated token: tandem "
-               f"{r['computed_per_token']['tandem']}, solo {r['computed_per_token']['solo']}")
+    s, c = r["engine_steps_per_token"], r["computed_per_token"]
+    typer.echo(f"  engine steps per generated token of a row (measured premises): senior {s['senior']}, junior "
+               f"{s['junior']}, solo {s['solo']}; computed tokens per generated token: tandem {c['tandem']}, solo "
+               f"{c['solo']}")
     if r["step_ms"]:
         s = r["step_ms"]
         typer.echo(f"  step (ms): weights {s['weights']}; tandem senior {s['tandem_gpu_senior']} + gap "
@@ -495,9 +496,30 @@ def _print_rollout_plan(r: dict) -> None:
                    f"solo {s['solo']} (asynchronous scheduling, {r['solo_rows_per_gpu']} rows per GPU)")
     ratio = r["predicted_tandem_over_solo"]
     typer.echo(f"  predicted tandem/solo: {ratio if ratio is not None else 'n/a'} (tandem {r['tandem_s']} s, solo "
-               f"{r['solo_s']} s per rollout)")
+               f"{r['solo_s']} s per rollout call)")
     for n in r["notes"]:
         typer.echo(f"  - {n}")
+
+
+def _print_layouts(c: dict) -> None:
+    """`tandem plan`'s layout comparison: per layout the GPUs, rollout and training seconds per step, the trainer's
+    idle seconds and tandem/solo; the recommended layout and why."""
+    typer.secho(f"\nlayouts on a node of {c['node_gpus']} GPUs (per training step; training is a compute-bound "
+                f"lower bound):", bold=True)
+    f = lambda x, nd=1: "-" if x is None else f"{x:.{nd}f}"  # noqa: E731
+    for name, r in c["layouts"].items():
+        if "why" in r:
+            typer.echo(f"  {name:9s} not priced: {r['why']}")
+            continue
+        mark = " (this params file)" if r.get("params_layout") else ""
+        fits = "" if r["fits"] else "; DOES NOT FIT in memory"
+        typer.echo(f"  {name:9s} {r['gpus']} GPUs ({r['trainer_gpus']} trainer, {r['rollout_gpus']} rollout, "
+                   f"{r['vllm_gpu_memory']} per engine): rollout {f(r['rollout_s'])} s ({r['calls_per_step']} "
+                   f"call(s) of {r['rows_per_call']} rows), training {f(r['training_s'])} s, trainer idle "
+                   f"{f(r['trainer_idle_s'])} s, {f(r['step_s'])} s per step; tandem/solo "
+                   f"{f(r['predicted_tandem_over_solo'], 2)}{mark}{fits}")
+    rec = c["recommended"]
+    typer.secho(f"  recommended: {rec or 'none'} ({c['why']})", bold=True)
 
 
 @app.command("plan")
@@ -544,6 +566,8 @@ def plan(params: str = PARAMS_OPT,
             typer.echo(f"  - {n}")
     if res.get("rollout"):
         _print_rollout_plan(res["rollout"])
+    if res.get("layouts"):
+        _print_layouts(res["layouts"])
     typer.secho(f"\nworst: {res['worst_arm']} at {res['per_gpu_gib']:.2f} GiB per device; fits: {res['fits']}", bold=True)
     raise typer.Exit(code=0 if res["fits"] else 1)
 
@@ -556,6 +580,10 @@ def bench_rollout(o: BenchRolloutOptions) -> None:
     transformers and the weight-sync check."""
     model_dir = o.model if o.model else ("models/base" if Path("models/base/config.json").exists() else None)
     if o.backend == "vllm":
+        if o.write_premises and o.vocab != "qwen3":
+            typer.secho("--write-premises: the cost model's premises are counts on real text at full length; run "
+                        "with --vocab qwen3", fg=typer.colors.RED, err=True)
+            raise typer.Exit(code=2)
         vb = load_benchmark("vllm_rollout")
         work = load_benchmark("rollout").BenchWorkload(n_prompts=o.prompts, n_samples=o.samples or (4 if o.vocab == "qwen3" else 8),
                              max_new_tokens=o.max_new_tokens, repeats=o.repeats)
@@ -563,6 +591,11 @@ def bench_rollout(o: BenchRolloutOptions) -> None:
             vocab=o.vocab, gpu=o.gpu, gpu_rows=o.gpu_rows, compare_stream=o.compare_stream,
             compare_vocab=o.compare_vocab, compare_isolated=o.compare_isolated))
         _print_bench(res, o.as_json)
+        if o.write_premises:
+            from tandem.rollout.cost import Premises, write_premises
+
+            where = write_premises(Premises.from_json(res["premises"]))
+            typer.echo(f"premises written to {where}", err=True)
         if o.vocab == "model" and not (res["weights_synced"] and res["logprob_max_abs_diff"] <= 0.1):
             raise typer.Exit(code=1)
         return

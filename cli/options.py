@@ -156,3 +156,6 @@ class BenchRolloutOptions:
     compare_isolated: bool = option(True, help="vllm, qwen3: also step the engine core's scheduler alone "
                                                "at a short and the long history, both vocabularies "
                                                "(isolated_*)")
+    write_premises: bool = option(False, "--write-premises", help="vllm: write this run's premises (counts per "
+                                                                 "generated token, CPU per unit) to the cost "
+                                                                 "model's file, tandem/rollout/premises.json")

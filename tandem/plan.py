@@ -48,7 +48,7 @@ from tandem.geometry import BatchGeometry
 from tandem.precision import DTYPE_BYTES, precision_plan
 from tandem.rollout.cost import GPUS, gpu_for_memory
 from tandem.rollout.layout import RolloutLayout, price_layout
-from tandem.rollout.placement import PlacementError, layout_gpus, place_engines, rollout_positions
+from tandem.rollout.placement import LAYOUTS, PlacementError, layout_gpus, place_engines, rollout_positions
 
 GIB = 2**30
 CUDA_OVERHEAD_GIB = 2.0      # CUDA context, cuBLAS workspaces, allocator slack (flat margin per GPU)
@@ -583,6 +583,108 @@ def check_node_gpus(params, node_gpus: int) -> int:
     return need
 
 
+# The memory share per engine a layout is compared at when the params file runs the other one (the paper presets'
+# values: params.paper.yaml shares each trainer GPU at 0.3 per engine, params.paper-dedicated.yaml gives each engine
+# 0.9 of its own GPU)
+LAYOUT_SHARE = {"shared": 0.3, "dedicated": 0.9}
+# training FLOPs per parameter and trained token: forward 2 + backward 4, + 2 for gradient checkpointing's
+# recomputed forward, + 2 for the scoring pass of the old log-probs when a batch feeds several updates
+TRAIN_FLOPS = {"fwd_bwd": 6, "recompute": 2, "old_logprobs": 2}
+
+
+def layout_variant(params, layout: str, node_gpus: int):
+    """The params as they would run in `layout` on a node of `node_gpus` GPUs: the params themselves for their own
+    layout; for the other, `LAYOUT_SHARE[layout]` per engine, the rollout service on the two GPUs after the
+    trainer's (dedicated), and the most training processes the node leaves that split the batch. None when no
+    process count fits."""
+    t, ro = params.train, params.rollout
+    if layout == ro.vllm_layout:
+        return params
+    spare = 2 if layout == "dedicated" else 0
+    for n in range(node_gpus - spare, 0, -1):
+        try:  # the batch must split over n processes, and the settings obey their rules (fsdp needs n > 1)
+            BatchGeometry.of(t, processes=n)
+            return replace(params, train=replace(t, num_processes=n), rollout=replace(
+                ro, vllm_layout=layout, vllm_gpu_memory=LAYOUT_SHARE[layout], vllm_devices=[]))
+        except ValueError:
+            continue
+    return None
+
+
+def training_seconds(params, shape: ModelShape, gpu) -> float:
+    """A compute-bound lower bound of one training step's seconds (the tandem arm, every row at full length):
+    `TRAIN_FLOPS` per parameter and token over the trainer's GPUs at the GPU table's achieved bf16 throughput."""
+    t = params.train
+    geo = train_geometry(params, t.group_size)
+    per = TRAIN_FLOPS["fwd_bwd"] + (TRAIN_FLOPS["recompute"] if t.gradient_checkpointing else 0) \
+        + (TRAIN_FLOPS["old_logprobs"] if t.updates_per_batch > 1 else 0)
+    tokens = geo["rows_per_step"] * (t.max_prompt_tokens + t.max_new_tokens)
+    return per * shape.n_params * tokens / (t.num_processes * gpu.flops)
+
+
+def layout_step(params, shape: ModelShape, premises=None) -> dict:
+    """What one layout costs a training step (`compare_layouts`): GPUs used, the rollout's seconds (its calls one
+    after the other, each priced by `price_layout`: tandem and solo), the training's (`training_seconds`), the
+    trainer's idle seconds (dedicated: the whole rollout, its GPUs wait; shared: none, they run the engines),
+    seconds per step and tandem/solo."""
+    t, ro = params.train, params.rollout
+    geo = train_geometry(params, t.group_size)
+    rows, per_call = rollout_rows(params)
+    scope = geo["rows_per_step"] if ro.vllm_layout == "dedicated" else geo["rows_per_process"]
+    calls = math.ceil(scope / per_call)
+    gpu = GPUS[gpu_for_memory(t.gpu_memory_gib)]
+    spec = RolloutLayout(ro.vllm_layout, rows, t.max_prompt_tokens, t.max_new_tokens, ro.vllm_gpu_memory,
+                         t.gpu_memory_gib * GIB, VLLM_OVERHEAD_GIB * GIB, ro.p_senior)
+    price = price_layout(shape, gpu, spec, premises)
+    out = {"layout": ro.vllm_layout, "gpus": gpus_needed(params), "trainer_gpus": t.num_processes,
+           "rollout_gpus": len(rollout_positions(ro.vllm_devices, t.num_processes)) if ro.vllm_layout == "dedicated"
+           else t.num_processes, "vllm_gpu_memory": ro.vllm_gpu_memory, "rows_per_call": per_call,
+           "calls_per_step": calls, "gpu": gpu.name,
+           "fits": all(plan_train_arm(params, a, shape, "cuda").fits for a in t.arms)}
+    if price.predicted_tandem_over_solo is None:
+        return {**out, "rollout_s": None, "solo_rollout_s": None, "training_s": None, "trainer_idle_s": None,
+                "step_s": None, "predicted_tandem_over_solo": None}
+    rollout_s = calls * price.tandem_s
+    training_s = training_seconds(params, shape, gpu)
+    return {**out, "rollout_s": rollout_s, "solo_rollout_s": calls * price.solo_s, "training_s": training_s,
+            "trainer_idle_s": rollout_s if ro.vllm_layout == "dedicated" else 0.0,
+            "step_s": rollout_s + training_s, "predicted_tandem_over_solo": price.predicted_tandem_over_solo}
+
+
+def compare_layouts(params, shape: ModelShape, node_gpus: int = 0, premises=None) -> dict:
+    """Every layout priced for this run on a node of `node_gpus` GPUs (0: the GPUs the params' own layout needs),
+    and the recommended one: the lowest seconds per training step among those that fit (memory and GPUs), with
+    the reason in one line. {"node_gpus", "layouts": {layout: layout_step or {"why": ...}}, "recommended", "why"}."""
+    node = node_gpus or gpus_needed(params)
+    layouts: dict[str, dict] = {}
+    for layout in LAYOUTS:
+        v = layout_variant(params, layout, node)
+        if v is None:
+            layouts[layout] = {"layout": layout, "fits": False, "step_s": None,
+                               "why": f"no training process count fits {node} GPUs beside the layout's engines"}
+            continue
+        layouts[layout] = {**layout_step(v, shape, premises), "params_layout": v is params}
+    ok = {k: v for k, v in layouts.items() if v["fits"] and v["step_s"] is not None and v["gpus"] <= node}
+    if not ok:
+        return {"node_gpus": node, "layouts": layouts, "recommended": None,
+                "why": "no layout fits these GPUs (see each layout's memory plan)"}
+    best = min(ok, key=lambda k: ok[k]["step_s"])
+    b = ok[best]
+    why = (f"{best}: {b['step_s']:.1f} s per step (rollout {b['rollout_s']:.1f} + training {b['training_s']:.1f}) "
+           f"on {b['gpus']} GPUs")
+    for k, o in layouts.items():
+        if k == best:
+            continue
+        if o.get("step_s") is None or k not in ok:
+            why += f"; {k} does not fit {node} GPUs"
+            continue
+        why += f" against {k}'s {o['step_s']:.1f} s (rollout {o['rollout_s']:.1f} + training {o['training_s']:.1f})"
+        if o["predicted_tandem_over_solo"] > b["predicted_tandem_over_solo"]:
+            why += (f"; {k}'s higher tandem/solo ({o['predicted_tandem_over_solo']:.2f} against "
+                    f"{b['predicted_tandem_over_solo']:.2f}) is against its own slower solo")
+    return {"node_gpus": node, "layouts": layouts, "recommended": best, "why": why}
+
+
 def plan_all(params, model_dir: str | Path | None = None, device: str = "cuda", node_gpus: int = 0) -> dict:
     """Every arm's training plan and the evaluation plan; the headline is the worst arm. On GPUs, `gpus_needed`
     states the GPUs the run needs on one node; `node_gpus` (0 = not stated) refuses a run that needs more."""
@@ -596,7 +698,9 @@ def plan_all(params, model_dir: str | Path | None = None, device: str = "cuda", 
             "budget_gib": round(worst.budget_bytes / GIB, 2), "worst_arm": worst.arm,
             "model": {**asdict(shape), "n_params": shape.n_params},
             "train": {a: p.to_json() for a, p in arms.items()}, "evaluate": ev.to_json(),
-            "rollout": plan_rollout(params, shape) if device == "cuda" else None}
+            "rollout": plan_rollout(params, shape) if device == "cuda" else None,
+            "layouts": (compare_layouts(params, shape, node_gpus)
+                        if device == "cuda" and params.rollout.backend == "vllm" else None)}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -437,3 +437,113 @@ def test_the_trainer_runs_the_optimizer_the_plan_prices(tmp_path):
     shape = model_shape(params)
     plan = plan_train_arm(params, "tandem", shape, device="cuda")
     assert plan.training["optimizer_step"] == shape.n_params * 4  # float32 gradients, nothing else
+
+
+def _naive_waves(rows: int, room: float, row_bytes: float) -> list[int]:
+    fit = int(room // row_bytes)
+    return [fit] * (rows // fit) + ([rows % fit] if rows % fit else [])
+
+
+def _naive_call(prem: dict, shape: ModelShape, gpu, layout: str, rows: int, new: int, prompt: int,
+                share: float) -> tuple:
+    """(tandem s, solo s) of one call of `rows` rows: its admission waves (resident rows at `share` of the GPU,
+    less the bf16 weights and 1.5 GiB) one after the other, each priced by `_naive_rollout`."""
+    fixed, row_bytes = 2 * shape.n_params + 1.5 * GIB, (prompt + new) * shape.kv_bytes_per_token(2)
+    mem = (140 if gpu.name == "H200" else 80) * GIB  # train.gpu_memory_gib of the presets
+    tw = _naive_waves(rows, share * mem - fixed, row_bytes)
+    solo_rows, solo_room = (rows, 2 * share * mem - fixed) if layout == "shared" else (-(-rows // 2),
+                                                                                       share * mem - fixed)
+    sw = _naive_waves(solo_rows, solo_room, row_bytes)
+    tandem = sum(_naive_rollout(prem, shape, gpu, layout, n, new, prompt)[0] for n in tw)
+    solo = sum(_naive_rollout(prem, shape, gpu, "shared", n, new, prompt)[1] for n in sw)  # rows on one GPU
+    return tandem, solo
+
+
+def _naive_rollout(prem: dict, shape: ModelShape, gpu, layout: str, rows: int, new: int, prompt: int) -> tuple:
+    """(tandem s, solo s) of `rows` resident rows recomputed from the premises file's figures by the formulas of
+    docs/rollout.md ("The GPU prediction"), written out without the library's pricing functions (solo: `rows` on
+    each GPU when shared, half of them when dedicated)."""
+    P, kv, bw, fl = shape.n_params, shape.kv_bytes_per_token(2), gpu.bandwidth, gpu.flops
+    ctx, cpu = prompt + new / 2, prem["cpu_seconds"]
+    parts = []
+    for role in ("senior", "junior"):
+        e = prem["engines"][role]
+        k = rows / e["steps_per_row_token"]
+        r, comp, chunks = k * e["rows_per_token"], k * e["computed_per_token"], k * e["chunks_per_token"]
+        g = max(2 * P / bw + r * ctx * kv / bw, 2 * P * comp / fl)
+        f = gpu.launch_gap + r * cpu["sched_per_row_tandem"] + chunks * cpu["per_chunk"]
+        parts.append((new * e["steps_per_row_token"], g, f))
+    if layout == "shared":
+        t = sum(n * g for n, g, _ in parts) + max(n * f for n, _, f in parts)
+    else:
+        t = max(n * (g + f) for n, g, f in parts)
+    t = max(t, rows * new * cpu["frontend_per_token"])
+    s = prem["engines"]["solo"]
+    solo_rows = rows if layout == "shared" else -(-rows // 2)
+    k = solo_rows / s["steps_per_row_token"]
+    step = max(2 * P / bw + k * s["rows_per_token"] * ctx * kv / bw, 2 * P * k * s["computed_per_token"] / fl,
+               k * s["rows_per_token"] * cpu["sched_per_row_solo"])
+    return t, new * s["steps_per_row_token"] * step
+
+
+@pytest.mark.parametrize("preset", ["params.paper.yaml", "params.paper-dedicated.yaml"])
+def test_the_plans_layouts_recomputed_from_the_premises_file(preset):
+    """Both presets on an 8-GPU node: for each layout the plan's GPUs, rollout seconds per step, training seconds,
+    trainer idle seconds, seconds per step and tandem/solo equal the formulas over the committed premises file's
+    figures (tandem/rollout/premises.json), and the recommended layout is the one with the fewest seconds per
+    step. The params' own layout is priced as it stands; the other at the paper presets' share with the most
+    training processes the node leaves."""
+    from tandem.plan import plan_all
+    from tandem.rollout.cost import GPUS, PREMISES_FILE
+
+    prem = json.loads(PREMISES_FILE.read_text())
+    p = _params(preset)
+    res = plan_all(p, REPO / "no-model-dir", "cuda", node_gpus=8)
+    shape = ModelShape(**KNOWN_SHAPES[p.model.hub_id])
+    gpu = GPUS["h100" if p.train.gpu_memory_gib == 80 else "h200"]
+    t = p.train
+    rows_per_step = t.prompts_per_step * t.group_size
+    expect = {"shared": {"trainer": 8, "gpus": 8, "rows": rows_per_step // 8, "share": 0.3},
+              "dedicated": {"trainer": 4, "gpus": 6, "rows": rows_per_step, "share": 0.9}}
+    if preset == "params.paper-dedicated.yaml":
+        expect["shared"]["share"] = 0.3  # the other layout at the paper presets' share
+    c = res["layouts"]
+    assert c["node_gpus"] == 8
+    for layout, e in expect.items():
+        got = c["layouts"][layout]
+        assert got["gpus"] == e["gpus"] and got["trainer_gpus"] == e["trainer"] and got["vllm_gpu_memory"] == e["share"]
+        assert got["rows_per_call"] == e["rows"] and got["calls_per_step"] == 1
+        tandem_s, solo_s = _naive_call(prem, shape, gpu, layout, e["rows"], t.max_new_tokens, t.max_prompt_tokens,
+                                       e["share"])
+        assert got["rollout_s"] == pytest.approx(tandem_s, rel=1e-9)
+        assert got["solo_rollout_s"] == pytest.approx(solo_s, rel=1e-9)
+        assert got["predicted_tandem_over_solo"] == pytest.approx(solo_s / tandem_s, rel=1e-9)
+        training = (6 + 2 + 2) * shape.n_params * rows_per_step * (t.max_prompt_tokens + t.max_new_tokens) / (
+            e["trainer"] * gpu.flops)  # fwd+bwd, checkpointing's recompute, the old log-probs' pass
+        assert got["training_s"] == pytest.approx(training, rel=1e-9)
+        assert got["trainer_idle_s"] == pytest.approx(tandem_s if layout == "dedicated" else 0.0, rel=1e-9)
+        assert got["step_s"] == pytest.approx(tandem_s + training, rel=1e-9)
+    # the params' own layout is the rollout section's, to the figure
+    own = c["layouts"][p.rollout.vllm_layout]
+    assert own["params_layout"] and own["predicted_tandem_over_solo"] == pytest.approx(
+        res["rollout"]["predicted_tandem_over_solo"], abs=1e-3)
+    fitting = {k: v for k, v in c["layouts"].items() if v["fits"]}
+    assert c["recommended"] == min(fitting, key=lambda k: fitting[k]["step_s"]) and c["recommended"] in c["why"]
+
+
+def test_cli_plan_prints_each_layouts_seconds_and_the_recommendation():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "cli", "plan", "--params", "params.paper-dedicated.yaml", "--gpus", "8"]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(subprocess.run(cmd + ["--json"], cwd=REPO, env=env, capture_output=True, text=True,
+                                    timeout=120).stdout)["layouts"]
+    text = out.stdout
+    assert "layouts on a node of 8 GPUs" in text
+    for name, r in res["layouts"].items():
+        line = next(ln for ln in text.splitlines() if ln.strip().startswith(name) and "per step" in ln)
+        for key, nd in (("rollout_s", 1), ("training_s", 1), ("trainer_idle_s", 1), ("step_s", 1),
+                        ("predicted_tandem_over_solo", 2)):
+            assert f"{r[key]:.{nd}f}" in line, (key, line)
+        assert f"{r['gpus']} GPUs" in line
+    assert f"recommended: {res['recommended']} (" in text

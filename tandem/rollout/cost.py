@@ -1,37 +1,48 @@
-"""The GPU cost model: a rollout's counted work priced on a GPU (`predicted_gpu_tandem_over_solo`).
+"""The GPU cost model of a rollout: measured premises (counts per generated token, from vLLM's CPU build) priced on
+a GPU's roofline. One model for `tandem plan` (`tandem/rollout/layout.py`), the rollout benchmark
+(`benchmarks/vllm_rollout.py`) and the vLLM GPU check (`benchmarks/vllm_gpu.py`).
 
-The CPU build cannot time a GPU, but it counts what a GPU would do: per engine, the steps, the rows and the
-context (KV tokens read) in each step, the tokens computed (prefill + decode), and the CPU the scheduler and
-the frontend spend. Decoding is memory-bound, so each step of an engine costs (a roofline)
+**Premises** (`Premises`, read from `PREMISES_FILE`, `tandem/rollout/premises.json`, which
+`tandem bench rollout --backend vllm --vocab qwen3 --write-premises` writes): per engine (the tandem rollout's
+senior and junior, and solo), per generated token of the rollout,
+- `steps_per_row_token`: engine steps per generated token of one row (steps x rows / tokens: a rollout of rows of
+  L new tokens runs L x this many steps of the engine; 1.0 when every row is in every step, as in solo);
+- `rows_per_token`: rows scheduled in the engine's steps, summed, per generated token (its rows per step are
+  rows x rows_per_token / steps_per_row_token);
+- `computed_per_token`: tokens the engine runs through its model (decode, the partner's catch-up);
+- `chunks_per_token`: session chunks added to the engine;
+and the CPU per unit (`CpuPremises`): the scheduler's CPU per scheduled row (tandem, solo), per chunk added, and
+the frontend's per generated token, at the measuring machine's speed. The counts are what vLLM's CPU build counts
+(a GPU runs the same scheduler over the same rows); the CPU figures are priced as measured (a faster host lowers
+them).
 
-    t_step = F + max(W + K_step, C_step)
-    W = weight bytes / BW                      (ModelShape.n_params x 2 bytes, bf16)
-    K_step = context tokens x KV bytes per token / BW  (ModelShape.kv_bytes_per_token(2))
-    C_step = 2 x n_params x computed tokens / P
-    F = launch gap per step (async scheduling off: a custom scheduler) + the measured scheduler CPU per step
+**Pricing** (decoding is memory-bound; `roofline`): a step of an engine with `r` rows at a mean context `c` costs
+    max(W + K, C),  W = bf16 weight bytes / BW,  K = r c KV bytes per token / BW,  C = 2 params computed / P
+with the target model's shape (`tandem/plan.py`'s `ModelShape`) and the GPU's achieved bandwidth BW and dense
+bf16 throughput P (`GPUS`). Tandem's scheduler runs vLLM's synchronous scheduling, so each of its steps also pays
+an exposed gap F = the launch gap + r x the scheduler's CPU per row + chunks per step x the CPU per chunk.
+- `shared` (both engines on one GPU): their kernels add, one engine's gaps hide behind the other's kernels:
+  T = sum over engines of steps x max(W + K, C) + max over engines of steps x F;
+- `dedicated` (one GPU per model): T = the slower engine, steps x (max(W + K, C) + F);
+- either way T is at least the frontend's CPU per generated token x the tokens.
+Solo is stock vLLM as it runs by default on CUDA: asynchronous scheduling overlaps its scheduler's CPU with the
+GPU's step, so each step is max(roofline, rows x the solo scheduler's CPU per row), no gap exposed; on a shared
+GPU it has that GPU, with one GPU per model it runs data parallel 2 (half the rows on each GPU).
+The ratio is tandem's tokens per second over solo's for the same rows and tokens: T_solo / T_tandem.
 
-with the shape of the target model from `tandem/plan.py` (Qwen3-4B by default) and the GPU's bandwidth BW
-and dense bf16 throughput P (`GPUS`: achieved, not peak figures). The counts are scaled from the measured
-rows to `rows` (per-step rows, contexts and computed tokens scale; the number of steps does not: every row
-runs concurrently). The scheduler CPU per step is the measured one, at the measured rows per step; with
-`cpu_per_row` it scales with the rows too, at this machine's CPU speed (the scheduler's work is per scheduled
-row: `benchmarks/sched_step.py`), which prices a GPU host's CPU no faster than the measuring one, and solo's CPU as
-exposed as tandem's (a custom scheduler turns vLLM's asynchronous scheduling off for both).
-
-- One GPU for both engines: the two engines' kernels share the GPU, so their memory and compute times add,
-  while one engine's per-step CPU gap hides behind the other's kernels: T = sum over both engines' steps of
-  max(W + K, C) + F x max(steps of either engine).
-- One GPU per engine, against solo with data parallelism 2 (each GPU half the rows): T = the slower engine.
-- Either way T is at least the frontend's CPU (measured per generated token, times the tokens).
-
-The ratio is (tandem tokens / T_tandem) / (solo tokens / T_solo). Calibrate `F`, `BW`, `P` with one solo run
-when a GPU is lent (`scripts/gpu_check.sh` part 2 prints the measured solo step time beside the model's).
-`tandem/rollout/layout.py` prices a layout from the params with the same table and roofline (`roofline`).
+Assumed: a row's mean context over its rollout is prompt + L / 2; the counts per token hold at any row count
+and length; every row runs to its L new tokens. Calibrate BW and the launch gap with one solo run on a GPU
+(`scripts/gpu_check.sh` part 2); until then every GPU figure is a prediction.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PREMISES_FILE = Path(__file__).with_name("premises.json")
+ROLES = ("senior", "junior", "solo")
 
 
 @dataclass(frozen=True)
@@ -64,55 +75,173 @@ def roofline(shape, gpu: GPU, context_tokens: float, computed_tokens: float) -> 
     return max(W + K, C)
 
 
-def engine_time(c: dict, shape, gpu: GPU, scale: float, rows_split: float = 1.0,
-                cpu_per_row: bool = False) -> tuple[float, float]:
-    """(GPU seconds excluding the per-step gap, per-step gap seconds) of one engine's counted rollout.
+# --------------------------------------------------------------------------------------------------
+# Premises
+# --------------------------------------------------------------------------------------------------
 
-    Uses the step-level means: the counts are sums over steps, and both terms of the roofline are linear in
-    them, so the mean step is priced (a step of twice the context reads twice the KV). The scheduler CPU per
-    step is taken as measured (`cpu_per_row` False) or scaled with the step's rows like the other per-step
-    counts (True: the scheduler's work is per scheduled row, `benchmarks/sched_step.py`), at this machine's CPU
-    speed."""
-    steps = c.get("steps", 0.0)
-    if not steps:
-        return 0.0, 0.0
-    k = scale / rows_split
-    ctx = c.get("context_tokens", 0.0) * k / steps
-    comp = c.get("computed_tokens", 0.0) * k / steps
-    gap = gpu.launch_gap + c.get("sched_cpu_seconds", 0.0) / steps * (k if cpu_per_row else 1.0)
-    return steps * roofline(shape, gpu, ctx, comp), steps * gap
+@dataclass(frozen=True)
+class EnginePremises:
+    """One engine's counts per generated token of the rollout (module docstring)."""
+
+    steps_per_row_token: float
+    rows_per_token: float
+    computed_per_token: float
+    chunks_per_token: float = 0.0
+
+    def __post_init__(self):
+        if self.steps_per_row_token <= 0 or self.rows_per_token <= 0 or self.computed_per_token < 0 \
+                or self.chunks_per_token < 0:
+            raise ValueError(f"an engine's premises are positive counts per generated token (steps and rows > 0), "
+                             f"got {self}")
+
+    def rows_per_step(self, rows: float) -> float:
+        """Rows in one of this engine's steps when `rows` rows run."""
+        return rows * self.rows_per_token / self.steps_per_row_token
 
 
-def predict(tandem: dict, solo: dict, shape, gpu: str = "h200", rows: int = 128, cpu_per_row: bool = False) -> dict:
-    """Predicted tandem/solo throughput ratios on one GPU and on one GPU per engine, with the terms.
+@dataclass(frozen=True)
+class CpuPremises:
+    """CPU seconds per unit at the measuring machine's speed: the scheduler per scheduled row (tandem, solo), per
+    chunk added to an engine, and the frontend per generated token (tandem's service)."""
 
-    `tandem` / `solo`: the service stats of one rollout each ({"engines": {"senior": counts, "junior": ...},
-    "kept", "rows", "frontend_cpu_seconds"}); `cpu_per_row`: the scheduler CPU per step scaled to `rows` with the
-    other per-step counts (`engine_time`).
-    """
-    g = GPUS[gpu]
-    ts, tj, ss = tandem["engines"]["senior"], tandem["engines"]["junior"], solo["engines"]["senior"]
-    k_t = rows / max(tandem["rows"], 1)
-    k_s = rows / max(solo["rows"], 1)
-    front_t = tandem.get("frontend_cpu_seconds", 0.0) * k_t
-    front_s = solo.get("frontend_cpu_seconds", 0.0) * k_s
-    a_s, f_s = engine_time(ts, shape, g, k_t, cpu_per_row=cpu_per_row)
-    a_j, f_j = engine_time(tj, shape, g, k_t, cpu_per_row=cpu_per_row)
-    a_solo, f_solo = engine_time(ss, shape, g, k_s, cpu_per_row=cpu_per_row)
-    T_solo = max(a_solo + f_solo, front_s)
-    gap_1 = max(f_s, f_j)
-    T_1 = max(a_s + a_j + gap_1, front_t)
-    T_2 = max(a_s + f_s, a_j + f_j, front_t)
-    # solo, data parallel 2: half the rows
-    a_solo2, f_solo2 = engine_time(ss, shape, g, k_s, rows_split=2.0, cpu_per_row=cpu_per_row)
-    T_solo2 = max(a_solo2 + f_solo2, front_s / 2)
-    tok_t, tok_s = tandem["kept"] * k_t, solo["kept"] * k_s
-    gpu_1 = (tok_t / (a_s + a_j + gap_1)) / (tok_s / (a_solo + f_solo))  # the GPU work alone, no frontend floor
-    return {"gpu": g.name, "rows": rows, "model_params": shape.n_params,
-            "solo_s": T_solo, "tandem_one_gpu_s": T_1, "tandem_two_gpus_s": T_2,
-            "solo_tok_s": tok_s / T_solo, "tandem_one_gpu_tok_s": tok_t / T_1,
-            "predicted_gpu_tandem_over_solo": (tok_t / T_1) / (tok_s / T_solo),
-            "predicted_gpu_tandem_over_solo_two_gpus": (tok_t / T_2) / (tok_s / T_solo2),
-            "gpu_bound_tandem_over_solo": gpu_1, "frontend_bound": T_1 == front_t,
-            "weights_ms_per_step": shape.n_params * 2 / g.bandwidth * 1e3,
-            "gap_ms_per_step": (f_solo / ss["steps"] * 1e3) if ss.get("steps") else 0.0}
+    sched_per_row_tandem: float
+    sched_per_row_solo: float
+    per_chunk: float
+    frontend_per_token: float
+
+    def __post_init__(self):
+        if min(asdict(self).values()) < 0:
+            raise ValueError(f"CPU seconds are >= 0, got {self}")
+
+
+@dataclass(frozen=True)
+class Premises:
+    """What the cost model prices: the three engines' counts, the CPU per unit, and where they were measured
+    (`measured`: what, on what, how to rerun; `cpu_source`: where the CPU figures come from)."""
+
+    senior: EnginePremises
+    junior: EnginePremises
+    solo: EnginePremises
+    cpu: CpuPremises
+    measured: dict = field(default_factory=dict, compare=False)
+
+    def engine(self, role: str) -> EnginePremises:
+        if role not in ROLES:
+            raise ValueError(f"role {role!r}: one of {ROLES}")
+        return getattr(self, role)
+
+    def to_json(self) -> dict:
+        d = {r: asdict(self.engine(r)) for r in ROLES}
+        return {"engines": d, "cpu_seconds": asdict(self.cpu), "measured": self.measured}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Premises":
+        try:
+            engines = {r: EnginePremises(**d["engines"][r]) for r in ROLES}
+            return cls(**engines, cpu=CpuPremises(**d["cpu_seconds"]), measured=d.get("measured", {}))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"premises: expected engines.{{senior,junior,solo}} and cpu_seconds as "
+                             f"`Premises.to_json` writes them ({e})") from None
+
+
+def load_premises(path: str | Path = PREMISES_FILE) -> Premises:
+    """The committed premises (`PREMISES_FILE`) or another file of the same form."""
+    return Premises.from_json(json.loads(Path(path).read_text()))
+
+
+def write_premises(premises: Premises, path: str | Path = PREMISES_FILE) -> Path:
+    Path(path).write_text(json.dumps(premises.to_json(), indent=1, sort_keys=True) + "\n")
+    return Path(path)
+
+
+def engine_premises(counts: dict, kept: float, rows: int) -> EnginePremises:
+    """One engine's premises from the service's counters of one rollout (`engines.<role>`), `kept` generated
+    tokens over `rows` rows."""
+    kept = max(float(kept), 1.0)
+    return EnginePremises(steps_per_row_token=counts["steps"] * rows / kept,
+                          rows_per_token=counts["scheduled_rows_sum"] / kept,
+                          computed_per_token=counts["computed_tokens"] / kept,
+                          chunks_per_token=counts.get("chunks", 0.0) / kept)
+
+
+def premises_from_stats(tandem: dict, solo: dict, cpu: CpuPremises, measured: dict | None = None) -> Premises:
+    """Premises from the service stats of one tandem and one solo rollout (the benchmark's `service_stats`:
+    {"engines": {"senior": counts, "junior": ...}, "kept", "rows", "frontend_cpu_seconds"}). The frontend's CPU per
+    token is the tandem rollout's own; the scheduler's CPU per row and chunk are `cpu`'s (they are measured in
+    isolation, `benchmarks/sched_step.py`: inside the service they include the model runner's work)."""
+    kept = max(float(tandem["kept"]), 1.0)
+    cpu = CpuPremises(cpu.sched_per_row_tandem, cpu.sched_per_row_solo, cpu.per_chunk,
+                      tandem.get("frontend_cpu_seconds", 0.0) / kept)
+    e = tandem["engines"]
+    return Premises(engine_premises(e["senior"], tandem["kept"], tandem["rows"]),
+                    engine_premises(e["junior"], tandem["kept"], tandem["rows"]),
+                    engine_premises(solo["engines"]["senior"], solo["kept"], solo["rows"]), cpu,
+                    dict(measured or {}))
+
+
+# --------------------------------------------------------------------------------------------------
+# Pricing
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepPrice:
+    """One engine's step in a rollout of `rows` rows: its rows, GPU seconds (roofline) and exposed gap."""
+
+    steps_per_row_token: float
+    rows: float
+    gpu_s: float
+    gap_s: float
+
+
+def tandem_steps(shape, gpu: GPU, premises: Premises, rows: float, context: float) -> dict[str, StepPrice]:
+    """The senior's and the junior's step when `rows` rows run at a mean context of `context` tokens."""
+    out = {}
+    for role in ("senior", "junior"):
+        e = premises.engine(role)
+        r = e.rows_per_step(rows)
+        computed = rows * e.computed_per_token / e.steps_per_row_token
+        chunks = rows * e.chunks_per_token / e.steps_per_row_token
+        gap = gpu.launch_gap + r * premises.cpu.sched_per_row_tandem + chunks * premises.cpu.per_chunk
+        out[role] = StepPrice(e.steps_per_row_token, r, roofline(shape, gpu, r * context, computed), gap)
+    return out
+
+
+def tandem_seconds(shape, gpu: GPU, premises: Premises, layout: str, rows: float, new_tokens: int,
+                   context: float) -> float:
+    """Seconds of one tandem rollout of `rows` rows x `new_tokens` (module docstring): `shared` adds both engines'
+    kernels and the longer gap; `dedicated` is the slower engine; floored by the frontend's CPU."""
+    steps = tandem_steps(shape, gpu, premises, rows, context)
+    n = {r: new_tokens * s.steps_per_row_token for r, s in steps.items()}
+    if layout == "shared":
+        t = sum(n[r] * s.gpu_s for r, s in steps.items()) + max(n[r] * s.gap_s for r, s in steps.items())
+    elif layout == "dedicated":
+        t = max(n[r] * (s.gpu_s + s.gap_s) for r, s in steps.items())
+    else:
+        raise ValueError(f"layout {layout!r}: shared or dedicated")
+    return max(t, rows * new_tokens * premises.cpu.frontend_per_token)
+
+
+def solo_step(shape, gpu: GPU, premises: Premises, rows: float, context: float) -> float:
+    """Seconds of one solo step with `rows` rows on one GPU: stock vLLM's asynchronous scheduling overlaps the
+    scheduler's CPU with the GPU's work, so the step is the longer of the two (no gap exposed)."""
+    e = premises.solo
+    r = e.rows_per_step(rows)
+    computed = rows * e.computed_per_token / e.steps_per_row_token
+    return max(roofline(shape, gpu, r * context, computed), r * premises.cpu.sched_per_row_solo)
+
+
+def solo_seconds(shape, gpu: GPU, premises: Premises, rows: float, new_tokens: int, context: float) -> float:
+    """Seconds of one solo rollout of `rows` rows x `new_tokens` on one GPU."""
+    return new_tokens * premises.solo.steps_per_row_token * solo_step(shape, gpu, premises, rows, context)
+
+
+def predicted_ratio(shape, gpu: GPU, premises: Premises, layout: str, rows: int, new_tokens: int,
+                    prompt_tokens: float) -> dict:
+    """Tandem/solo for `rows` rows, all resident, of `prompt_tokens` + `new_tokens` in `layout` (solo: on the
+    shared GPU; data parallel 2 over the dedicated layout's two GPUs), with both times in seconds."""
+    ctx = prompt_tokens + new_tokens / 2
+    t = tandem_seconds(shape, gpu, premises, layout, rows, new_tokens, ctx)
+    solo_rows = rows if layout == "shared" else -(-rows // 2)
+    s = solo_seconds(shape, gpu, premises, solo_rows, new_tokens, ctx)
+    return {"layout": layout, "gpu": gpu.name, "rows": rows, "new_tokens": new_tokens, "tandem_s": t, "solo_s": s,
+            "predicted_tandem_over_solo": s / t}
