@@ -1,6 +1,6 @@
 """Each vLLM engine's device (`tandem.rollout.placement`), with fake `LOCAL_RANK` and fake visible GPUs: a distinct
 GPU per training process in the shared layout and per model in the dedicated one, what the service's engine
-starts get (`service.engine_envs`, `service.parallel_kwargs`, the client's flags), and one-line refusals of
+starts get (`service.engine_envs`, `service.parallel_kwargs`, the client's flags; engines sharing a GPU start in turn, checked on a fake vLLM), and one-line refusals of
 GPUs that do not exist or overlap. The CUDA path (engines really landing there) needs a GPU check."""
 
 from __future__ import annotations
@@ -104,10 +104,13 @@ def test_the_service_starts_each_engine_under_its_devices():
     argv = LaunchOptions(placement=p).placement.to_argv()
     back = Placement.from_argv(argv[5], argv[1], argv[3])
     assert back == p
-    assert engine_envs(p) == [{1: {DEVICE_ENV: "8"}}, {0: {DEVICE_ENV: "9"}}]
+    assert engine_envs(p) == engine_envs(p, False) == [{1: {DEVICE_ENV: "8"}}, {0: {DEVICE_ENV: "9"}}]
     shared = place_engines("shared", visible=EIGHT, rank=5)
-    assert engine_envs(shared) == [{1: {DEVICE_ENV: "5"}, 0: {DEVICE_ENV: "5"}}]
-    assert engine_envs(Placement("shared")) == [{1: {}, 0: {}}]
+    # on a GPU two engines sharing it start in turn (each sizes its KV cache from the GPU's free memory)
+    assert engine_envs(shared) == [{1: {DEVICE_ENV: "5"}}, {0: {DEVICE_ENV: "5"}}]
+    # vLLM's CPU build (an explicit KV cache size): together
+    assert engine_envs(shared, sized_by_free_memory=False) == [{1: {DEVICE_ENV: "5"}, 0: {DEVICE_ENV: "5"}}]
+    assert engine_envs(Placement("shared"), False) == [{1: {}, 0: {}}]
     assert parallel_kwargs(1) == {} and parallel_kwargs(2) == {"tensor_parallel_size": 2,
                                                                "distributed_executor_backend": "mp"}
 
@@ -117,3 +120,70 @@ def test_layout_gpus_counts_every_position_the_node_must_show():
     assert layout_gpus("dedicated", 4) == 6 and layout_gpus("dedicated", 4, (4, 5)) == 6  # the two after
     assert layout_gpus("dedicated", 4, (6, 9)) == 10  # positions 4, 5, 7, 8 unused but still on the node
     assert layout_gpus("dedicated", 2, (2, 3, 4, 5)) == 6  # a tensor-parallel pair per model
+
+
+@pytest.mark.parametrize("cpu", [False, True])
+def test_engines_sharing_a_gpu_start_in_turn_with_their_share_each(monkeypatch, tmp_path, cpu):
+    """`EngineHost._start` with a fake vLLM: on a GPU the junior's engine starts only once the senior's is up
+    (vLLM sizes each engine's KV cache from the GPU's free memory at its start), each under the placement's
+    CUDA_VISIBLE_DEVICES and asking for its own share (`gpu_memory_utilization`) with synchronous scheduling;
+    on vLLM's CPU build (explicit KV size) both start at once."""
+    import asyncio
+    import os
+    import sys
+    import threading
+    import time
+    import types
+
+    from tandem.rollout.vllm.compat import ENGINE_FIXED
+    from tandem.rollout.vllm.engines import EngineHost, EngineSpec
+    from tandem.rollout.vllm.knobs import EngineKnobs
+
+    events, lock = [], threading.Lock()
+
+    class Args:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    class Engine:
+        async def collective_rpc(self, name):
+            return [name]
+
+    class AsyncLLM:
+        @staticmethod
+        def from_engine_args(args):
+            role = "senior" if args.kw["model"] == "S" else "junior"
+            with lock:
+                events.append(("start", role, os.environ.get(DEVICE_ENV), args.kw))
+            time.sleep(0.3)  # profiling, KV allocation, CUDA graphs
+            with lock:
+                events.append(("up", role))
+            return Engine()
+
+    platform = types.SimpleNamespace(is_cpu=lambda: cpu)
+    fake = {"vllm": types.ModuleType("vllm"), "vllm.engine": types.ModuleType("vllm.engine"),
+            "vllm.engine.arg_utils": types.SimpleNamespace(AsyncEngineArgs=Args),
+            "vllm.platforms": types.SimpleNamespace(current_platform=platform),
+            "vllm.v1": types.ModuleType("vllm.v1"), "vllm.v1.engine": types.ModuleType("vllm.v1.engine"),
+            "vllm.v1.engine.async_llm": types.SimpleNamespace(AsyncLLM=AsyncLLM)}
+    for k, v in fake.items():
+        monkeypatch.setitem(sys.modules, k, v)
+    host = EngineHost()
+    host.stats_files = {0: tmp_path / "j", 1: tmp_path / "s"}
+    placement = place_engines("shared", visible=EIGHT, rank=3)
+    spec = EngineSpec("S", "J", EngineKnobs(gpu_memory=0.3, dtype="bfloat16"), placement=placement)
+    before = os.environ.get(DEVICE_ENV)
+    engines = asyncio.run(host._start(spec))
+    assert set(engines) == {0, 1}
+    order = [e[:2] for e in events]
+    if cpu:
+        assert order[:2] in ([("start", "senior"), ("start", "junior")], [("start", "junior"), ("start", "senior")])
+    else:
+        assert order == [("start", "senior"), ("up", "senior"), ("start", "junior"), ("up", "junior")]
+    for e in events:
+        if e[0] == "start":
+            assert e[2] == "3"  # the process's own GPU (LOCAL_RANK 3), set while vLLM spawns the engine core
+            kw = e[3]
+            assert kw["gpu_memory_utilization"] == 0.3 and kw["distributed_executor_backend"] == "uni"
+            assert all(kw[k] == v for k, v in ENGINE_FIXED.items())
+    assert os.environ.get(DEVICE_ENV) == before  # the process's environment restored after the starts

@@ -53,13 +53,21 @@ class EngineSpec:
     placement: Placement = Placement("shared")
 
 
-def engine_envs(placement: Placement) -> list[dict[int, dict[str, str]]]:
-    """The engines' starts, in order: each a {role: environment} of engines started together. Engines on the
-    same devices (or placed nowhere) start at once under one environment; engines on devices of their own start
-    one after the other, each under its own `CUDA_VISIBLE_DEVICES` (the environment is the process's, and vLLM
-    spawns the engine-core process from it: `placement` module docstring)."""
+def engine_envs(placement: Placement, sized_by_free_memory: bool = True) -> list[dict[int, dict[str, str]]]:
+    """The engines' starts, in order: each a {role: environment} of engines started together, each engine under
+    its own `CUDA_VISIBLE_DEVICES` (the environment is the process's, and vLLM spawns the engine-core process from
+    it: `placement` module docstring). The senior first.
+
+    Engines start together only when they share one environment and do not size their KV caches from the
+    device's free memory (`sized_by_free_memory` False: vLLM's CPU build, whose KV cache has an explicit size).
+    On a GPU vLLM 0.32 sizes an engine's KV cache by profiling (`gpu_worker.determine_available_memory`:
+    the requested share of the GPU less what the profile run saw consumed, read as whole-device free memory,
+    "assuming the other processes using the same GPU did not change their memory usage during the
+    profiling"): two engines starting at once on one GPU would each count the other's allocations as their
+    own, or fail its assertion when the other frees memory. So on a GPU the second engine starts after the first
+    is up (`AsyncLLM.from_engine_args` returns once the engine core has allocated its KV cache)."""
     envs = {ROLES[name]: placement.env(name) for name in ("senior", "junior")}
-    if envs[1] == envs[0]:
+    if envs[1] == envs[0] and not sized_by_free_memory:
         return [envs]
     return [{1: envs[1]}, {0: envs[0]}]
 
@@ -153,11 +161,11 @@ class EngineHost:
 
         loop = asyncio.get_running_loop()
         engines: dict = {}
-        # engines on the same devices start at once (each engine core in its own processes: about half the start
-        # time); engines on devices of their own one after the other, the process's environment naming the
-        # engine's devices while vLLM spawns its engine core. The engines' queues and sockets bind to this loop
-        # when first used.
-        for group in engine_envs(spec.placement):
+        # on a GPU one engine after the other (`engine_envs`: each sizes its KV cache from the device's free
+        # memory); on vLLM's CPU build engines on the same devices start at once (each engine core in its own
+        # processes: about half the start time). The process's environment names the engine's devices while vLLM
+        # spawns its engine core. The engines' queues and sockets bind to this loop when first used.
+        for group in engine_envs(spec.placement, sized_by_free_memory=not current_platform.is_cpu()):
             env = next(iter(group.values()))
             saved = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
