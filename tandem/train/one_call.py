@@ -9,9 +9,10 @@ that a sharded model's gather, a collective, is entered by every process. The no
 (seed, row id, position) only, so the rollouts equal those of each process calling for itself with the same
 seed (tests/rollout/test_vllm_layouts.py checks it with vLLM's CPU build and two gloo processes).
 
-`step_engine` builds the engine a training process uses: this one for `rollout.backend: vllm` with
-`rollout.vllm_layout: dedicated` and more than one process, else the engine itself (one service per process
-in the shared layout). The CUDA path (NCCL instead of gloo, the service on its own GPUs) is unverified until a
+`step_engine` builds the engine a training process uses: this one for `rollout.backend: vllm` with more than one
+process sharing one service (`rollout.vllm_layout: dedicated`, or any layout attached to `rollout.vllm_url`), else
+the engine itself (one service per process in the shared layout). Either way a service gets one weight push and
+one reload per step (tests/rollout/test_one_push.py: two gloo processes on one fake service). The CUDA path (NCCL instead of gloo, the service on its own GPUs) is unverified until a
 GPU check runs it.
 """
 
@@ -26,11 +27,21 @@ from tandem.rollout.core import RolloutBatch
 _ROW_COLUMNS = tuple(f.name for f in fields(RolloutBatch) if f.name != "timings")
 
 
+def one_service(rollout: Any, processes: int) -> bool:
+    """Whether several training processes share one rollout service: the dedicated layout's, or a service
+    attached with `rollout.vllm_url` (every process would attach to the same one). Then one process calls and
+    pushes for all: each pushing its own weights would reload the service once per process and step, and a
+    process's call naming its own weights would meet another's (409, or a reload in the middle of the step)."""
+    return (rollout.backend == "vllm" and processes > 1
+            and (rollout.vllm_layout == "dedicated" or bool(getattr(rollout, "vllm_url", ""))))
+
+
 def step_engine(build: Callable[[], Any], rollout: Any, accelerator: Any) -> Any:
     """The rollout engine of this training process: `build()` (a client of its own service, or the hf engine),
-    or, in the dedicated layout with several processes, a `OneCallEngine` whose main process alone builds one."""
+    or, when several processes share one service (`one_service`), a `OneCallEngine` whose main process alone
+    builds one."""
     n = int(getattr(accelerator, "num_processes", 1) or 1)
-    if rollout.backend == "vllm" and rollout.vllm_layout == "dedicated" and n > 1:
+    if one_service(rollout, n):
         return OneCallEngine(build() if accelerator.is_main_process else None, accelerator)
     return build()
 

@@ -1,7 +1,8 @@
 """Each vLLM engine's device (`tandem.rollout.placement`), with fake `LOCAL_RANK` and fake visible GPUs: a distinct
 GPU per training process in the shared layout and per model in the dedicated one, what the service's engine
-starts get (`service.engine_envs`, `service.parallel_kwargs`, the client's flags; engines sharing a GPU start in turn, checked on a fake vLLM), and one-line refusals of
-GPUs that do not exist or overlap. The CUDA path (engines really landing there) needs a GPU check."""
+starts get (`service.engine_envs`, `service.parallel_kwargs`, the client's flags; engines sharing a GPU start in
+turn, checked on a fake vLLM), and one-line refusals of GPUs that do not exist or overlap. The CUDA path (engines
+really landing there) needs a GPU check."""
 
 from __future__ import annotations
 
