@@ -67,6 +67,9 @@ OTHER_FILES = {
     "docs/architecture.md": "layers, stage contract, artifact layout, the axis-letter glossary",
     "docs/gpu/h200-mid.json": "scripts/gpu_check_bare.py's JSON lines from an H200, ~220M model (docs/results.md#gpu-checks)",
     "docs/gpu/h200-qwen3-4b.json": "the same at Qwen3-4B's shape (`--shape qwen3-4b`); tests/test_plan.py reads both",
+    "tandem/rollout/premises.json": "the GPU cost model's premises, measured on vLLM's CPU build: engine steps, scheduled "
+                                    "rows, computed tokens and chunks per generated token of each engine, CPU per unit "
+                                    "(`tandem bench rollout --backend vllm --vocab qwen3 --write-premises`)",
     "docs/file-map.md": "this map: one line per tracked file (`python scripts/file_map.py --write`)",
     "docs/metrics.md": "every metric's formula, units and direction; JSON/CSV schemas",
     "docs/operations.md": "deployments, work pools, schedule, promotion, W&B, DVC views, environment, failure behaviour, GPUs",

@@ -172,3 +172,121 @@ def test_no_patch_is_installed_at_import():
     from vllm_fixtures import run_in_vllm
 
     run_in_vllm(NO_PATCH_AT_IMPORT, timeout=300)
+
+
+# The modules whose code touches vLLM's objects (the service's and the benchmarks'), scanned for reliances
+VLLM_MODULES = ("tandem/rollout/vllm/sched.py", "tandem/rollout/vllm/submit.py", "tandem/rollout/vllm/returns.py",
+                "tandem/rollout/vllm/sessions.py", "tandem/rollout/vllm/worker.py", "tandem/rollout/vllm/engines.py",
+                "tandem/rollout/vllm/service.py", "benchmarks/sched_step.py", "benchmarks/stop_rule.py",
+                "benchmarks/vllm_replay.py", "benchmarks/vllm_stock.py", "benchmarks/vllm_ab_service.py")
+# names the scan finds that are the project's own, not vLLM's (each with where it is defined)
+OURS = {
+    "_load": "engines.EngineHost._load", "_returns": "engines.EngineHost._returns",
+    "_routers": "engines.EngineHost._routers", "_run": "engines.EngineHost._run", "_start": "engines.EngineHost._start",
+    "_submitters": "engines.EngineHost._submitters", "open_sessions": "service.Service (its count of sessions)",
+    "_FINISHES": "sessions._FINISHES", "_STOPS": "sessions._STOPS",
+    "_engine_kwargs": "engines.EngineHost._engine_kwargs", "_run_rows": "service.Service._run_rows",
+    "health": "service.Service.health", "replay": "benchmarks/vllm_ab_service.ABService.replay",
+    "_hold_back": "sched.TandemScheduler._hold_back",
+}
+VLLM_BASES = {"Scheduler", "LogitsProcessor", "StatLoggerBase"}
+
+
+def _identifiers(tree: ast.AST) -> set[str]:
+    """Every name the code spells: attributes, names, definitions, keyword arguments, imported names, strings."""
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute):
+            out.add(n.attr)
+        elif isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.keyword) and n.arg:
+            out.add(n.arg)
+        elif isinstance(n, ast.alias):
+            out.add(n.asname or n.name.split(".")[-1])
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.isidentifier():
+            out.add(n.value)
+    return out
+
+
+def _touchpoint_files(t) -> set[Path]:
+    files = set()
+    for where in (w.strip() for w in t.where.split(",")):
+        if where.startswith("benchmarks/"):
+            files.add(ROOT / "benchmarks" / f"{where.split('/')[1].split('.')[0]}.py")
+        else:
+            files.add(ROOT / "tandem" / "rollout" / "vllm" / f"{where.split('.')[0]}.py")
+    return files
+
+
+def test_every_touchpoint_lists_the_vllm_names_its_code_uses():
+    """Each touchpoint names the vLLM names it relies on, and each is spelled in the code at its `where` (a name
+    the code stopped using fails here, so the table cannot keep stale entries)."""
+    missing = []
+    for t in compat.TOUCHPOINTS:
+        assert t.names, f"{t.where}: no vLLM names listed"
+        found = set().union(*(_identifiers(ast.parse(f.read_text())) for f in _touchpoint_files(t)))
+        missing += [f"{t.where}: {n}" for n in t.names if n not in found]
+    assert not missing, f"touchpoint names not found in their code: {missing}"
+
+
+def _reliances(tree: ast.AST, own: set[str]) -> set[str]:
+    """The vLLM names a module relies on beyond imports, as its syntax shows them: the methods a subclass of a
+    vLLM class defines (overrides), the attributes it reads from self that its module never sets (inherited
+    state), `super().name` calls, attributes written onto objects other than self (vLLM's objects and classes),
+    `setattr` names given as strings, and private attributes it reads that its module does not define."""
+    found: set[str] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in cls.bases}
+        if bases & VLLM_BASES:
+            found |= {m.name for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and not m.name.startswith("__")}
+            found |= {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                      and n.value.id == "self" and isinstance(n.ctx, ast.Load) and n.attr not in own}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Call) \
+                and getattr(n.func.value.func, "id", "") == "super" and not n.func.attr.startswith("__"):
+            found.add(n.func.attr)
+        if isinstance(n, (ast.Assign, ast.AugAssign)):
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                if isinstance(t, ast.Attribute) and getattr(t.value, "id", "") not in ("self", "cls"):
+                    found.add(t.attr)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setattr" and len(n.args) > 1 \
+                and isinstance(n.args[1], ast.Constant):
+            found.add(n.args[1].value)
+        if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__") \
+                and n.attr not in own:
+            found.add(n.attr)
+    return found
+
+
+def _own(tree: ast.AST) -> set[str]:
+    """What a module defines: its functions and classes, and the attributes it sets on self."""
+    own: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(n.name)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                own |= {y.attr for y in ast.walk(t) if isinstance(y, ast.Attribute)
+                        and getattr(y.value, "id", "") in ("self", "cls")}
+    return own
+
+
+def test_no_vllm_reliance_found_in_the_code_is_left_out_of_the_table():
+    """The service's and the benchmarks' vLLM-facing modules scanned for reliances (`_reliances`): each is a name
+    of some touchpoint, or the project's own (`OURS`, where it is defined)."""
+    listed = {n for t in compat.TOUCHPOINTS for n in t.names}
+    unlisted = []
+    for rel in VLLM_MODULES:
+        tree = ast.parse((ROOT / rel).read_text())
+        unlisted += [f"{rel}: {n}" for n in sorted(_reliances(tree, _own(tree))) if n not in listed and n not in OURS]
+    assert not unlisted, f"vLLM reliances not in compat.TOUCHPOINTS: {unlisted}"
+
+
+def test_the_reliance_scan_sees_an_override_a_write_and_a_private_read():
+    code = ("class S(Scheduler):\n    def _private_step(self):\n        return self.kv_cache_manager\n"
+            "def f(req, core):\n    req._mark = 1\n    return core._queue\n")
+    assert _reliances(ast.parse(code), set()) == {"_private_step", "kv_cache_manager", "_mark", "_queue"}
