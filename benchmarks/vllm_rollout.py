@@ -427,6 +427,19 @@ VARIANTS = {"tandem_single": ("single_", ("shared", "dedicated")), "tandem_vllm_
 PREDICTED = {"shared": "predicted_gpu_tandem_over_solo", "dedicated": "predicted_gpu_tandem_over_solo_two_gpus"}
 
 
+def _cpu_name() -> str:
+    """The machine's CPU model (Linux's /proc/cpuinfo), else the platform's architecture."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def _cpu_premises() -> tuple:
     """(CpuPremises, source) when the isolated scheduler step did not run: the committed premises' CPU figures."""
     from tandem.rollout.cost import load_premises
@@ -441,7 +454,6 @@ def _predict(res: dict, options: VLLMBenchOptions) -> None:
     `premises`, and the cost model's tandem/solo for `options.gpu_rows` rows of Qwen3-4B at this run's length on
     `options.gpu`: both engines on one GPU (`predicted_gpu_tandem_over_solo`) and one GPU per model (`_two_gpus`),
     the same function `tandem plan` prices a layout with (`cost.predicted_ratio`)."""
-    import platform
     import subprocess
 
     from tandem.plan import KNOWN_SHAPES, ModelShape
@@ -464,7 +476,7 @@ def _predict(res: dict, options: VLLMBenchOptions) -> None:
     st = res["service_stats"]
     measured = {"what": (f"tandem (word schedule) and solo rollouts of {res['rows']} rows x {res['max_new_tokens']} "
                          f"tokens on {res['model']}"),
-                "on": f"vLLM {res.get('vllm_version')} CPU build, {platform.processor() or platform.machine()}",
+                "on": f"vLLM {res.get('vllm_version')} CPU build, {_cpu_name()}, {os.cpu_count()} vCPUs",
                 "vocab": res["vocab"], "rows": res["rows"], "new_tokens": res["max_new_tokens"],
                 "p_senior": res["p_senior"], "senior_fraction": res.get("senior_fraction"), "commit": commit,
                 "cpu_source": cpu_source,

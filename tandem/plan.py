@@ -675,8 +675,10 @@ def compare_layouts(params, shape: ModelShape, node_gpus: int = 0, premises=None
     for k, o in layouts.items():
         if k == best:
             continue
-        if o.get("step_s") is None or k not in ok:
-            why += f"; {k} does not fit {node} GPUs"
+        if k not in ok:
+            why += (f"; {k} does not fit: " + (o.get("why") or ("its memory plan" if not o["fits"] else
+                                                              "no prediction" if o["step_s"] is None else
+                                                              f"{o['gpus']} GPUs needed")))
             continue
         why += f" against {k}'s {o['step_s']:.1f} s (rollout {o['rollout_s']:.1f} + training {o['training_s']:.1f})"
         if o["predicted_tandem_over_solo"] > b["predicted_tandem_over_solo"]:

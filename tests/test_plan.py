@@ -221,7 +221,9 @@ def test_cli_plan_json_for_the_paper_preset():
     ro = res["rollout"]  # both engines beside the trainer: 16 rows per engine, weight-bound steps
     assert ro["layout"] == "shared" and ro["rollout_gpus"] == ro["trainer_gpus"] == 8
     assert ro["rows_per_engine"] == 16 <= ro["resident_rows"] and ro["admission_waves"] == 1
-    assert 0.4 < ro["predicted_tandem_over_solo"] < 0.6
+    # weight-bound steps: below one GPU per model's; the figure itself is pinned against the premises file's
+    # formulas by test_the_plans_layouts_recomputed_from_the_premises_file
+    assert 0.0 < ro["predicted_tandem_over_solo"] < res["layouts"]["layouts"]["dedicated"]["predicted_tandem_over_solo"]
 
 
 def test_cli_plan_prints_the_dedicated_rollout_layout():
