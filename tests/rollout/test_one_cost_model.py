@@ -82,3 +82,26 @@ def test_plan_benchmark_and_gpu_check_predict_one_ratio_per_layout(layout):
         figures.append(vg.prediction(shape, ("NVIDIA H200", H200), ROWS, TOKENS, PROMPT)["predicted_tandem_over_solo"])
     assert max(figures) - min(figures) <= 0.01, figures
     assert 0.0 < bench < 1.5
+
+
+def test_the_isolated_scheduler_step_sets_the_premises_cpu():
+    """With the isolated step run (`--vocab qwen3` with its comparisons), the scheduler's CPU per row and chunk
+    written to the premises are that run's (us -> s), not the committed file's."""
+    res = _bench_res(cost.load_premises())
+    res["isolated_step"] = {"rows": 32, "history": [16, 2500], "qwen3_long_senior_us_per_row": 30.0,
+                            "qwen3_long_junior_us_per_row": 26.0, "solo_long_us_per_row": 20.0,
+                            "qwen3_long_senior_add_us_per_chunk": 11.0, "qwen3_long_junior_add_us_per_chunk": 13.0}
+    vb._predict(res, vb.VLLMBenchOptions(vocab="qwen3", gpu="h200", gpu_rows=ROWS))
+    cpu = res["premises"]["cpu_seconds"]
+    assert cpu["sched_per_row_tandem"] == pytest.approx(28e-6) and cpu["sched_per_row_solo"] == pytest.approx(20e-6)
+    assert cpu["per_chunk"] == pytest.approx(12e-6)
+    assert "isolated scheduler step of this run" in res["premises"]["measured"]["cpu_source"]
+
+
+def test_the_gpu_checks_table_prints_the_prediction_beside_the_measurement():
+    shape = ModelShape(**KNOWN_SHAPES["Qwen/Qwen3-4B-Instruct-2507"])
+    pr = vg.prediction(shape, ("NVIDIA H100 80GB HBM3", 81559 * 2**20), ROWS, TOKENS, PROMPT)
+    assert pr["gpu"] == "H100 SXM" and pr["layout"] == "shared"
+    rec = {"runs": {}, "rows": ROWS, "max_new_tokens": TOKENS, "n_params": shape.n_params, "predicted": pr}
+    t = vg.table(rec)
+    assert f"**{pr['predicted_tandem_over_solo']:.2f}**" in t and "both engines on one H100 SXM" in t
