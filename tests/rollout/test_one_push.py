@@ -31,9 +31,10 @@ from tandem.rollout.request import RolloutSettings
 from tandem.rollout.schedule import ScheduleSpec
 from tandem.train.one_call import OneCallEngine, step_engine
 
-url, layout, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+cases = json.loads(sys.argv[1])  # [[service url, layout, mode], ...], one after the other
 acc = Accelerator(cpu=True)
 rank = acc.process_index
+url = None
 
 
 def post(path, obj):
@@ -65,19 +66,20 @@ class FakeClient:
         return RolloutBatch([[1, 2]] * n, [[1, 0]] * n, [[0.0, 0.0]] * n, [1] * n, ["length"] * n)
 
 
-rollout = types.SimpleNamespace(backend="vllm", vllm_layout=layout, vllm_url=url if layout == "shared" else "")
-engine = step_engine(FakeClient, rollout, acc) if mode == "step_engine" else FakeClient()
-client = engine.engine if isinstance(engine, OneCallEngine) else engine
 settings = RolloutSettings(ScheduleSpec("word"), SamplingParams(max_new_tokens=2))
-engine.push_weights(None)  # the weights of step 0 (the engine's start pushes the live senior)
-for step in range(3):
-    acc.wait_for_everyone()
-    batch = engine.generate(settings.request([[5, 6, 7]] * 2, seed=step, row_ids=[2 * rank, 2 * rank + 1]))
-    assert len(batch) == 2
-    acc.wait_for_everyone()
-    engine.push_weights(None)  # after the optimizer step (VLLMWeightSync)
-print(json.dumps({"rank": rank, "one_call": isinstance(engine, OneCallEngine),
-                  "conflicts": client.conflicts if client is not None else 0}), flush=True)
+for case, (url, layout, mode) in enumerate(cases):
+    rollout = types.SimpleNamespace(backend="vllm", vllm_layout=layout, vllm_url=url if layout == "shared" else "")
+    engine = step_engine(FakeClient, rollout, acc) if mode == "step_engine" else FakeClient()
+    client = engine.engine if isinstance(engine, OneCallEngine) else engine
+    engine.push_weights(None)  # the weights of step 0 (the engine's start pushes the live senior)
+    for step in range(3):
+        acc.wait_for_everyone()
+        batch = engine.generate(settings.request([[5, 6, 7]] * 2, seed=step, row_ids=[2 * rank, 2 * rank + 1]))
+        assert len(batch) == 2
+        acc.wait_for_everyone()
+        engine.push_weights(None)  # after the optimizer step (VLLMWeightSync)
+    print(json.dumps({"case": case, "rank": rank, "one_call": isinstance(engine, OneCallEngine),
+                      "conflicts": client.conflicts if client is not None else 0}), flush=True)
 """
 
 
@@ -115,38 +117,45 @@ class FakeService:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def _run(tmp_path: Path, layout: str, mode: str) -> tuple[FakeService, list[dict]]:
-    svc = FakeService()
-    script = tmp_path / "worker.py"
+CASES = (("dedicated", "step_engine"), ("shared", "step_engine"), ("shared", "each"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """The three cases in one launch of two processes: {(layout, mode): (service, [rank results])}."""
+    svcs = [FakeService() for _ in CASES]
+    script = tmp_path_factory.mktemp("one_push") / "worker.py"
     script.write_text(WORKER)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cases = json.dumps([[svc.url, layout, mode] for svc, (layout, mode) in zip(svcs, CASES)])
     try:
         r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                            "127.0.0.1", "--master_port", str(port), str(script), svc.url, layout, mode],
+                            "127.0.0.1", "--master_port", str(port), str(script), cases],
                            env=env, capture_output=True, text=True, timeout=300, cwd=str(REPO))
     finally:
-        svc.server.shutdown()
+        for svc in svcs:
+            svc.server.shutdown()
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    ranks = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"rank"')]
-    assert len(ranks) == 2, r.stdout
-    return svc, ranks
+    lines = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"case"')]
+    assert len(lines) == 2 * len(CASES), r.stdout
+    return {c: (svc, [x for x in lines if x["case"] == i]) for i, (svc, c) in enumerate(zip(svcs, CASES))}
 
 
 @pytest.mark.parametrize("layout", ["dedicated", "shared"])
-def test_two_processes_on_one_service_push_once_per_step_and_never_meet_a_409(tmp_path, layout):
-    svc, ranks = _run(tmp_path, layout, "step_engine")
+def test_two_processes_on_one_service_push_once_per_step_and_never_meet_a_409(runs, layout):
+    svc, ranks = runs[(layout, "step_engine")]
     assert all(r["one_call"] for r in ranks)
     assert svc.conflicts == 0 and all(r["conflicts"] == 0 for r in ranks)
     assert svc.pushes == svc.reloads == 4  # the start's push and one after each of the 3 steps
     assert svc.calls == 3  # one call per step, with both processes' rows
 
 
-def test_each_process_pushing_its_own_weights_meets_a_409(tmp_path):
+def test_each_process_pushing_its_own_weights_meets_a_409(runs):
     """The control: every process its own client of the one service (its weights under its own tag)."""
-    svc, ranks = _run(tmp_path, "shared", "each")
+    svc, ranks = runs[("shared", "each")]
     assert not any(r["one_call"] for r in ranks)
     assert svc.pushes == svc.reloads == 8  # two reloads per step
     assert svc.conflicts >= 1 and sum(r["conflicts"] for r in ranks) == svc.conflicts
