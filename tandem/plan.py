@@ -33,7 +33,9 @@ with one GPU per model, the trainer's GPUs free of engines, a step's rows in one
 the GPUs each engine runs on, rows per engine, resident rows at the memory share, admission waves and the
 predicted tandem/solo (`tandem.rollout.layout`). On GPUs the plan states how many GPUs the run needs on one node
 (`gpus_needed`: the trainer's, plus the rollout service's in the dedicated layout) and, given the node's count
-(`tandem plan --gpus N`), refuses in one line a layout that needs more.
+(`tandem plan --gpus N`), refuses in one line a layout that needs more. `compare_layouts` prices every layout
+for the run on the node's GPUs (GPUs used, rollout, training and trainer-idle seconds per step, tandem/solo) and
+recommends the one with the fewest seconds per step.
 """
 
 from __future__ import annotations
@@ -683,7 +685,8 @@ def compare_layouts(params, shape: ModelShape, node_gpus: int = 0, premises=None
         why += f" against {k}'s {o['step_s']:.1f} s (rollout {o['rollout_s']:.1f} + training {o['training_s']:.1f})"
         if o["predicted_tandem_over_solo"] > b["predicted_tandem_over_solo"]:
             why += (f"; {k}'s higher tandem/solo ({o['predicted_tandem_over_solo']:.2f} against "
-                    f"{b['predicted_tandem_over_solo']:.2f}) is against its own slower solo")
+                    f"{b['predicted_tandem_over_solo']:.2f}) is against its own solo on its {o['rollout_gpus']} "
+                    f"rollout GPUs, not against {best}")
     return {"node_gpus": node, "layouts": layouts, "recommended": best, "why": why}
 
 
