@@ -165,6 +165,8 @@ def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
                                     timing_targets(outputs, arm))
     else:
         summary = _run_in_this_process(params, arm, inputs, outputs)
+    if launch.machines(params).rank > 0:  # another machine of a multi-machine run: machine 0 publishes
+        return summary
     # the published checkpoints as the arm's W&B artifact (a no-op unless W&B is on; never raises)
     tracking.log_checkpoints(params, arm, publish_targets(outputs, arm)["checkpoints"],
                              work_dir=Path(outputs["scratch"]) / arm)
@@ -285,8 +287,9 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     di, do = default_io(params)
     inputs, outputs = {**di, **(inputs or {})}, {**do, **(outputs or {})}
-    for arm in params.train.arms:
-        run_arm(params, arm, inputs, outputs)
+    done = {arm: run_arm(params, arm, inputs, outputs) for arm in params.train.arms}
+    if launch.machines(params).rank > 0:  # machine 0's stage publishes and collects the arms' numbers
+        return done
     return collect(params, inputs, outputs)
 
 
