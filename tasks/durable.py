@@ -153,6 +153,12 @@ class ResumeStore:
                 continue
             staging = arm_dir / f"{STAGING_PREFIX}{step}"
             shutil.rmtree(staging, ignore_errors=True)
-            self.fs.get(self.fs.join(base, f"{STEP_PREFIX}{step}"), str(staging))
+            src = self.fs.join(base, f"{STEP_PREFIX}{step}")
+            files = list(self.fs.find(src))
+            rel = [self.fs.relparts(f, src) for f in files]
+            if any(not parts or any(p in ("", ".", "..") for p in parts) for parts in rel):
+                raise UserError(f"DVC remote {self.name!r}: {src} holds a file whose name climbs out of its folder; "
+                                "nothing was pulled from it")
+            self.fs.get(files, [str(staging.joinpath(*parts)) for parts in rel])
             commit_dir(staging, arm_dir / f"{STEP_PREFIX}{step}")
         return latest
