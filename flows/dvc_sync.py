@@ -139,11 +139,13 @@ class DvcSync:
             with Repo(str(self.root)) as repo:
                 return not repo.status(targets=[stage])
 
-    def push(self, remote: str | None = None, timeout: float = 3600) -> None:
-        """`dvc push` of everything committed (to the default remote unless `remote` is given)."""
+    def push(self, remote: str | None = None, timeout: float = 3600, stage: str | None = None) -> None:
+        """`dvc push` of everything committed, or of one stage's outputs (`stage`), to the default remote unless
+        `remote` is given."""
         if self.root is None:
             raise RuntimeError("DVC push needs a DVC project run (see DvcSync.reason)")
-        cmd = [sys.executable, "-m", "dvc", "push", "--quiet"] + (["--remote", remote] if remote else [])
+        cmd = ([sys.executable, "-m", "dvc", "push", "--quiet"] + (["--remote", remote] if remote else [])
+               + ([stage] if stage else []))
         with _LOCK:
             res = subprocess.run(cmd, cwd=self.root, capture_output=True, text=True, timeout=timeout,
                                  env=_subprocess_env())

@@ -63,6 +63,7 @@ from tasks import tracking
 from tandem.config import Params
 from tandem.workspace import workspace_lock
 from tasks.common import load_params, run_root
+from tasks.durable import check_remote_push
 
 CODE_ROOT = Path(__file__).resolve().parents[1]
 # The stage groups of dvc.yaml in file order (tasks/<group>.py each); the flow reads dvc.yaml itself.
@@ -405,8 +406,17 @@ def pull_task(sync: DvcSync) -> None:
 
 @task(name="dvc-push", task_run_name="dvc-push", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[10, 60, 300],
       timeout_seconds=TIMEOUTS["sync"])
-def push_task(sync: DvcSync, remote: str | None) -> None:
-    sync.push(remote)
+def push_task(sync: DvcSync, remote: str | None, stage: str | None = None) -> None:
+    sync.push(remote, stage=stage)
+
+
+def _push_stage(sync: DvcSync, share: "Sharing | None", spec: StageSpec, state: State) -> None:
+    """With `sharing.push`, a stage's outputs go to the DVC remote as soon as it is committed (task run
+    `dvc-push:<stage>`), so a lost worker loses at most the stage it was running; skipped stages push nothing."""
+    if share is None or not share.push or _skipped(state.result()):
+        return
+    push_task.with_options(task_run_name=f"dvc-push:{spec.name}")(sync, share.remote, spec.name,
+                                                                   wait_for=_after([state]))
 
 
 @task(name="git-commit", task_run_name="git-commit", cache_policy=NO_CACHE, timeout_seconds=600)
@@ -509,7 +519,8 @@ def _secrets_from_blocks() -> list[str]:
     return found
 
 
-def _setup(params_path: str, dvc: str, push: bool, publish: bool) -> tuple[Params, DvcSync, list[StageSpec]]:
+def _setup(params_path: str, dvc: str, push: bool, publish: bool,
+           remote: str | None = None) -> tuple[Params, DvcSync, list[StageSpec]]:
     params = load_params(params_path)
     if dvc in ("auto", "off"):  # another params file never writes over the default run's outputs
         params, moved = run_root(params_path, params, find_project(Path.cwd().resolve()))
@@ -518,6 +529,8 @@ def _setup(params_path: str, dvc: str, push: bool, publish: bool) -> tuple[Param
     sync = DvcSync.detect(params_path, params.out_root, dvc)
     if (push or publish) and not sync.enabled:
         raise RuntimeError(f"push/publish need DVC sync, which is off: {sync.reason}")
+    if push:  # a folder remote on an ephemeral worker is refused before any work (tasks/durable.py)
+        check_remote_push(_project_root(sync), remote)
     get_run_logger().info("DVC sync: %s", sync.reason)
     if (found := _secrets_from_blocks()):
         get_run_logger().info("secrets from Prefect blocks: %s", ", ".join(found))
@@ -576,10 +589,12 @@ def select_stages(specs: list[StageSpec], wanted: list[str] | None) -> list[Stag
     return [s for s in specs if s.name in keep]
 
 
-def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bool, eval_runner: str) -> dict:
+def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bool, eval_runner: str,
+                share: "Sharing | None" = None) -> dict:
     """Every stage in dvc.yaml's order, drawn in Prefect's graph with dvc.yaml's edges: a stage's task run waits
     for the task runs of the stages whose outputs it reads (`wait_for`), and its inputs are `quote`d, so Prefect
-    links it on nothing else (it links tasks through any object one returned and another receives)."""
+    links it on nothing else (it links tasks through any object one returned and another receives). With
+    `share.push` each stage's outputs are pushed once it is committed (`_push_stage`)."""
     view = progress.current()
     for s in specs:
         view.expect(s.group, s.name)
@@ -589,6 +604,7 @@ def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bo
         upstream = [states[a] for a in s.after if a in states]
         if s.group == "evaluate":
             out[s.name], states[s.name] = _evaluate(params, sync, force, eval_runner, upstream)
+            _push_stage(sync, share, s, states[s.name])
             continue
         run = stage_task.with_options(timeout_seconds=TIMEOUTS.get(s.group, 12 * HOUR),
                                       retries=2 if (s.group == "base" and params.model.source == "hub") else 0,
@@ -596,6 +612,7 @@ def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bo
         states[s.name] = run(quote(params), quote(s), quote(sync), quote(force), wait_for=_after(upstream),
                              return_state=True)
         out[s.name] = states[s.name].result()  # a failed stage raises here and fails the flow
+        _push_stage(sync, share, s, states[s.name])
         if s.group == "report":
             report_artifact_task(quote(params), quote(out[s.name]), wait_for=_after([states[s.name]]))
     return out
@@ -637,9 +654,13 @@ def _run_resources(params: Params, view: progress.ProgressView, summaries: dict)
     from tasks.common import Layout, peak_rss, torch_threads
     from tasks.record import write_run_metadata
 
+    from tasks.accounting import held_gpus
+
     ran = [name for name in view.timings() if not _skipped(summaries.get(name))]
+    # a training arm holds this machine's GPUs on each of its train.num_machines machines
+    gpus = {"names": held_gpus(), "machines": {f"train@{a}": params.train.num_machines for a in params.train.arms}}
     doc = write_run_metadata(Layout.of(params).root, view.timings(), view.peak_memory(), peak_rss(), ran,
-                             {"torch_threads": torch_threads(), "cpu_count": os.cpu_count()})
+                             {"torch_threads": torch_threads(), "cpu_count": os.cpu_count()}, gpus)
     return doc.get("resources", {})
 
 
@@ -710,7 +731,7 @@ def _finish(req: _Request, params: Params, sync: DvcSync, view: progress.Progres
 
 def _pipeline(req: _Request) -> dict:
     t0 = time.perf_counter()
-    params, sync, specs = _setup(req.params_path, req.dvc, req.sharing.push, req.sharing.publish)
+    params, sync, specs = _setup(req.params_path, req.dvc, req.sharing.push, req.sharing.publish, req.sharing.remote)
     labels = run_tags(req.params_path, params, _project_root(sync))
     _tag_flow_run(labels)
     get_run_logger().info("tags: %s", ", ".join(labels))
@@ -725,7 +746,7 @@ def _pipeline(req: _Request) -> dict:
         progress.quiet_tools()
         # every W&B run of this pipeline run (the arms, the evaluation, the report) joins one group: its name
         with progress.activate(view), tracking.pipeline_group(_group()):
-            summaries = _run_stages(params, sync, specs, req.force, req.eval_runner)
+            summaries = _run_stages(params, sync, specs, req.force, req.eval_runner, req.sharing)
         return _finish(req, params, sync, view, summaries, t0)
 
 

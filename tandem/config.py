@@ -733,6 +733,12 @@ class TrainConfig(_Section):
                                "between them, the same global batch for any number", ge=1, le=MAX_PROCESSES)
     sharding: Literal["none", "fsdp"] = _f("none", "none: every process holds the whole model (DDP); fsdp: FSDP "
                                                    "full sharding of weights, gradients and optimizer state (GPUs)")
+    num_machines: int = _f(1, "machines the training processes run on (train.num_processes in all, the same number on "
+                              "each); > 1 needs train.shared_storage and each machine's rank and the main machine's "
+                              "address in the environment (PET_NODE_RANK / NODE_RANK, PET_MASTER_ADDR / MASTER_ADDR, "
+                              "PET_MASTER_PORT / MASTER_PORT)", ge=1, le=MAX_PROCESSES)
+    shared_storage: bool = _f(False, "out_root is one file system every training machine sees (checked when the "
+                                     "processes start); required by train.num_machines > 1")
     # Precision and memory (tandem/precision.py, tandem/plan.py)
     precision: Literal["fp32", "bf16_mixed"] = _f(
         "fp32", "fp32: float32 weights and compute; bf16_mixed: float32 master weights + bf16 autocast on CUDA (fp32 on CPU)")
@@ -745,6 +751,12 @@ class TrainConfig(_Section):
         p: list[str] = []
         self._rule(p, self.sharding == "none" or self.num_processes > 1, "sharding",
                    "fsdp needs train.num_processes > 1")
+        self._rule(p, self.num_processes % self.num_machines == 0, "num_machines",
+                   f"train.num_processes ({self.num_processes}) must split evenly over train.num_machines "
+                   f"({self.num_machines}): the same number of processes on each machine")
+        self._rule(p, self.num_machines == 1 or self.shared_storage, "num_machines",
+                   f"{self.num_machines} machines need train.shared_storage: true (out_root on a file system every "
+                   "machine sees: the checkpoints, resume state and outputs are written once, by the main process)")
         self._rule(p, self.prompts_per_step * self.group_size <= MAX_ROWS, "prompts_per_step",
                    f"the rollout batch (prompts_per_step x group_size rows) must stay <= {MAX_ROWS}")
         # the cut of the rollout batch into processes, updates and micro-batches (tandem/geometry.py)

@@ -11,7 +11,9 @@ checks that a new setting is placed):
 - `ARM_DEFINITION_KEYS` are what one arm's definition reads beyond those (`tandem.train.arms.arm_spec`: the
   tandem arm's schedule). DVC's `foreach` cannot give one arm params of its own (no nested `${}`), so every
   arm declares them.
-- `RUNTIME_KEYS` change no output of an arm: the list of the other arms and where the rollout service runs.
+- `RUNTIME_KEYS` change no output of an arm: the list of the other arms, where the rollout service runs, and
+  how the `train.num_processes` processes are spread over machines (the same ranks and rows on one machine or
+  several; verified bit for bit with gloo on loopback, tests/tasks/test_multi_machine.py).
   They are never declared, so adding an arm or moving the service leaves every trained arm up to date.
 
 `train_stage_params()` is the `params:` list of `train@<arm>` in dvc.yaml, which `scripts/dvc_deps.py --write`
@@ -52,7 +54,7 @@ RESUMABLE_KEYS: dict[str, tuple[str, ...]] = {
 ARM_DEFINITION_KEYS: dict[str, tuple[str, ...]] = {"rollout": ("schedule",)}
 
 RUNTIME_KEYS: dict[str, tuple[str, ...]] = {
-    "train": ("arms",),
+    "train": ("arms", "num_machines", "shared_storage"),
     "rollout": ("vllm_url", "vllm_python", "vllm_host", "vllm_port", "vllm_start_timeout", "vllm_layout",
                 "vllm_devices"),
 }

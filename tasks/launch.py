@@ -15,6 +15,13 @@ with blanks, before any process starts, and a failure is written over the reserv
 (`scratch/logs/train-<arm>/rank-<r>.log`), not the terminal (`--debug` prints it again); an expected failure of
 any rank is the one line the same failure prints in one process. Torch elastic's log directory is set inside the
 transaction's directory (`--log_dir`), so nothing is left in /tmp; it is removed with the transaction.
+
+Past one machine (`train.num_machines` > 1) the stage runs on every machine: `machines` reads this machine's rank
+and the main machine's address from the environment, `launch_command` passes them to `accelerate launch` (static
+rendezvous: global rank 0 on machine 0), machine 0 stages and commits the outputs as above, and every other
+machine's stage only launches its share of the workers and waits (`follow_arm`). `check_shared_storage` proves
+at start that every machine sees the same `out_root`; a rank that loses a peer on another machine fails the stage
+with one line that says to restart every machine.
 """
 
 from __future__ import annotations
@@ -25,11 +32,12 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from tandem.config import Params, params_from_dict, tool_env
-from tandem.errors import LOW_SPACE_BYTES, DiskFullError, WorkerFailedError, free_bytes
+from tandem.errors import LOW_SPACE_BYTES, DiskFullError, UserError, WorkerFailedError, free_bytes
 from tasks.common import fsync_dir, remove, stage_outputs, timing_path
 
 # the module whose `main` handles `--launch` and `--worker` (the workers import the stage, not this module)
@@ -63,6 +71,50 @@ def _free_port() -> int:
 ELASTIC_LOGS = "elastic"  # torch elastic's log directory, inside the transaction's directory (never /tmp)
 
 
+# Where one machine of a multi-machine run (`train.num_machines` > 1) learns its place: torch elastic's variables
+# first (torchrun reads PET_<OPTION> as its options' defaults; Kubeflow's PyTorchJob sets them), then the plain
+# ones that SLURM scripts and torchrun's docs use. Each is the environment of whatever started the stage.
+MACHINE_RANK_ENV = ("PET_NODE_RANK", "NODE_RANK")
+MAIN_ADDR_ENV = ("PET_MASTER_ADDR", "MASTER_ADDR")
+MAIN_PORT_ENV = ("PET_MASTER_PORT", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Machines:
+    """This machine's place in the run: `count` machines, this one's `rank` (0: the main machine, where global
+    rank 0 runs and the outputs are published), the main machine's address and rendezvous port (0: a free local
+    port, one machine)."""
+
+    count: int
+    rank: int
+    main_ip: str
+    main_port: int
+
+
+def _first(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    return next((env[k].strip() for k in names if env.get(k, "").strip()), None)
+
+
+def machines(params: Params, env: Mapping[str, str] | None = None) -> Machines:
+    """This machine's place (`Machines`), from `train.num_machines` and, past one machine, the environment
+    (`MACHINE_RANK_ENV`, `MAIN_ADDR_ENV`, `MAIN_PORT_ENV`); a missing or impossible value is one line."""
+    env = os.environ if env is None else env
+    n = params.train.num_machines
+    if n == 1:
+        return Machines(1, 0, "127.0.0.1", 0)
+    got = {names: _first(env, names) for names in (MACHINE_RANK_ENV, MAIN_ADDR_ENV, MAIN_PORT_ENV)}
+    missing = [" or ".join(names) for names, v in got.items() if v is None]
+    if missing:
+        raise UserError(f"train.num_machines is {n}, but this machine's environment lacks {', '.join(missing)}: "
+                        "whatever starts the stage on each machine sets its rank (0 on the main machine) and the "
+                        "main machine's address and port (torchrun / PyTorchJob's PET_* variables, or a job script)")
+    rank, addr, port = got[MACHINE_RANK_ENV], got[MAIN_ADDR_ENV], got[MAIN_PORT_ENV]
+    if not (rank.isdigit() and int(rank) < n) or not (port.isdigit() and 0 < int(port) < 65536):
+        raise UserError(f"train.num_machines is {n}: machine rank {rank!r} must be 0-{n - 1} and port {port!r} "
+                        "a TCP port (1-65535)")
+    return Machines(n, int(rank), addr, int(port))
+
+
 def launch_command(params: Params, spec_path: Path) -> list[str]:
     """`accelerate launch` of the training workers: torchrun under accelerate's multi-process launcher, run
     through `python -m tasks.train --launch` (`launcher_main`), which records the first failure for the stage's message.
@@ -71,10 +123,16 @@ def launch_command(params: Params, spec_path: Path) -> list[str]:
     would pick its single-process launcher); `train.sharding: fsdp` adds FSDP (version 1, full sharding).
     Torch elastic's log directory is `ELASTIC_LOGS` beside the spec (the transaction's directory, removed with
     it): left to itself, torch makes a `/tmp/torchelastic_*` tree per launch and never removes it.
+    `train.num_processes` counts every machine's processes; with `train.num_machines` > 1 this machine's rank
+    and the main machine's address come from the environment (`machines`).
     """
-    t = params.train
-    cmd = [sys.executable, "-m", ENTRY, "--launch", "--num_processes",
-           str(t.num_processes), "--num_machines", "1", "--main_process_port", str(_free_port()),
+    t, where = params.train, machines(params)
+    # one machine: a free local port; several: accelerate's static rendezvous at the main machine's address,
+    # which gives machine R the global ranks R x (num_processes / num_machines) on, so rank 0 is on machine 0
+    at = (["--num_machines", "1", "--main_process_port", str(_free_port())] if where.count == 1 else
+          ["--num_machines", str(where.count), "--machine_rank", str(where.rank), "--main_process_ip", where.main_ip,
+           "--main_process_port", str(where.main_port)])
+    cmd = [sys.executable, "-m", ENTRY, "--launch", "--num_processes", str(t.num_processes), *at,
            "--mixed_precision", "no", "--dynamo_backend", "no", "--log_dir", str(Path(spec_path).parent / ELASTIC_LOGS)]
     if t.sharding == "none":
         cmd += ["--multi_gpu"]  # accelerate's torchrun launcher (DDP); it picks gloo when there is no GPU
@@ -166,36 +224,62 @@ def launch_arm(params: Params, arm: str, inputs: dict, outputs: dict, targets: d
         # and torch's FSDP1 refuses CPU modules ("FSDP needs a non-CPU accelerator device")
         raise ValueError(f"train.sharding: {params.train.sharding} needs GPUs; on this CPU-only machine use "
                          "train.sharding: none (every process holds the whole model)")
+    where = machines(params)
+    if where.rank > 0:
+        return follow_arm(params, arm, inputs, outputs, where)
     txn = stage_outputs(params, f"train-{arm}", targets, optional)
     with txn as staged:
-        spec = {"params": params.to_dict(), "arm": arm, "inputs": {k: str(v) for k, v in inputs.items()},
-                "outputs": {k: str(v) for k, v in outputs.items()},
-                "publish_to": {k: str(v) for k, v in staged.items()}}
-        spec_path = txn.dir / "worker.json"
-        spec_path.write_text(json.dumps(spec))
-        errors = txn.dir / "errors"
-        errors.mkdir()
-        reserve_records(errors, params.train.num_processes)
-        logs = logs_dir(outputs, arm)
-        remove(logs)  # the logs of an earlier launch of this arm (a rank that fails makes the folder again)
-        repo = str(Path(__file__).resolve().parents[1])  # the workers import this very checkout
-        env = {**tool_env(), "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1)),
-               "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
-               "TANDEM_STAGE_PID": str(os.getpid()), ERROR_DIR_ENV: str(errors), LOG_DIR_ENV: str(logs)}
-        proc = subprocess.Popen(launch_command(params, spec_path), env=env, preexec_fn=_die_with_parent)
-        try:
-            rc = proc.wait()
-        except BaseException:  # Ctrl-C or a cancelled flow run: take the workers down too
-            proc.terminate()
-            proc.wait(timeout=60)
-            raise
-        if rc != 0:
-            raise worker_failure(params, arm, rc, proc.pid, errors, Path(outputs["scratch"]) / arm, logs)
+        _run_launcher(params, arm, txn.dir, {"inputs": inputs, "outputs": outputs, "publish_to": staged})
         if not staged["metrics"].exists():
             raise RuntimeError(f"train: the workers of arm {arm!r} exited cleanly but wrote no summary "
                                f"({staged['metrics']})")
         summary = read_metrics(staged["metrics"], timing_to=timing_path(outputs[f"metrics_{arm}"]))
     return summary
+
+
+def follow_arm(params: Params, arm: str, inputs: dict, outputs: dict, where: Machines) -> dict:
+    """Machine `where.rank` > 0 of a multi-machine run: launch this machine's share of the workers and wait.
+
+    It publishes nothing and takes no lock: the main machine's stage holds the arm's lock and commits the outputs
+    its rank 0 writes (on the shared `out_root`). Its spec, error records and torch elastic's logs live in
+    `scratch/machines/train-<arm>-<rank>/`, removed when the workers have finished cleanly."""
+    run_dir = Path(outputs["scratch"]).parent / "machines" / f"train-{arm}-{where.rank}"
+    remove(run_dir)
+    run_dir.mkdir(parents=True)
+    _run_launcher(params, arm, run_dir, {"inputs": inputs, "outputs": outputs, "publish_to": None})
+    remove(run_dir)
+    return {"arm": arm, "machine_rank": where.rank, "num_machines": where.count,
+            "published_by": "machine 0 (the main machine's stage)"}
+
+
+def _run_launcher(params: Params, arm: str, run_dir: Path, io: dict) -> None:
+    """Write the workers' spec into `run_dir` (`io`: inputs, outputs, publish_to: where rank 0 writes the arm's
+    outputs, None on a machine that publishes nothing), start `accelerate launch` and wait; a failure raises the
+    one error `worker_failure` makes of it."""
+    spec = {"params": params.to_dict(), "arm": arm,
+            **{k: (None if v is None else {n: str(p) for n, p in v.items()}) for k, v in io.items()}}
+    spec_path = run_dir / "worker.json"
+    spec_path.write_text(json.dumps(spec))
+    errors = run_dir / "errors"
+    errors.mkdir()
+    reserve_records(errors, params.train.num_processes)
+    outputs = io["outputs"]
+    logs = logs_dir(outputs, arm)
+    if machines(params).rank == 0:
+        remove(logs)  # the logs of an earlier launch of this arm (a rank that fails makes the folder again)
+    repo = str(Path(__file__).resolve().parents[1])  # the workers import this very checkout
+    env = {**tool_env(), "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1)),
+           "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
+           "TANDEM_STAGE_PID": str(os.getpid()), ERROR_DIR_ENV: str(errors), LOG_DIR_ENV: str(logs)}
+    proc = subprocess.Popen(launch_command(params, spec_path), env=env, preexec_fn=_die_with_parent)
+    try:
+        rc = proc.wait()
+    except BaseException:  # Ctrl-C or a cancelled flow run: take the workers down too
+        proc.terminate()
+        proc.wait(timeout=60)
+        raise
+    if rc != 0:
+        raise worker_failure(params, arm, rc, proc.pid, errors, Path(outputs["scratch"]) / arm, logs)
 
 
 def _signal_name(code: int) -> str:
@@ -223,6 +307,13 @@ def worker_failure(params: Params, arm: str, rc: int, launcher_pid: int, errors:
     """The one error that says why a multi-process run failed, from the records in `errors`
     (`summarise_failure`)."""
     records, launcher = read_records(errors)
+    lost = [r for r, rec in sorted(records.items()) if rec.get("kind") == "peer_lost"]
+    if params.train.num_machines > 1 and lost and not any(r.get("kind") in ("expected", "bug") for r in records.values()):
+        return WorkerFailedError(
+            f"train: rank {lost[0]} of the {params.train.num_processes}-process run of arm {arm!r} on "
+            f"{params.train.num_machines} machines lost a process of another machine (killed, or its machine or "
+            f"network gone); this machine's processes stopped. Restart the stage on every machine: training "
+            f"resumes from the last complete checkpoint in {scratch}")
     return summarise_failure(params.train.num_processes, arm, rc, launcher_pid, records, launcher, scratch, logs)
 
 
@@ -340,6 +431,40 @@ def _log_traceback(rank: int, e: BaseException) -> None:
         pass
 
 
+def check_shared_storage(params: Params) -> None:
+    """In every worker of a multi-machine run, before any work: global rank 0 writes a file with a random token
+    under `out_root`, every rank reads it back, and all learn who saw it (an all-gather). When a machine does not
+    see it, its `out_root` is not the main machine's (train.shared_storage declared, but not so): every rank
+    raises the same one-line error, and nothing was trained or written."""
+    import secrets
+
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    state = PartialState()  # the process group accelerate (and then the trainer) uses
+    where = Path(params.out_root) / "scratch"
+    token = [secrets.token_hex(16) if state.is_main_process else None]
+    if state.is_main_process:
+        where.mkdir(parents=True, exist_ok=True)
+        (where / f".shared-{token[0]}").write_text(token[0])
+    broadcast_object_list(token)
+    probe = where / f".shared-{token[0]}"
+    try:
+        seen = probe.read_text() == token[0]
+    except OSError:
+        seen = False
+    machine = int(os.environ.get("GROUP_RANK", "0"))  # torch elastic: this machine's (node's) rank
+    views = gather_object([(machine, seen)])
+    if state.is_main_process:
+        probe.unlink(missing_ok=True)
+    blind = sorted({m for m, ok in views if not ok})
+    if blind:
+        raise UserError(f"train.shared_storage is true, but machine {', '.join(map(str, blind))} of "
+                        f"{params.train.num_machines} does not see out_root {params.out_root} as the main machine "
+                        f"writes it (a probe file under its scratch/ was not there): mount one shared file system "
+                        "at out_root on every machine")
+
+
 def worker_main(spec_path: Path, train: Callable[[Params, str, dict, dict, dict | None], dict]) -> int:
     """One process of `launch_arm`'s run: rebuild the params, train this rank's share of the arm with
     `train(params, arm, inputs, outputs, publish_to)`.
@@ -353,6 +478,8 @@ def worker_main(spec_path: Path, train: Callable[[Params, str, dict, dict, dict 
     spec = json.loads(spec_path.read_text())
     params = params_from_dict(spec["params"])
     try:
+        if params.train.num_machines > 1:
+            check_shared_storage(params)
         train(params, spec["arm"], spec["inputs"], spec["outputs"], spec.get("publish_to"))
     except Exception as e:
         rank = int(os.environ.get("RANK", "0"))

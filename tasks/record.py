@@ -2,7 +2,10 @@
 
 `write_run_metadata` keeps, per task, the wall time and peak memory of the last run that really ran it, with
 the machine it ran on (`tandem.machine`): a rerun that finds every stage up to date changes nothing, and a
-run of some stages updates only theirs.
+run of some stages updates only theirs. Beside them, the GPU accounting (`tandem.accounting`): the GPUs the
+run held (`gpu`: count and type; zero on a CPU run, said as such) and per task the GPUs, GPU-seconds, generated
+tokens and tokens per GPU-second (`accounting`); `tasks/accounting.py` collects what it is computed from.
+results/run.json is neither a DVC output nor committed, so none of this enters the comparison with the record.
 
 The committed record is what HEAD's `dvc.lock` pins (every output's hash) and HEAD's `metrics/`. After a DVC
 project run `compare_with_record` sets the workspace's dvc.lock beside it, stage by stage, and
@@ -25,6 +28,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from tasks.accounting import held_gpus, task_tokens
 from tasks.common import read_json, write_json
 
 RUN_FILE = Path("results") / "run.json"
@@ -40,12 +44,25 @@ CONTEXT_STAGES = {"report": "the report records when, at which commit and from w
 # results/run.json
 # --------------------------------------------------------------------------------------------------
 
+def _accounting(timing: dict[str, float], ran: set[str], gpus: dict, tokens: dict[str, int | None],
+                machines: dict[str, int]) -> dict[str, dict]:
+    """Each task that ran: its GPUs (the run's, on each of its machines), GPU-seconds, tokens, tokens per GPU-s."""
+    from tandem.accounting import task_accounting
+
+    return {k: task_accounting(v, gpus["per_machine"] * machines.get(k, 1), tokens.get(k))
+            for k, v in timing.items() if k in ran}
+
+
 def write_run_metadata(root: Path, timing: dict[str, float], peaks: dict[str, float], process: dict,
-                       ran: list[str], extra: dict | None = None) -> dict:
-    """Merge this run's per-task wall times and peak memory into `<root>/results/run.json` and return it.
+                       ran: list[str], extra: dict | None = None, gpus: dict | None = None) -> dict:
+    """Merge this run's per-task wall times, peak memory and GPU accounting into `<root>/results/run.json` and
+    return it.
 
     `ran` names the tasks that did work in this run; tasks that were skipped (DVC found them current) keep the
-    values of the run that last ran them. When nothing ran, the file is left as it is."""
+    values of the run that last ran them. When nothing ran, the file is left as it is. `gpus`: the GPUs the run
+    held (`{"names": [...], "machines": {task: n}}`, a task on several machines holding them on each; default:
+    the GPUs this process sees, on one machine)."""
+    from tandem.accounting import gpu_inventory
     from tandem.machine import describe
 
     path = Path(root) / RUN_FILE
@@ -62,11 +79,15 @@ def write_run_metadata(root: Path, timing: dict[str, float], peaks: dict[str, fl
     new_t = {**old_t, **{k: v for k, v in timing.items() if k in ran_set}}
     new_p = {**old_p, **{k: v for k, v in peaks.items() if k in ran_set}}
     last_ran = {**(prev.get("last_ran") or {}), **{k: time.strftime("%Y-%m-%dT%H:%M:%S%z") for k in ran}}
+    gpus = gpus if gpus is not None else {"names": held_gpus()}
+    inventory = gpu_inventory(gpus["names"])
+    acc = {**{k: v for k, v in (prev.get("accounting") or {}).items() if k not in ran_set},
+           **_accounting(timing, ran_set, inventory, task_tokens(root, ran), gpus.get("machines") or {})}
     doc = {"timing": new_t,
            "resources": {"peak_rss_mb_by_task": new_p, **process,
                          "run_peak_rss_mb": max([*new_p.values(), process.get("process_max_rss_mb") or 0,
                                                  process.get("children_max_rss_mb") or 0])},
-           "last_ran": last_ran, "machine": describe(), **(extra or {})}
+           "last_ran": last_ran, "machine": describe(), "gpu": inventory, "accounting": acc, **(extra or {})}
     write_json(path, doc)
     return doc
 

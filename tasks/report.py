@@ -247,8 +247,9 @@ def _wall_times(docs: dict[str, dict], train_arms: dict[str, dict]) -> str:
         secs = _find_seconds(docs.get(stage))
         if secs is not None:
             out.append(f"{stage} {secs:.1f} s")
-    for arm, summ in train_arms.items():
-        secs = _find_seconds(summ, 1)
+    for arm, summ in train_arms.items():  # the arm's last run, as its tokens (`task_tokens`) count it
+        secs = summ.get("wall_seconds_this_run") if isinstance(summ.get("wall_seconds_this_run"), (int, float)) \
+            else _find_seconds(summ, 1)
         if secs is None and isinstance(summ.get("step_seconds"), (int, float)) and summ.get("steps"):
             out.append(f"train {arm} ~{summ['step_seconds'] * summ['steps']:.1f} s "
                        f"({summ['steps']} steps x {summ['step_seconds']:.2f} s)")
@@ -265,6 +266,39 @@ def _wall_times(docs: dict[str, dict], train_arms: dict[str, dict]) -> str:
     return ", ".join(out) or "not recorded"
 
 
+def _gpu_accounting(params: Params, docs: dict[str, dict], train_arms: dict[str, dict]) -> str:
+    """The GPUs (of the machine the report runs on, as `hardware` says), and per stage the GPU-seconds and
+    generated tokens per GPU-second, from the wall times the stages recorded (their timing sidecars) and the
+    tokens their outputs list; a CPU run says it held zero GPUs (`tandem.accounting.accounting_line`)."""
+    from tandem.accounting import accounting_line, gpu_inventory, task_accounting
+    from tasks.accounting import held_gpus, task_tokens
+
+    inventory = gpu_inventory(held_gpus())
+    if inventory["count"] == 0:
+        return accounting_line(inventory, {})
+    root = Layout.of(params).root
+    tokens = task_tokens(root, ["base", *(f"train@{a}" for a in train_arms)])
+    ev = docs.get("evaluate") or {}
+    eval_tokens = [t for t in task_tokens(root, [f"evaluate-{a}-step-{c.get('step')}-{m}"
+                                                 for a, arm in (ev.get("arms") or {}).items()
+                                                 for c in arm.get("checkpoints") or []
+                                                 for m in c.get("modes") or {}]).values() if t is not None]
+    seconds = {"base": _find_seconds(docs.get("base"))}
+    for arm, summ in train_arms.items():  # the arm's last run, as its tokens (`task_tokens`) count it
+        secs = summ.get("wall_seconds_this_run") if isinstance(summ.get("wall_seconds_this_run"), (int, float)) \
+            else _find_seconds(summ, 1)
+        if secs is None and isinstance(summ.get("step_seconds"), (int, float)) and summ.get("steps"):
+            secs = summ["step_seconds"] * summ["steps"]
+        seconds[f"train {arm}"] = secs
+    seconds["evaluate"] = sum(b.get("seconds") or 0 for a in ev.get("arms", {}).values()
+                              for c in a.get("checkpoints", []) for m in c.get("modes", {}).values()
+                              for b in (m.get("benchmarks") or {}).values()) or None
+    toks = {"base": tokens.get("base"), "evaluate": sum(eval_tokens) if eval_tokens else None,
+            **{f"train {a}": tokens.get(f"train@{a}") for a in train_arms}}
+    per_task = {k: task_accounting(v, inventory["count"], toks.get(k)) for k, v in seconds.items() if v is not None}
+    return accounting_line(inventory, per_task)
+
+
 def metadata(params: Params, docs: dict[str, dict], train_arms: dict[str, dict] | None = None) -> dict[str, Any]:
     root = Path.cwd()
     seeds = f"seed {params.seed}"
@@ -279,6 +313,7 @@ def metadata(params: Params, docs: dict[str, dict], train_arms: dict[str, dict] 
         "packages": _versions(),
         "hardware": _hardware(),
         "wall times": _wall_times(docs, train_arms or {}),
+        "GPUs": _gpu_accounting(params, docs, train_arms or {}),
     })
 
 

@@ -31,6 +31,9 @@ The launcher dies with this process and the workers with the launcher (Linux par
 stage leaves no orphan training behind and a rerun resumes from the last complete checkpoint. The launcher's
 machinery (accelerate's command line, the parent-death signal, the failure records and their one message) is
 `tasks/launch.py`.
+
+With `TANDEM_RESUME_REMOTE` set, the main process pulls the run's checkpoints from that DVC remote before training
+and pushes each new one there (`tasks/durable.py`): a worker that replaces a lost one resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from pathlib import Path
 
 from tandem.config import Params, apply_tool_env
 from tandem.timing import is_timing_key
-from tasks import headline, launch, tracking
+from tasks import durable, headline, launch, tracking
 from tasks.common import (Layout, atomic_path, junior_of, junior_record, load_params, read_jsonl, remove,
                           sidecar_of, stage_outputs, timing_path, write_json, write_metrics)
 
@@ -150,6 +153,8 @@ def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
     With `train.num_processes` > 1 outside a launched worker this launches the workers and waits for them.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:  # refuse a folder remote on an ephemeral worker before any work (tasks/durable.py)
+        durable.ResumeStore.from_env(params.out_root)
     if params.train.num_processes > 1 and world == 1:
         if Path(inputs["base_model"]).exists():  # a damaged base is named here, not by N workers at once
             from tandem.models import check_model_dir
@@ -160,6 +165,8 @@ def run_arm(params: Params, arm: str, inputs: dict, outputs: dict) -> dict:
                                     timing_targets(outputs, arm))
     else:
         summary = _run_in_this_process(params, arm, inputs, outputs)
+    if launch.machines(params).rank > 0:  # another machine of a multi-machine run: machine 0 publishes
+        return summary
     # the published checkpoints as the arm's W&B artifact (a no-op unless W&B is on; never raises)
     tracking.log_checkpoints(params, arm, publish_targets(outputs, arm)["checkpoints"],
                              work_dir=Path(outputs["scratch"]) / arm)
@@ -207,6 +214,7 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
     # a junior of its own: the senior's base stays the drift reference (KL diagnostic, kl_reg)
     base_ref = None if junior_dir == base else load_model(base, junior_dtype, trust)
     tokenizer = load_tokenizer(base, trust)
+    on_save = _durable_resume(params, arm, Path(outputs["scratch"]) / arm, junior, base_ref)
     # the W&B run of this arm (rank 0 logs; the trainer's W&B callback logs into it)
     tracked = (tracking.arm_run(params, arm, run_fingerprint_of(params, arm, junior, base_ref),
                                 work_dir=Path(outputs["scratch"]) / arm)
@@ -214,7 +222,7 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
     with tracked:
         res = train_arm(ArmRun(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
                                Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows,
-                               weight_roots=(params.out_root, junior_dir), base=base_ref))
+                               weight_roots=(params.out_root, junior_dir), base=base_ref, on_save=on_save))
     res.summary["junior"] = junior_record(params, junior_dir)
     if int(os.environ.get("RANK", "0")) == 0:  # one writer; every rank holds the same history
         work, rows = Path(outputs["scratch"]) / arm, step_rows(res.log_history)
@@ -225,6 +233,24 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
                                timing_targets(outputs, arm)) as staged:
                 _write_outputs(staged, publish_targets(outputs, arm), work, res.summary, rows)
     return res.summary
+
+
+def _durable_resume(params: Params, arm: str, work: Path, junior, base_ref):
+    """With `TANDEM_RESUME_REMOTE` set (tasks/durable.py), on the main process: pull the checkpoints of this run
+    that the remote holds into `work` (training then resumes from the last one), and return the hook that pushes
+    each new checkpoint there; None otherwise."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    store = durable.ResumeStore.from_env(params.out_root)
+    if store is None:
+        return None
+    fingerprint = run_fingerprint_of(params, arm, junior, base_ref)
+    if params.train.resume == "auto":
+        latest = store.pull(fingerprint, arm, work)
+        if latest is not None:
+            print(f"train: arm {arm}: checkpoints up to step {latest} pulled from DVC remote {store.name!r}",
+                  file=sys.stderr)
+    return lambda step_dir: store.push_step(fingerprint, arm, step_dir)
 
 
 def run_fingerprint_of(params: Params, arm: str, junior, base=None) -> str:
@@ -261,8 +287,9 @@ def collect(params: Params, inputs: dict | None = None, outputs: dict | None = N
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     di, do = default_io(params)
     inputs, outputs = {**di, **(inputs or {})}, {**do, **(outputs or {})}
-    for arm in params.train.arms:
-        run_arm(params, arm, inputs, outputs)
+    done = {arm: run_arm(params, arm, inputs, outputs) for arm in params.train.arms}
+    if launch.machines(params).rank > 0:  # machine 0's stage publishes and collects the arms' numbers
+        return done
     return collect(params, inputs, outputs)
 
 

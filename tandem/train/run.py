@@ -33,6 +33,8 @@ class ArmRun:
     vLLM rollout service started here may load weights from (the run's output root), besides the junior's.
     `base` is the senior's frozen base when the junior is a model of its own (`junior.source` other than base):
     the reference of the KL-to-base diagnostic and of kl_reg; None when the junior is the base itself.
+    `on_save` is called by the main process with each checkpoint folder once it is complete (`step-<N>/`), e.g. to
+    copy the resume state to a store that outlives the worker; None: nothing.
     """
 
     arm: str
@@ -52,6 +54,7 @@ class ArmRun:
     stop_after: int | None = None
     weight_roots: Sequence[str | os.PathLike] = ()
     base: Any = None  # the senior's base when the junior is another model (the KL-to-base reference); None: the junior
+    on_save: Callable[[Path], None] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "arm_dir", Path(self.arm_dir))

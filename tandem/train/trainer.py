@@ -30,7 +30,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from transformers import TrainerCallback
@@ -143,8 +143,10 @@ def _make_trainer_class():
     class TandemGRPOTrainer(GRPOTrainer):
         """GRPOTrainer + tandem diagnostics in every training log + atomic `step-<N>` checkpoints."""
 
-        def __init__(self, *args, step_stats: StepStats, tandem_state: dict, geometry: BatchGeometry, **kwargs):
+        def __init__(self, *args, step_stats: StepStats, tandem_state: dict, geometry: BatchGeometry,
+                     on_save: Callable[[Path], None] | None = None, **kwargs):
             self.step_stats = step_stats
+            self.on_save = on_save  # called by the main process with each complete step-<N> folder
             self.tandem_state = dict(tandem_state)
             self.geometry = geometry
             self._skipped_logged = 0  # NonFiniteGuard's skipped updates already in a step's log (SKIPPED_KEY)
@@ -188,6 +190,8 @@ def _make_trainer_class():
                              "saved_at": time.time(), "complete": True}
                     write_state(staging, state)  # with the checksum of every file, verified on every later read
                     commit_dir(staging, staging.parent / f"{STEP_PREFIX}{step}")
+                    if self.on_save is not None:
+                        self.on_save(staging.parent / f"{STEP_PREFIX}{step}")
             except Exception as e:
                 # torch's writer reports a full disk as "basic_ios::clear: iostream error": say what happened
                 full = disk_full_error(e, staging.parent)
@@ -348,7 +352,8 @@ def build_trainer(run: ArmRun, fingerprint: str, guard: JuniorGuard):
               "updates_per_batch": geo.updates, "world_size": geo.processes}
     trainer = _make_trainer_class()(
         model=run.senior, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tokenizer,
-        rollout_func=rollout_fn, callbacks=callbacks, step_stats=stats, tandem_state=state0, geometry=geo)
+        rollout_func=rollout_fn, callbacks=callbacks, step_stats=stats, tandem_state=state0, geometry=geo,
+        on_save=run.on_save)
     for cb in (ProgressCallback, PrinterCallback):  # one compact bar (ProgressBar) instead of a dict per step
         trainer.remove_callback(cb)
     junior.to(trainer.args.device)  # trl placed the senior; the junior decodes next to it

@@ -621,3 +621,37 @@ def test_units_draw_no_bars_of_their_own_in_the_flow(project, monkeypatch, prefe
         rec.unit_bars.clear()
         assert fp.tandem_pipeline(params_path="params.yaml", live=live, dvc="off", return_state=True).is_completed()
         assert rec.unit_bars and set(rec.unit_bars) == {False}, (live, rec.unit_bars)
+
+
+@pytest.mark.slow
+def test_each_stage_is_pushed_once_committed_and_a_folder_remote_is_refused_on_an_ephemeral_worker(
+        project, monkeypatch, prefect_api, tmp_path):
+    """`sharing.push`: every stage that ran is pushed to the DVC remote right after its commit (task runs
+    `dvc-push:<stage>`), before the run's final push; with TANDEM_EPHEMERAL_WORKER=1 a folder remote is refused
+    in one line before any stage runs (tasks/durable.py)."""
+    from tasks.durable import EPHEMERAL_ENV
+
+    remote = tmp_path / "remote"
+    assert _dvc(project, "remote", "add", "-d", "store", str(remote)).returncode == 0
+    rec = fake_stages.Recorder()
+    _use_fakes(monkeypatch, rec)
+    monkeypatch.setenv(EPHEMERAL_ENV, "1")
+    state = fp.tandem_training(params_path="params.yaml", live=False, sharing=fp.Sharing(push=True),
+                               return_state=True)
+    assert state.is_failed() and rec.calls == []
+    with pytest.raises(Exception) as e:
+        state.result()
+    assert "is a folder" in str(e.value) and "lost with the worker" in str(e.value) and "\n" not in str(e.value)
+
+    monkeypatch.delenv(EPHEMERAL_ENV)
+    state = fp.tandem_training(params_path="params.yaml", live=False, sharing=fp.Sharing(push=True),
+                               return_state=True)
+    assert state.is_completed(), state
+    runs = {r.name: r for r in _task_runs(state.state_details.flow_run_id)}
+    stages = ["prepare", "base", "train@tandem", "train@grpo"]
+    assert {f"dvc-push:{s}" for s in stages} | {"dvc-push"} <= set(runs)
+    for s in stages:  # each stage's push starts after that stage and before the next one ends
+        assert runs[f"dvc-push:{s}"].start_time >= runs[s].end_time
+    assert sum(1 for p in remote.rglob("*") if p.is_file()) > 0
+    status = _dvc(project, "status", "--cloud", "--json", *stages)  # the remote holds what they committed
+    assert status.returncode == 0 and json.loads(status.stdout or "{}") == {}, status.stdout + status.stderr
