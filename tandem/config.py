@@ -840,7 +840,7 @@ class ClusterConfig(_Section):
     runner: Literal["local", "ray"] = _f("local", "local: the flow runs every task on this machine (evaluation units on the flow's eval_runner); ray: each train arm and each evaluation unit is a Ray task holding cluster.train_gpus / cluster.eval_gpus GPUs (prefect-ray, `pip install -e '.[ray]'`)")
     ray_address: str = _f("", "runner ray: the cluster: empty = a Ray instance started for the run on this machine, auto = the cluster this machine joined (`ray start`), host:port or ray://host:10001 (Ray Client)",
                           max_len=1024, check=_ray_address)
-    train_gpus: int = _f(0, "runner ray: GPUs Ray reserves for one train arm (0 = none: CPU); at least train.num_processes when set", ge=0, le=1024, note="0 = CPU")
+    train_gpus: int = _f(0, "runner ray: GPUs Ray reserves for one train arm (0 = none: CPU); when set, every GPU the arm uses: one per training process and, with rollout.backend vllm, the rollout engines' (rollout.vllm_layout)", ge=0, le=1024, note="0 = CPU")
     eval_gpus: int = _f(0, "runner ray: GPUs Ray reserves for one evaluation unit (0 = none: CPU)", ge=0, le=1024, note="0 = CPU")
 
     def cross_problems(self) -> list[str]:
@@ -907,10 +907,16 @@ class Params(_Section):
         # promotion read step and word only when they were evaluated, so solo is the one mode they all need
         self._rule(p, "solo" in modes, "evaluate", "must include solo: the analyze stage reads the solo "
                    "generations of every checkpoint", key="evaluate.modes", value=modes)
+        # a train arm on a Ray cluster sees the GPUs it reserved: the trainer's, and the rollout engines' too
+        from tandem.rollout.placement import layout_gpus
+
         gpus, processes = self.__dict__["cluster"].__dict__["train_gpus"], self.__dict__["train"].__dict__["num_processes"]
-        self._rule(p, gpus == 0 or gpus >= processes, "cluster", f"must give each of the {processes} training "
-                   "processes (train.num_processes) a GPU of its own, or be 0 (CPU)", key="cluster.train_gpus",
-                   value=gpus)
+        rollout = self.__dict__["rollout"].__dict__
+        need = (layout_gpus(rollout["vllm_layout"], processes, rollout["vllm_devices"])
+                if rollout["backend"] == "vllm" else processes)
+        self._rule(p, gpus == 0 or gpus >= need, "cluster", f"must hold the {need} GPUs one train arm uses (one per "
+                   f"training process, train.num_processes {processes}, plus with rollout.backend vllm the rollout "
+                   f"engines' of rollout.vllm_layout), or be 0 (CPU)", key="cluster.train_gpus", value=gpus)
         return p
 
     def to_dict(self, where: bool = True) -> dict:

@@ -8,7 +8,8 @@ as one-GPU Ray actors, so that Ray decides each engine's device.
   in the process (a test's local cluster) is used as it is.
 - `reservation(params, group)`: prefect-ray's `remote_options(num_gpus=...)` around a task's submission:
   `cluster.train_gpus` for a train arm, `cluster.eval_gpus` for an evaluation unit. Ray starts the task on a node
-  with that many free GPUs and sets its `CUDA_VISIBLE_DEVICES` to them.
+  with that many free GPUs and sets its `CUDA_VISIBLE_DEVICES` to them. The task's environment gets the run's
+  W&B group from the flow's (`carried_env`); anything else comes from the node's (its `ray start`).
 - `engine_slots(params)`: the dedicated layout's two engines as one-GPU actors (`EngineSlot`, one per model) in a
   placement group that packs them on one node (one rollout service drives both). Each slot reports the node and
   the GPU Ray gave it, read with `tandem.rollout.placement.visible_devices` as the service reads its own, and
@@ -23,8 +24,9 @@ GPUs, a real vLLM service started in a slot) is unverified until a GPU check run
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager, nullcontext
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 from tandem.config import Params
 
@@ -72,13 +74,24 @@ def needs(params: Params, group: str) -> dict[str, Any]:
     return {"num_gpus": getattr(params.cluster, GPU_SETTINGS[group])}
 
 
+def carried_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a task on the cluster takes from the flow's environment: the run's W&B group (and a `dvc exp run`
+    experiment's name), which the flow sets in its own process (`tasks.tracking.pipeline_group`)."""
+    from tasks.tracking import EXP_ENV, GROUP_ENV
+
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in (GROUP_ENV, EXP_ENV) if env.get(k)}
+
+
 def reservation(params: Params, group: str):
-    """prefect-ray's `remote_options` with `needs(params, group)` (a no-op context when local)."""
+    """prefect-ray's `remote_options` with `needs(params, group)` and the flow's `carried_env` (a no-op context
+    when local)."""
     if not on_ray(params):
         return nullcontext()
     from prefect_ray.context import remote_options
 
-    return remote_options(**needs(params, group))
+    carried = carried_env()
+    return remote_options(**needs(params, group), **({"runtime_env": {"env_vars": carried}} if carried else {}))
 
 
 class EngineSlot:
@@ -90,8 +103,6 @@ class EngineSlot:
 
     def where(self) -> dict[str, Any]:
         """The node this slot runs on and the devices it sees (Ray set its `CUDA_VISIBLE_DEVICES`)."""
-        import os
-
         import ray
 
         from tandem.rollout.placement import visible_devices

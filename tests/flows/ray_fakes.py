@@ -19,7 +19,7 @@ def where() -> dict:
 
     ctx = ray.get_runtime_context()
     return {"node": ctx.get_node_id(), "pid": os.getpid(), "ray_gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "group": os.environ.get("TANDEM_RUN_GROUP")}
 
 
 class PlacedRecorder(fake_stages.Recorder):

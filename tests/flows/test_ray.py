@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -76,8 +78,14 @@ def test_cluster_settings_are_checked():
             params_from_dict(bad, strict=True)
     two = {**raw, "cluster": {**raw["cluster"], "runner": "ray", "train_gpus": 1},
            "train": {**raw["train"], "num_processes": 2, "prompts_per_step": 2}}
-    with pytest.raises(ParamsError, match=r"cluster.train_gpus: 1 -> must give each of the 2 training processes"):
+    with pytest.raises(ParamsError, match=r"cluster.train_gpus: 1 -> must hold the 2 GPUs one train arm uses"):
         params_from_dict(two, strict=True)
+    dedicated = {**two, "cluster": {**two["cluster"], "train_gpus": 3},
+                 "rollout": {**raw["rollout"], "backend": "vllm", "vllm_layout": "dedicated"}}
+    with pytest.raises(ParamsError, match=r"cluster.train_gpus: 3 -> must hold the 4 GPUs"):  # 2 trainer + 2 engines
+        params_from_dict(dedicated, strict=True)
+    dedicated["cluster"]["train_gpus"] = 4
+    assert params_from_dict(dedicated, strict=True).cluster.train_gpus == 4
     on_ray = params_from_dict({**raw, "cluster": {**raw["cluster"], "runner": "ray", "train_gpus": 2,
                                                    "eval_gpus": 1, "ray_address": "ray://head:10001"}}, strict=True)
     assert cluster.needs(on_ray, "train") == {"num_gpus": 2} and cluster.needs(on_ray, "evaluate") == {"num_gpus": 1}
@@ -118,6 +126,8 @@ def test_train_and_evaluate_tasks_and_engine_slots_on_a_two_node_ray_cluster(pro
     remote = {n: c for n, c in calls.items() if c["pid"] != driver}
     arms, units = ["train-tandem", "train-grpo"], [n for n in remote if n.startswith("unit-")]
     assert sorted(remote) == sorted(arms + units) and len(units) == 6
+    # every stage call joined the run's W&B group: the flow's own and those on the cluster alike
+    assert len({c["group"] for c in calls.values()}) == 1 and calls["prepare"]["group"], calls
     for name, c in remote.items():
         gpus = GPUS_PER_NODE if name in arms else 1
         # a Ray worker on a node of the cluster, holding the GPUs its stage reserves, and seeing exactly them
@@ -137,3 +147,26 @@ def test_train_and_evaluate_tasks_and_engine_slots_on_a_two_node_ray_cluster(pro
         by_role = {r["role"]: r["devices"] for r in rs}
         assert placement.env("senior") == {"CUDA_VISIBLE_DEVICES": by_role["senior"][0]}
         assert placement.env("junior") == {"CUDA_VISIBLE_DEVICES": by_role["junior"][0]}
+
+
+def test_the_kuberay_recipe_runs_the_pinned_ray_from_one_shared_project_directory():
+    """infra/kuberay/raycluster.yaml: the Ray version of the `ray` extra, and every pod (head and GPU workers)
+    starting Ray in the same project directory on the same shared volume (stage tasks read and write out_root and
+    commit DVC there); GPUs only on the workers."""
+    root = Path(__file__).resolve().parents[2]
+    pin = re.search(r'"ray\[default\]==([\d.]+)"', (root / "pyproject.toml").read_text()).group(1)
+    claim, ray_cluster = yaml.safe_load_all((root / "infra" / "kuberay" / "raycluster.yaml").read_text())
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    spec = ray_cluster["spec"]
+    assert ray_cluster["kind"] == "RayCluster" and spec["rayVersion"] == pin
+    pods = [spec["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in spec["workerGroupSpecs"]]
+    for pod in pods:
+        (c,) = pod["containers"]
+        assert c["workingDir"].startswith("/workspace/")
+        assert {"name": "workspace", "mountPath": "/workspace"} in c["volumeMounts"]
+        assert {"name": "workspace", "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]}} in pod["volumes"]
+    assert len({p["containers"][0]["workingDir"] for p in pods}) == 1
+    assert spec["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    assert all(g["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] > 0
+               for g in spec["workerGroupSpecs"])
+    assert "'.[pipeline,dask,ray]'" in (root / "infra" / "Dockerfile").read_text()
