@@ -614,10 +614,14 @@ def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bo
 def _on_cluster(runner, params: Params, run, args: dict, upstream: list[State]) -> tuple[Any, State]:
     """A stage's task run submitted to the cluster's task runner with the stage's GPUs (`cluster.reservation`),
     waited for here: the flow's view times it as if it ran in the flow."""
-    spec = args["spec"]
+    from prefect.utilities.engine import collect_task_run_inputs_sync
+
+    spec, after = args["spec"], _after(upstream)
     with cluster.reservation(params, spec.group):
-        # the values as they are: the task engine names the run from `spec` before it would unwrap a `quote`
-        future = runner.submit(run, {"params": params, **args}, wait_for=_after(upstream))
+        # the values as they are: the task engine names the run from `spec` before it would unwrap a `quote`;
+        # the upstream task runs named here (a worker finds none in the states it is sent): dvc.yaml's edges
+        future = runner.submit(run, {"params": params, **args}, wait_for=after,
+                               dependencies={"wait_for": collect_task_run_inputs_sync(after)})
     with progress.current().track(spec.group, spec.name):
         future.wait()
     return future.result(), future.state  # a failed stage raises here and fails the flow

@@ -9,6 +9,7 @@ behind it, which is what these tests check; a real device under it is unverified
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from tandem.config import ParamsError, params_from_dict  # noqa: E402
 from tandem.rollout.placement import PlacementError, placement_from_slots  # noqa: E402
 from tasks import cluster  # noqa: E402
 from tests.flows import fake_stages, ray_fakes  # noqa: E402
-from tests.flows.test_pipeline import _use_fakes, project  # noqa: E402,F401 - the scratch DVC project fixture
+from tests.flows.test_pipeline import _stage_edges, _use_fakes, project  # noqa: E402,F401 - project: a fixture
 
 GPUS_PER_NODE = 2
 STORE = 100 * 1024 * 1024  # each node's object store: the machine is small and shared
@@ -118,6 +119,13 @@ def test_train_and_evaluate_tasks_and_engine_slots_on_a_two_node_ray_cluster(pro
 
     state = fp.tandem_pipeline(params_path="params.yaml", live=False, return_state=True)
     assert state.is_completed(), state
+    # Prefect's graph is still dvc.yaml's: the arms submitted to the cluster wait for prepare and base, and
+    # evaluate for both arms
+    from flows.dvc_sync import pipeline_stages
+
+    specs = pipeline_stages(project / "dvc.yaml", fp.load_params("params.yaml").to_dict())
+    expected = {s.name: set(s.after) for s in specs}
+    assert _stage_edges(state.state_details.flow_run_id, expected) == expected
     calls = _calls(log)
     driver = os.getpid()
     # prepare, base, collect, analyze and report ran in the flow's process; nothing else did
@@ -136,9 +144,15 @@ def test_train_and_evaluate_tasks_and_engine_slots_on_a_two_node_ray_cluster(pro
         assert all(0 <= int(g) < GPUS_PER_NODE for g in c["ray_gpu_ids"]), (name, c)
 
     # the dedicated layout's engines: two rollout services at once need four one-GPU slots, two per node
-    with cluster.engine_slots(timeout=120) as (first, _, reports_a), \
+    with cluster.engine_slots(timeout=120) as (first, actors, reports_a), \
             cluster.engine_slots(timeout=120) as (second, _, reports_b):
         reports = reports_a + reports_b
+        # the senior's slot starts the service through the production launcher, with the slots' placement: here
+        # it stops at the missing vLLM interpreter, the first thing the launcher checks
+        rollout = dataclasses.replace(fp.load_params("params.yaml").rollout, vllm_python=str(project / "no-python"))
+        with pytest.raises(ray.exceptions.RayTaskError, match="no vLLM interpreter at .*no-python"):
+            ray.get(actors["senior"].start_service.remote(str(project), str(project), [str(project)], rollout,
+                                                          first), timeout=120)
     seen = [(r["node"], r["devices"][0]) for r in reports]
     assert all(r["devices"] == r["ray_gpu_ids"] and len(r["devices"]) == 1 for r in reports), reports
     assert len(set(seen)) == 4 and {n for n, _ in seen} == node_ids, seen
