@@ -15,7 +15,8 @@ as one-GPU Ray actors, so that Ray decides each engine's device.
   the GPU Ray gave it, read with `tandem.rollout.placement.visible_devices` as the service reads its own, and
   `placement_from_slots` turns the two reports into the service's `Placement`. `EngineSlot.start_service`
   starts the rollout service from the senior's slot with that placement (`VLLMService.start`, each engine
-  under its own `CUDA_VISIBLE_DEVICES`).
+  under its own `CUDA_VISIBLE_DEVICES`). The flow does not start a train arm's service this way yet: an arm on
+  Ray starts its own, on positions of the GPUs its task reserved (docs/operations.md "Ray").
 
 Ray and prefect-ray are imported only when `cluster.runner` is ray (`pip install -e '.[ray]'`). Verified on a CPU
 machine with a local two-node cluster whose nodes declare GPUs (tests/flows/test_ray.py): the CUDA path (real
