@@ -30,6 +30,7 @@ from tasks import cluster  # noqa: E402
 from tests.flows import fake_stages, ray_fakes  # noqa: E402
 from tests.flows.test_pipeline import _stage_edges, _use_fakes, project  # noqa: E402,F401 - project: a fixture
 
+REPO = Path(__file__).resolve().parents[2]
 GPUS_PER_NODE = 2
 STORE = 100 * 1024 * 1024  # each node's object store: the machine is small and shared
 
@@ -46,6 +47,9 @@ def ray_cluster(project, tmp_path):
     with the fakes set up in every worker; shut down whatever happens."""
     from ray.cluster_utils import Cluster
 
+    # the workers import the fakes from the repository (the tests are not installed; conftest.py puts the
+    # repository on this process's sys.path only)
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     log = tmp_path / "calls.jsonl"
     log.touch()
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": GPUS_PER_NODE,
@@ -55,7 +59,7 @@ def ray_cluster(project, tmp_path):
         nodes.wait_for_nodes()
         ray.init(address=nodes.address, logging_level="WARNING", log_to_driver=False,
                  runtime_env={"worker_process_setup_hook": "tests.flows.ray_fakes.install",
-                              "env_vars": {ray_fakes.LOG_ENV: str(log)}})
+                              "env_vars": {ray_fakes.LOG_ENV: str(log), "PYTHONPATH": pythonpath}})
         yield nodes, log
     finally:
         ray.shutdown()
@@ -167,7 +171,7 @@ def test_the_kuberay_recipe_runs_the_pinned_ray_from_one_shared_project_director
     """infra/kuberay/raycluster.yaml: the Ray version of the `ray` extra, and every pod (head and GPU workers)
     starting Ray in the same project directory on the same shared volume (stage tasks read and write out_root and
     commit DVC there); GPUs only on the workers."""
-    root = Path(__file__).resolve().parents[2]
+    root = REPO
     pin = re.search(r'"ray\[default\]==([\d.]+)"', (root / "pyproject.toml").read_text()).group(1)
     claim, ray_cluster = yaml.safe_load_all((root / "infra" / "kuberay" / "raycluster.yaml").read_text())
     assert claim["kind"] == "PersistentVolumeClaim" and claim["spec"]["accessModes"] == ["ReadWriteMany"]
