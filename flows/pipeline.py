@@ -602,10 +602,10 @@ def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bo
         if on_cluster is not None and s.group == "train":
             out[s.name], states[s.name] = _on_cluster(on_cluster, params, run, dict(spec=s, sync=sync, force=force),
                                                       upstream)
-            continue
-        states[s.name] = run(quote(params), quote(s), quote(sync), quote(force), wait_for=_after(upstream),
-                             return_state=True)
-        out[s.name] = states[s.name].result()  # a failed stage raises here and fails the flow
+        else:
+            states[s.name] = run(quote(params), quote(s), quote(sync), quote(force), wait_for=_after(upstream),
+                                 return_state=True)
+            out[s.name] = states[s.name].result()  # a failed stage raises here and fails the flow
         if s.group == "report":
             report_artifact_task(quote(params), quote(out[s.name]), wait_for=_after([states[s.name]]))
     return out
