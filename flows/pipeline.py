@@ -7,7 +7,9 @@ report) is one task run calling `tasks/<stage>` on the paths its `default_io` de
 reports up to date is a task run in the "Skipped" state. The evaluate stage fans out over
 `tasks.evaluate.plan` units (one task run per arm x checkpoint x mode) in a subflow whose task runner is
 chosen by the `eval_runner` parameter: threads on this machine, or a Dask cluster (`dask` = a local one,
-`tcp://host:8786` = an existing scheduler).
+`tcp://host:8786` = an existing scheduler). With `cluster.runner: ray` (tasks/cluster.py) every train arm and
+every evaluation unit is a task on a Ray cluster through prefect-ray, holding the GPUs `cluster.train_gpus` /
+`cluster.eval_gpus` reserve (`remote_options`).
 
 The UI shows the work: the flow graph is dvc.yaml's (each stage's task run waits for the stages it reads from,
 and nothing else links tasks), stage output goes to the run's logs (a stage's stdout and stderr through
@@ -36,6 +38,7 @@ push. Training never retries (it resumes from its last complete checkpoint when 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -59,7 +62,7 @@ from prefect.utilities.annotations import opaque, quote
 
 from flows import progress
 from flows.dvc_sync import DvcSync, StageSpec, find_project, pipeline_stages
-from tasks import tracking
+from tasks import cluster, tracking
 from tandem.config import Params
 from tandem.workspace import workspace_lock
 from tasks.common import load_params, run_root
@@ -297,7 +300,8 @@ def evaluate_units(params: Params, units: list[dict], refresh: bool = False) -> 
     cached results included (a forced run)."""
     from prefect.futures import as_completed
 
-    futures = list(evaluate_unit_task.map(unmapped(params), units, unmapped(refresh)))
+    with cluster.reservation(params, "evaluate"):  # each unit's GPUs on a Ray cluster (cluster.runner ray)
+        futures = list(evaluate_unit_task.map(unmapped(params), units, unmapped(refresh)))
     index = {f.task_run_id: i for i, f in enumerate(futures)}
     done: dict[int, tuple[dict, dict]] = {}
     for fut in as_completed(futures):
@@ -590,10 +594,11 @@ def select_stages(specs: list[StageSpec], wanted: list[str] | None) -> list[Stag
 
 
 def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bool, eval_runner: str,
-                share: "Sharing | None" = None) -> dict:
+                share: "Sharing | None" = None, on_cluster=None) -> dict:
     """Every stage in dvc.yaml's order, drawn in Prefect's graph with dvc.yaml's edges: a stage's task run waits
     for the task runs of the stages whose outputs it reads (`wait_for`), and its inputs are `quote`d, so Prefect
-    links it on nothing else (it links tasks through any object one returned and another receives). With
+    links it on nothing else (it links tasks through any object one returned and another receives). With a
+    cluster runner (`on_cluster`, tasks/cluster.py), each train arm is submitted there with its GPUs. With
     `share.push` each stage's outputs are pushed once it is committed (`_push_stage`)."""
     view = progress.current()
     for s in specs:
@@ -609,13 +614,33 @@ def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bo
         run = stage_task.with_options(timeout_seconds=TIMEOUTS.get(s.group, 12 * HOUR),
                                       retries=2 if (s.group == "base" and params.model.source == "hub") else 0,
                                       retry_delay_seconds=[10, 60])
-        states[s.name] = run(quote(params), quote(s), quote(sync), quote(force), wait_for=_after(upstream),
-                             return_state=True)
-        out[s.name] = states[s.name].result()  # a failed stage raises here and fails the flow
+        if on_cluster is not None and s.group == "train":
+            out[s.name], states[s.name] = _on_cluster(on_cluster, params, run, dict(spec=s, sync=sync, force=force),
+                                                      upstream)
+        else:
+            states[s.name] = run(quote(params), quote(s), quote(sync), quote(force), wait_for=_after(upstream),
+                                 return_state=True)
+            out[s.name] = states[s.name].result()  # a failed stage raises here and fails the flow
         _push_stage(sync, share, s, states[s.name])
         if s.group == "report":
             report_artifact_task(quote(params), quote(out[s.name]), wait_for=_after([states[s.name]]))
     return out
+
+
+def _on_cluster(runner, params: Params, run, args: dict, upstream: list[State]) -> tuple[Any, State]:
+    """A stage's task run submitted to the cluster's task runner with the stage's GPUs (`cluster.reservation`),
+    waited for here: the flow's view times it as if it ran in the flow."""
+    from prefect.utilities.engine import collect_task_run_inputs_sync
+
+    spec, after = args["spec"], _after(upstream)
+    with cluster.reservation(params, spec.group):
+        # the values as they are: the task engine names the run from `spec` before it would unwrap a `quote`;
+        # the upstream task runs named here (a worker finds none in the states it is sent): dvc.yaml's edges
+        future = runner.submit(run, {"params": params, **args}, wait_for=after,
+                               dependencies={"wait_for": collect_task_run_inputs_sync(after)})
+    with progress.current().track(spec.group, spec.name):
+        future.wait()
+    return future.result(), future.state  # a failed stage raises here and fails the flow
 
 
 def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str,
@@ -634,7 +659,8 @@ def _evaluate(params: Params, sync: DvcSync, force: bool, eval_runner: str,
     units = plan.result()
     for u in units:
         progress.current().expect("evaluate", unit_label(u))
-    fan_out = evaluate_units.with_options(task_runner=task_runner(eval_runner, eval_workers(params)),
+    fan_out = evaluate_units.with_options(task_runner=cluster.eval_runner(params, eval_runner)
+                                          or task_runner(eval_runner, eval_workers(params)),
                                           timeout_seconds=TIMEOUTS["evaluate-unit"] * max(1, len(units)))
     quiet = unit_params(params)
     # a subflow's parameters are validated, so `opaque` (resolved, not walked) rather than `quote`
@@ -745,8 +771,10 @@ def _pipeline(req: _Request) -> dict:
         view = progress.ProgressView(f"{req.what} ({req.params_path})", live=_live_view(req.live))
         progress.quiet_tools()
         # every W&B run of this pipeline run (the arms, the evaluation, the report) joins one group: its name
-        with progress.activate(view), tracking.pipeline_group(_group()):
-            summaries = _run_stages(params, sync, specs, req.force, req.eval_runner, req.sharing)
+        # cluster.runner ray: one Ray connection for the run (tasks/cluster.py), else None
+        with progress.activate(view), tracking.pipeline_group(_group()), \
+                (cluster.runner(params) or contextlib.nullcontext()) as on_cluster:
+            summaries = _run_stages(params, sync, specs, req.force, req.eval_runner, req.sharing, on_cluster)
         return _finish(req, params, sync, view, summaries, t0)
 
 

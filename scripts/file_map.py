@@ -41,6 +41,7 @@ GROUPED = {
                        "solo against tandem, JSON and its Markdown table",
     "infra/accelerate/*": "accelerate / DeepSpeed launch configurations for multi-GPU training",
     "infra/work-pools/*": "Prefect work-pool base job templates",
+    "infra/kuberay/*": "a Ray cluster on Kubernetes (KubeRay) for cluster.runner ray: CPU head, GPU workers, one shared volume",
     "studies/pilot/*.yaml": "the registered pilot's params files: each task variant's GRPO run and its KL-Reg candidates (seed 100)",
     "studies/results/**": "the registered study's per-problem values, one CSV per seed x arm (what `tandem study --recompute` reads)",
     "studies/tasks/**": "the registered study tasks' base models and their metrics (shared by the pilot and the study)",

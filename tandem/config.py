@@ -837,6 +837,34 @@ class ReportConfig(_Section):
                         ge=1, le=MAX_SAMPLES)
 
 
+def _ray_address(value: str) -> str | None:
+    if value in ("", "auto") or re.fullmatch(r"(ray://)?[\w.\-\[\]:]+:\d{1,5}", value):
+        return None
+    return "must be empty (a Ray instance started for the run), auto (the cluster this machine joined) or host:port / ray://host:port"
+
+
+@dataclass(frozen=True)
+class ClusterConfig(_Section):
+    """Where the flow runs the train and evaluate tasks (tasks/cluster.py). Changes no result: no stage reads it."""
+
+    SECTION: ClassVar[str] = "cluster"
+
+    runner: Literal["local", "ray"] = _f("local", "local: the flow runs every task on this machine (evaluation units on the flow's eval_runner); ray: each train arm and each evaluation unit is a Ray task holding cluster.train_gpus / cluster.eval_gpus GPUs (prefect-ray, `pip install -e '.[ray]'`)")
+    ray_address: str = _f("", "runner ray: the cluster: empty = a Ray instance started for the run on this machine, auto = the cluster this machine joined (`ray start`), host:port or ray://host:10001 (Ray Client)",
+                          max_len=1024, check=_ray_address)
+    train_gpus: int = _f(0, "runner ray: GPUs Ray reserves for one train arm (0 = none: CPU); when set, every GPU the arm uses: one per training process and, with rollout.backend vllm, the rollout engines' (rollout.vllm_layout)", ge=0, le=1024, note="0 = CPU")
+    eval_gpus: int = _f(0, "runner ray: GPUs Ray reserves for one evaluation unit (0 = none: CPU)", ge=0, le=1024, note="0 = CPU")
+
+    def cross_problems(self) -> list[str]:
+        p: list[str] = []
+        self._rule(p, self.runner == "ray" or not self.ray_address, "ray_address",
+                   "names a Ray cluster: set cluster.runner ray, or leave it empty")
+        self._rule(p, self.runner == "ray" or (self.train_gpus == 0 and self.eval_gpus == 0), "train_gpus",
+                   "cluster.train_gpus and cluster.eval_gpus are reservations on a Ray cluster: set cluster.runner "
+                   "ray, or leave them 0")
+        return p
+
+
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "model": ModelConfig,
@@ -846,7 +874,11 @@ SECTIONS: dict[str, type] = {
     "evaluate": EvaluateConfig,
     "analyze": AnalyzeConfig,
     "report": ReportConfig,
+    "cluster": ClusterConfig,
 }
+
+# Sections that say where the pipeline's tasks run and change no output: no stage reads them
+WHERE_SECTIONS = ("cluster",)
 
 # numpy's legacy seeding (np.random.seed, called by transformers' set_seed) accepts seeds below 2**32
 MAX_SEED = 2**32 - 1
@@ -870,6 +902,7 @@ class Params(_Section):
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     analyze: AnalyzeConfig = field(default_factory=AnalyzeConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def cross_problems(self) -> list[str]:
         """Rules between sections: settings one stage accepts but a later stage cannot use, refused before any
@@ -886,10 +919,31 @@ class Params(_Section):
         # promotion read step and word only when they were evaluated, so solo is the one mode they all need
         self._rule(p, "solo" in modes, "evaluate", "must include solo: the analyze stage reads the solo "
                    "generations of every checkpoint", key="evaluate.modes", value=modes)
+        # a train arm on a Ray cluster sees the GPUs it reserved: the trainer's, and the rollout engines' too
+        from tandem.rollout.placement import layout_gpus
+
+        gpus, processes = self.__dict__["cluster"].__dict__["train_gpus"], self.__dict__["train"].__dict__["num_processes"]
+        rollout = self.__dict__["rollout"].__dict__
+        need = (layout_gpus(rollout["vllm_layout"], processes, rollout["vllm_devices"])
+                if rollout["backend"] == "vllm" else processes)
+        self._rule(p, gpus == 0 or gpus >= need, "cluster", f"must hold the {need} GPUs one train arm uses (one per "
+                   f"training process, train.num_processes {processes}, plus with rollout.backend vllm the rollout "
+                   f"engines' of rollout.vllm_layout), or be 0 (CPU)", key="cluster.train_gpus", value=gpus)
+        machines = self.__dict__["train"].__dict__["num_machines"]
+        runner = self.__dict__["cluster"].__dict__["runner"]
+        self._rule(p, runner != "ray" or machines == 1, "cluster", f"runner ray runs a train arm as one Ray task, on "
+                   f"one node: train.num_machines must be 1 (it is {machines}); several machines are launched by "
+                   "accelerate on each (docs/operations.md, Several machines)", key="cluster.runner", value=runner)
         return p
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def to_dict(self, where: bool = True) -> dict:
+        """The params as plain data; `where=False` leaves out the sections that only say where tasks run
+        (`WHERE_SECTIONS`, which no stage reads), e.g. for the params a report lists."""
+        if where:
+            return dataclasses.asdict(self)
+        return {f.name: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else copy.deepcopy(v))
+                for f in dataclasses.fields(self) if f.name not in WHERE_SECTIONS
+                for v in [getattr(self, f.name)]}
 
 
 # --------------------------------------------------------------------------------------------------

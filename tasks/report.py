@@ -368,7 +368,7 @@ def run(params: Params, inputs: dict | None = None, outputs: dict | None = None)
     rep = build_report(ReportData(
         title=params.report.title, eval_data=eval_data, analysis=analysis, train_curves=curves,
         reward_key=reward_column(curves), decision=decision, metadata=metadata(params, docs, train_arms),
-        params_text=yaml.safe_dump(params.to_dict(), sort_keys=False),
+        params_text=yaml.safe_dump(params.to_dict(where=False), sort_keys=False),  # not where tasks ran
         examples=examples(eval_data, inputs["generations"], params.report.max_examples),
         claims=claims, claims_seeds=1, claims_note=claims_note, intervals=intervals,
         validation=docs["prepare"].get("validation"), data_docs=_data_docs_link(params, Path(outputs["html"])),

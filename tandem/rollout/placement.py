@@ -168,3 +168,23 @@ def placement_for(rollout, trainer_processes: int, environ: Mapping[str, str] | 
     it sees (`visible_devices`)."""
     return place_engines(rollout.vllm_layout, visible=visible_devices(environ, count), rank=local_rank(environ),
                          rollout_devices=tuple(rollout.vllm_devices), trainer_processes=trainer_processes)
+
+
+def placement_from_slots(slots: Mapping[str, tuple[str, Sequence[str]]]) -> Placement:
+    """The dedicated layout's placement from what a cluster scheduler gave each engine: role -> (node, the
+    devices that engine's slot sees). Ray reserves the GPUs of a one-GPU actor per engine and sets the actor's
+    `CUDA_VISIBLE_DEVICES` (read there by `visible_devices`, as by any process); the service that drives both
+    engines runs on one node, so the slots must share it, each see at least one device, and not overlap
+    (`Placement`). A slot that sees no device or sits on another node is a `PlacementError` of one line."""
+    missing = [r for r in ROLE_NAMES if r not in slots]
+    if missing:
+        raise PlacementError(f"no engine slot for the {missing[0]}: the dedicated layout places both engines")
+    nodes = {slots[r][0] for r in ROLE_NAMES}
+    if len(nodes) != 1:
+        raise PlacementError(f"the senior's and the junior's engine slots landed on different nodes "
+                             f"({', '.join(sorted(nodes))}): one rollout service drives both, on one node")
+    empty = [r for r in ROLE_NAMES if not slots[r][1]]
+    if empty:
+        raise PlacementError(f"the {empty[0]}'s engine slot sees no GPU ({DEVICE_ENV} empty): reserve one GPU "
+                             f"per engine")
+    return Placement("dedicated", tuple(slots["senior"][1]), tuple(slots["junior"][1]))
