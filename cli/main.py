@@ -423,16 +423,30 @@ def study_pilot(registration: str = typer.Option("studies/registration.yaml", "-
     typer.echo(f"  result   {Path(registration).resolve().parent / 'pilot' / 'result.md'}")
 
 
+GATE_DIALECT = typer.Option(None, "--dialect",
+                            help="measure only this registered dialect (repeatable); writes no gate.json")
+
+
 @study_app.command("gate")
-def study_gate(out: str = STUDY_OUT) -> None:
+def study_gate(out: str = STUDY_OUT, dialect: list[str] | None = GATE_DIALECT) -> None:
     """A registered positive control's gate: build S and J for each registered dialect in order and measure the
-    base-only criteria (G1-G5); writes gate.json and gate.md. Rerun: dialects already measured are kept."""
+    base-only criteria (G1-G5); writes gate.json and gate.md. Rerun: dialects already measured are kept (each
+    dialect's result is kept in work/<dialect>/gate-result.json as soon as it is measured). --dialect NAME
+    (repeatable) measures only those dialects, e.g. two in processes side by side, and writes no gate.json:
+    a run without it then decides in the registered order."""
     _offline_defaults()
     with expected_failures("study gate"):
         from tasks.study import control as ctl
 
         t0 = time.perf_counter()
-        doc = ctl.gate(Path(out))
+        doc = ctl.gate(Path(out), only=dialect or None)
+    if dialect:
+        for r in doc["dialects"]:
+            typer.echo(f"gate: dialect {r['dialect']!r} measured: {'passes' if r['passed'] else 'fails'} "
+                       f"({ctl.rel(ctl.dialect_result_file(ctl.registration(Path(out)), r['dialect']))})")
+        typer.secho(f"gate finished in {time.perf_counter() - t0:.0f}s: measured {', '.join(dialect)}; run "
+                    "`tandem study gate` without --dialect to decide", bold=True)
+        return
     typer.secho(f"gate finished in {time.perf_counter() - t0:.0f}s: "
                 + (f"passed with dialect {doc['dialect']!r}" if doc["passed"] else "no dialect passed"), bold=True)
     typer.echo(f"  gate   {Path(out) / 'gate.md'}")

@@ -237,29 +237,57 @@ def gate_measures(params_file: Path, dialect: str, style_of, keyed) -> dict:
             "junior_metrics": read_json(root / "metrics" / "junior.json")}
 
 
-def gate(out: Path = CONTROL_DIR) -> dict:
-    """The registered gate: dialects in order until one passes; writes gate.json and gate.md."""
-    from tandem.study.control import GateCriteria, gate as decide
+def dialect_result_file(reg: R.ControlRegistration, dialect: str) -> Path:
+    """`work/<dialect>/gate-result.json`: one dialect's gate measurement and decision, written as soon as it is
+    measured, so that a gate stopped later (or another dialect measured in a process of its own) keeps it."""
+    return work_root(reg, dialect) / "gate-result.json"
+
+
+def measure_dialect(reg: R.ControlRegistration, d: R.Dialect, crit) -> dict:
+    """One dialect's gate result: kept from its result file when there is one, else S and J built and measured
+    (`gate_measures`) and the result file written."""
+    from tandem.study.control import gate as decide
+
+    kept = dialect_result_file(reg, d.name)
+    if kept.exists():
+        return read_json(kept)
+    f = dialect_params(reg, d)
+    build_models(f, work_root(reg, d.name) / "logs")
+    m = gate_measures(f, d.name, classifier(reg.classifier), reg.keyed_styles)
+    res = {"dialect": d.name, "senior_styles": dict(d.senior_styles), **decide(m["values"], crit), **m,
+           "params": rel(f)}
+    write_json(kept, res)
+    return res
+
+
+def gate(out: Path = CONTROL_DIR, only: list[str] | None = None) -> dict:
+    """The registered gate: dialects in order until one passes; writes gate.json and gate.md. With `only`, those
+    registered dialects alone are measured (each into its result file, `dialect_result_file`; several can run
+    side by side, one process each), and neither gate.json nor gate.md is written: a later `gate` without
+    `only` reads their results and decides in the registered order."""
+    from tandem.study.control import GateCriteria
 
     reg = registration(out)
     if reg.gate_from is not None:
         raise BadInputError(f"control: {out} is a later setting that trains from the gate of "
                             f"{rel(reg.gate_from.dir)}; it has no gate of its own")
     crit = GateCriteria.from_dict(reg.gate.criteria)
+    if only:
+        names = [d.name for d in reg.dialects]
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            raise BadInputError(f"control: dialect(s) {', '.join(unknown)} are not registered (registered: "
+                                f"{', '.join(names)})")
+        results = [measure_dialect(reg, d, crit) for d in reg.dialects if d.name in only]
+        return {"registration": rel(Path(out) / "registration.yaml"), "passed": None, "dialect": None,
+                "dialects": results, "measured_only": list(only)}
     done = {}
     if (Path(out) / "gate.json").exists():
         done = {d["dialect"]: d for d in read_json(Path(out) / "gate.json")["dialects"]}
     results, chosen = [], None
     for d in reg.dialects:
         name = d.name
-        if name in done:
-            res = done[name]
-        else:
-            f = dialect_params(reg, d)
-            build_models(f, work_root(reg, name) / "logs")
-            m = gate_measures(f, name, classifier(reg.classifier), reg.keyed_styles)
-            res = {"dialect": name, "senior_styles": dict(d.senior_styles), **decide(m["values"], crit), **m,
-                   "params": rel(f)}
+        res = done[name] if name in done else measure_dialect(reg, d, crit)
         results.append(res)
         if res["passed"]:
             chosen = name

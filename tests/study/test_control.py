@@ -69,11 +69,27 @@ def test_a_later_setting_uses_its_parents_gate_and_has_none_of_its_own(tmp_path)
     assert ctl.run_root(later, 5, "grpo") == (later / "runs" / "seed-5" / "grpo").resolve()
 
 
+def test_a_dialects_gate_result_is_kept_and_one_dialect_can_be_measured_alone(tmp_path):
+    out = _control_dir(tmp_path)
+    reg = ctl.registration(out)
+    name = reg.dialects[0].name
+    with pytest.raises(BadInputError, match="not registered"):
+        ctl.gate(out, only=["no-such-dialect"])
+    kept = ctl.dialect_result_file(reg, name)
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps({"dialect": name, "passed": False, "values": {"share": 0.1}}))
+    doc = ctl.gate(out, only=[name])  # kept: nothing is built or measured again
+    assert doc["passed"] is None and doc["dialects"] == [json.loads(kept.read_text())]
+    assert not (out / "gate.json").exists() and not (out / "gate.md").exists()  # only the full gate decides
+
+
 @pytest.mark.slow
 def test_the_control_end_to_end_with_a_junior_of_its_own(tmp_path):
     out = _control_dir(tmp_path)
     g = ctl.gate(out)
     compact = g["dialects"][0]
+    # each dialect's result is kept as soon as it is measured (a gate stopped later keeps it)
+    assert json.loads(ctl.dialect_result_file(ctl.registration(out), "compact").read_text()) == compact
     assert compact["dialect"] == "compact" and set(compact["measures"]) == {
         "S_solo", "J_solo", "SJ_step", "SS_step", "SJ_word", "SS_word"}
     S, J = compact["hashes"]["S"], compact["hashes"]["J"]
