@@ -683,8 +683,10 @@ def _run_resources(params: Params, view: progress.ProgressView, summaries: dict)
     from tasks.accounting import held_gpus
 
     ran = [name for name in view.timings() if not _skipped(summaries.get(name))]
-    # a training arm holds this machine's GPUs on each of its train.num_machines machines
-    gpus = {"names": held_gpus(), "machines": {f"train@{a}": params.train.num_machines for a in params.train.arms}}
+    # a training arm holds this machine's GPUs on each of its train.num_machines machines; a task on a Ray
+    # cluster holds what it reserved there
+    gpus = {"names": held_gpus(), "machines": {f"train@{a}": params.train.num_machines for a in params.train.arms},
+            "reserved": cluster.reserved_gpus(params, ran)}
     doc = write_run_metadata(Layout.of(params).root, view.timings(), view.peak_memory(), peak_rss(), ran,
                              {"torch_threads": torch_threads(), "cpu_count": os.cpu_count()}, gpus)
     return doc.get("resources", {})

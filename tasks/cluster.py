@@ -75,6 +75,16 @@ def needs(params: Params, group: str) -> dict[str, Any]:
     return {"num_gpus": getattr(params.cluster, GPU_SETTINGS[group])}
 
 
+def reserved_gpus(params: Params, tasks: list[str]) -> dict[str, int]:
+    """The GPUs each of `tasks` (the flow's task names) reserved on the Ray cluster: `cluster.train_gpus` for a
+    train arm (`train@<arm>`), `cluster.eval_gpus` for an evaluation unit (`evaluate-...`); {} when local (the
+    run's accounting then counts the GPUs the flow's own machine holds)."""
+    if not on_ray(params):
+        return {}
+    group = {"train@": "train", "evaluate-": "evaluate"}
+    return {t: needs(params, g)["num_gpus"] for t in tasks for prefix, g in group.items() if t.startswith(prefix)}
+
+
 def carried_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """What a task on the cluster takes from the flow's environment: the run's W&B group (and a `dvc exp run`
     experiment's name), which the flow sets in its own process (`tasks.tracking.pipeline_group`)."""

@@ -45,12 +45,21 @@ CONTEXT_STAGES = {"report": "the report records when, at which commit and from w
 # --------------------------------------------------------------------------------------------------
 
 def _accounting(timing: dict[str, float], ran: set[str], gpus: dict, tokens: dict[str, int | None],
-                machines: dict[str, int]) -> dict[str, dict]:
-    """Each task that ran: its GPUs (the run's, on each of its machines), GPU-seconds, tokens, tokens per GPU-s."""
+                machines: dict[str, int], reserved: dict[str, int] | None = None) -> dict[str, dict]:
+    """Each task that ran: its GPUs (the run's, on each of its machines; a task run on a Ray cluster: the GPUs it
+    reserved there, marked `on: ray`), GPU-seconds, tokens, tokens per GPU-s."""
     from tandem.accounting import task_accounting
 
-    return {k: task_accounting(v, gpus["per_machine"] * machines.get(k, 1), tokens.get(k))
-            for k, v in timing.items() if k in ran}
+    reserved = reserved or {}
+    out = {}
+    for k, v in timing.items():
+        if k not in ran:
+            continue
+        if k in reserved:
+            out[k] = {**task_accounting(v, reserved[k], tokens.get(k)), "on": "ray"}
+        else:
+            out[k] = task_accounting(v, gpus["per_machine"] * machines.get(k, 1), tokens.get(k))
+    return out
 
 
 def write_run_metadata(root: Path, timing: dict[str, float], peaks: dict[str, float], process: dict,
@@ -60,8 +69,9 @@ def write_run_metadata(root: Path, timing: dict[str, float], peaks: dict[str, fl
 
     `ran` names the tasks that did work in this run; tasks that were skipped (DVC found them current) keep the
     values of the run that last ran them. When nothing ran, the file is left as it is. `gpus`: the GPUs the run
-    held (`{"names": [...], "machines": {task: n}}`, a task on several machines holding them on each; default:
-    the GPUs this process sees, on one machine)."""
+    held (`{"names": [...], "machines": {task: n}, "reserved": {task: n}}`, a task on several machines holding them
+    on each, a task run on a Ray cluster the GPUs it reserved there; default: the GPUs this process sees, on one
+    machine)."""
     from tandem.accounting import gpu_inventory
     from tandem.machine import describe
 
@@ -82,7 +92,8 @@ def write_run_metadata(root: Path, timing: dict[str, float], peaks: dict[str, fl
     gpus = gpus if gpus is not None else {"names": held_gpus()}
     inventory = gpu_inventory(gpus["names"])
     acc = {**{k: v for k, v in (prev.get("accounting") or {}).items() if k not in ran_set},
-           **_accounting(timing, ran_set, inventory, task_tokens(root, ran), gpus.get("machines") or {})}
+           **_accounting(timing, ran_set, inventory, task_tokens(root, ran), gpus.get("machines") or {},
+                         gpus.get("reserved"))}
     doc = {"timing": new_t,
            "resources": {"peak_rss_mb_by_task": new_p, **process,
                          "run_peak_rss_mb": max([*new_p.values(), process.get("process_max_rss_mb") or 0,

@@ -110,6 +110,30 @@ def test_run_json_accounts_gpus_on_every_machine_and_keeps_skipped_tasks(tmp_pat
     assert second["accounting"]["train@tandem"]["gpu_seconds"] == 20.0
 
 
+def test_tasks_on_a_ray_cluster_are_accounted_with_the_gpus_they_reserved(tmp_path):
+    import yaml
+
+    from tandem.config import params_from_dict
+    from tasks import cluster
+    from tasks.record import write_run_metadata
+    from tests.flows import fake_stages
+
+    raw = yaml.safe_load(fake_stages.PARAMS_YAML)
+    local = params_from_dict(raw, strict=True)
+    tasks = ["base", "train@tandem", "evaluate-tandem-step-0-solo"]
+    assert cluster.reserved_gpus(local, tasks) == {}  # local: the flow machine's GPUs count
+    on_ray = params_from_dict({**raw, "cluster": {**raw["cluster"], "runner": "ray", "train_gpus": 2,
+                                                   "eval_gpus": 1}}, strict=True)
+    reserved = cluster.reserved_gpus(on_ray, tasks)
+    assert reserved == {"train@tandem": 2, "evaluate-tandem-step-0-solo": 1}
+    _outputs(tmp_path)
+    doc = write_run_metadata(tmp_path, {"base": 4.0, "train@tandem": 10.0}, {}, {}, ["base", "train@tandem"],
+                             gpus={"names": [], "reserved": reserved})  # the flow itself on a CPU head node
+    assert doc["accounting"]["base"]["gpus"] == 0
+    assert doc["accounting"]["train@tandem"] == {"gpus": 2, "gpu_seconds": 20.0, "tokens": 240,
+                                                 "tokens_per_gpu_second": 12.0, "on": "ray"}
+
+
 def test_the_report_states_the_gpus(tmp_path, monkeypatch):
     from tandem.config import params_from_dict
     import tasks.accounting as record
