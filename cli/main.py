@@ -431,7 +431,7 @@ GATE_DIALECT = typer.Option(None, "--dialect",
 def study_gate(out: str = STUDY_OUT, dialect: list[str] | None = GATE_DIALECT) -> None:
     """A registered positive control's gate: build S and J for each registered dialect in order and measure the
     base-only criteria (G1-G5); writes gate.json and gate.md. Rerun: dialects already measured are kept (each
-    dialect's result is kept in work/<dialect>/gate-result.json as soon as it is measured). --dialect NAME
+    dialect's result is kept in gate-dialects/<dialect>.json as soon as it is measured). --dialect NAME
     (repeatable) measures only those dialects, e.g. two in processes side by side, and writes no gate.json:
     a run without it then decides in the registered order."""
     _offline_defaults()

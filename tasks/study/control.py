@@ -238,9 +238,10 @@ def gate_measures(params_file: Path, dialect: str, style_of, keyed) -> dict:
 
 
 def dialect_result_file(reg: R.ControlRegistration, dialect: str) -> Path:
-    """`work/<dialect>/gate-result.json`: one dialect's gate measurement and decision, written as soon as it is
-    measured, so that a gate stopped later (or another dialect measured in a process of its own) keeps it."""
-    return work_root(reg, dialect) / "gate-result.json"
+    """`gate-dialects/<dialect>.json` beside gate.json: one dialect's gate measurement and decision, written as
+    soon as it is measured (and small enough to commit then), so that a gate stopped later, on this machine or
+    another, or another dialect measured in a process of its own, keeps it."""
+    return gate_dir(reg) / "gate-dialects" / f"{dialect}.json"
 
 
 def measure_dialect(reg: R.ControlRegistration, d: R.Dialect, crit) -> dict:
