@@ -166,10 +166,17 @@ def _pair_records(params, tok, senior, junior, rows_by_bench: dict, mode: str, w
     ev = params.evaluate
     decoder = Decoder(make_engine(senior, junior, tok, "hf"), tok, eos_token_ids(tok, senior))
     out = []
+    from tqdm.auto import tqdm
+
+    settings = settings_of(params)
     for b, rows in rows_by_bench.items():
         t0 = time.perf_counter()
-        recs = run_benchmark(decoder, rows, mode, settings_of(params), seed=stable_seed("gate", who, mode, b),
-                             score_fn=lambda t, g: score_many(t, g, timeout=ev.score_timeout, workers=1))
+        # progress on the long measurement (minutes per benchmark on a CPU); shapes no output
+        with tqdm(total=len(rows) * settings.n_samples, desc=f"gate {who} {mode} {b}", unit="gen",
+                  disable=not ev.progress, file=sys.stderr, mininterval=10) as bar:
+            recs = run_benchmark(decoder, rows, mode, settings, seed=stable_seed("gate", who, mode, b),
+                                 score_fn=lambda t, g: score_many(t, g, timeout=ev.score_timeout, workers=1),
+                                 progress=bar.update)
         for r in recs:
             r["benchmark"] = b
         out += recs
