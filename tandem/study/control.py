@@ -36,6 +36,11 @@ class GateCriteria:
                    float(d["G4_solo_gap_abs_max"]))
 
 
+# G3-G5 are each a difference `dialect_vs_keyed.gap` (dialect-first minus keyed-first pass@1) of one measurement
+# (tasks/study/control.py measures them); gate.md shows each class's size beside it
+GAP_MEASUREMENT = {"G3": "SJ_step", "G4": "S_solo", "G5": "SS_step"}
+
+
 def _ok(x: float | None, test) -> bool:
     return x is not None and math.isfinite(x) and bool(test(x))
 
@@ -211,6 +216,9 @@ def gate_markdown(doc: dict) -> str:
         for g, row in c.items():
             v = row["value"]
             v = ", ".join(f"{k} {_f(x)}" for k, x in v.items()) if isinstance(v, dict) else _f(v)
+            if g in GAP_MEASUREMENT:
+                n = m[GAP_MEASUREMENT[g]]["dialect_vs_keyed"]
+                v += f" (n {n['n_dialect']} dialect-first, {n['n_keyed']} keyed-first)"
             lines.append(f"| {g} | {v} | {row['rule']} | {'' if row['passed'] is None else 'yes' if row['passed'] else 'no'} |")
         lines += ["", "| measurement | samples | pass@1 | dialect share | dialect-first pass@1 (n) | keyed-first pass@1 (n) |",
                   "|---|---|---|---|---|---|"]

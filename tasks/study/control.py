@@ -26,7 +26,7 @@ import yaml
 
 from tandem.errors import BadInputError
 from tandem.study import registration as R
-from tandem.study.control import gate_markdown
+from tandem.study.control import GAP_MEASUREMENT, gate_markdown
 from tandem.study.params import derive, gate_changes, run_changes
 from tandem.study.results import classifier
 from tasks.common import atomic_path, load_params, read_json, read_jsonl, write_json
@@ -235,11 +235,10 @@ def gate_measures(params_file: Path, dialect: str, style_of, keyed) -> dict:
             "SS_word": _pair_records(params, tok, s_, s2, val, "word", "SS"),
         }
     summ = {k: _summary(v, dialect, style_of, keyed) for k, v in runs.items()}
+    gap = {g: summ[k]["dialect_vs_keyed"]["gap"] for g, k in GAP_MEASUREMENT.items()}
     values = {"share": summ["S_solo"]["styles"].get(dialect, {}).get("share", 0.0),
               "solo_pass1_S": summ["S_solo"]["pass@1"], "solo_pass1_J": summ["J_solo"]["pass@1"],
-              "cost_SJ": summ["SJ_step"]["dialect_vs_keyed"]["gap"],
-              "solo_gap_S": summ["S_solo"]["dialect_vs_keyed"]["gap"],
-              "cost_SS": summ["SS_step"]["dialect_vs_keyed"]["gap"]}
+              "cost_SJ": gap["G3"], "solo_gap_S": gap["G4"], "cost_SS": gap["G5"]}
     return {"values": values, "measures": summ, "hashes": {"S": content_hash(S), "J": content_hash(J)},
             "junior_metrics": read_json(root / "metrics" / "junior.json")}
 

@@ -83,6 +83,17 @@ def test_a_dialects_gate_result_is_kept_and_one_dialect_can_be_measured_alone(tm
     assert not (out / "gate.json").exists() and not (out / "gate.md").exists()  # only the full gate decides
 
 
+def test_the_gate_page_shows_how_many_samples_each_difference_rests_on():
+    from tandem.study.control import gate_markdown
+
+    doc = json.loads((ROOT / "studies" / "jargon-smollm2" / "gate.json").read_text())
+    rows = {line.split(" | ")[0][2:]: line for line in gate_markdown(doc).split("## Dialect `reversed`")[1].splitlines()
+            if line.startswith("| G")}
+    assert "(n 551 dialect-first, 6 keyed-first)" in rows["G3"]  # (S, J)'s step samples
+    assert "(n 551 dialect-first, 5 keyed-first)" in rows["G4"]  # S's solo samples
+    assert "keyed-first" not in rows["G1"] + rows["G2"]
+
+
 @pytest.mark.slow
 def test_the_control_end_to_end_with_a_junior_of_its_own(tmp_path):
     out = _control_dir(tmp_path)
