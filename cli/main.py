@@ -441,9 +441,10 @@ def study_gate(out: str = STUDY_OUT, dialect: list[str] | None = GATE_DIALECT) -
         t0 = time.perf_counter()
         doc = ctl.gate(Path(out), only=dialect or None)
     if dialect:
+        reg = ctl.registration(Path(out))
         for r in doc["dialects"]:
             typer.echo(f"gate: dialect {r['dialect']!r} measured: {'passes' if r['passed'] else 'fails'} "
-                       f"({ctl.rel(ctl.dialect_result_file(ctl.registration(Path(out)), r['dialect']))})")
+                       f"({ctl.rel(ctl.dialect_result_file(reg, r['dialect']))})")
         typer.secho(f"gate finished in {time.perf_counter() - t0:.0f}s: measured {', '.join(dialect)}; run "
                     "`tandem study gate` without --dialect to decide", bold=True)
         return

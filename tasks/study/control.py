@@ -157,18 +157,17 @@ def ensure_inputs(reg: R.ControlRegistration, dialect: str) -> Path:
 
 def _pair_records(params, tok, senior, junior, rows_by_bench: dict, mode: str, who: str) -> list[dict]:
     """Scored samples of the loaded `senior` (with `junior` as partner outside solo) at the registered decoding."""
+    from tqdm.auto import tqdm
+
     from tandem.evaluation import Decoder, run_benchmark
     from tandem.generation import eos_token_ids, stable_seed
     from tandem.rewards import score_many
     from tandem.rollout.factory import make_engine
     from tasks.evaluate import settings_of
 
-    ev = params.evaluate
+    ev, settings = params.evaluate, settings_of(params)
     decoder = Decoder(make_engine(senior, junior, tok, "hf"), tok, eos_token_ids(tok, senior))
     out = []
-    from tqdm.auto import tqdm
-
-    settings = settings_of(params)
     for b, rows in rows_by_bench.items():
         t0 = time.perf_counter()
         # progress on the long measurement (minutes per benchmark on a CPU); shapes no output
