@@ -57,12 +57,6 @@ GROUPED = {
                                       "kept as soon as it is measured (`tandem study gate`)",
     "studies/jargon-smollm2/gate.*": "the SmolLM2 jargon control's gate on the base models (G1-G5 per dialect; "
                                      "JSON and Markdown), written by `tandem study gate`",
-    "studies/jargon-smollm2/results/**": "the SmolLM2 jargon control's per-seed x arm results, committed as each "
-                                         "lands (`tandem study control --commit`)",
-    "studies/jargon-smollm2/figures/**": "the SmolLM2 jargon control report's figures",
-    "studies/jargon-smollm2/claims.json": "the SmolLM2 jargon control's claims and bug indicators "
-                                          "(`tandem study --recompute`)",
-    "studies/jargon-smollm2/report.*": "the SmolLM2 jargon control's report (Markdown and HTML)",
 }
 
 # Files without a docstring: what each one is, in one line.
