@@ -345,7 +345,7 @@ def prediction(shape: ModelShape, gpu: tuple[str, int] | None, rows: int, tokens
     with their memory: the `shared` layout of `tandem/rollout/cost.py`), from the committed premises: the figure
     `tandem plan` and the rollout benchmark print for the same rows, tokens and GPU. The GPU's kind is the `GPUS`
     entry named in the device's name (H200, H100), else the one nearest its memory; without a GPU an H200."""
-    prem = load_premises(premises_path) if premises_path else load_premises()
+    prem = load_premises(premises_path)  # None: the committed file
     key = "h200"
     if gpu:
         key = next((k for k in GPUS if k in gpu[0].lower()), None) or gpu_for_memory(gpu[1] / GIB)

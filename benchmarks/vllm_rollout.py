@@ -394,7 +394,6 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
                                                                  if name in best}}
         res["prompt_tokens_mean"] = sum(map(len, prompts)) / len(prompts)
         res["p_senior"] = ScheduleSpec("word").p_senior
-        _predict(res, options)
         if replay:
             if short_tokens and short_tokens < budget:
                 _, _, st_short = run("word", SamplingParams(temperature=temperature, max_new_tokens=short_tokens),
@@ -416,7 +415,7 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
         # after the services have stopped: the scheduler step alone, the history and vocabulary questions
         # without the machine's other tenants
         _isolated(res, launch, len(prompts), short_tokens, budget - short_tokens)
-        _predict(res, options)  # the premises' scheduler CPU from the isolated step
+    _predict(res, options)  # after the isolated step, whose scheduler CPU the premises take when it ran
     res["seconds"] = time.perf_counter() - t_start
     return res
 
@@ -425,19 +424,6 @@ def bench_rollout_vllm(model_dir: str | None = None, url: str | None = None,
 VARIANTS = {"tandem_single": ("single_", ("shared", "dedicated")), "tandem_vllm_out": ("vllm_out_", ("shared", "dedicated")),
             "tandem_stream": ("stream_", ("shared",))}
 PREDICTED = {"shared": "predicted_gpu_tandem_over_solo", "dedicated": "predicted_gpu_tandem_over_solo_two_gpus"}
-
-
-def _cpu_name() -> str:
-    """The machine's CPU model (Linux's /proc/cpuinfo), else the platform's architecture."""
-    import platform
-
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def _cpu_premises() -> tuple:
@@ -456,6 +442,7 @@ def _predict(res: dict, options: VLLMBenchOptions) -> None:
     the same function `tandem plan` prices a layout with (`cost.predicted_ratio`)."""
     import subprocess
 
+    from tandem.machine import cpu as cpu_info
     from tandem.plan import KNOWN_SHAPES, ModelShape
     from tandem.rollout.cost import GPUS, CpuPremises, predicted_ratio, premises_from_stats
 
@@ -476,7 +463,7 @@ def _predict(res: dict, options: VLLMBenchOptions) -> None:
     st = res["service_stats"]
     measured = {"what": (f"tandem (word schedule) and solo rollouts of {res['rows']} rows x {res['max_new_tokens']} "
                          f"tokens on {res['model']}"),
-                "on": f"vLLM {res.get('vllm_version')} CPU build, {_cpu_name()}, {os.cpu_count()} vCPUs",
+                "on": f"vLLM {res.get('vllm_version')} CPU build, {cpu_info()['model']}, {os.cpu_count()} vCPUs",
                 "vocab": res["vocab"], "rows": res["rows"], "new_tokens": res["max_new_tokens"],
                 "p_senior": res["p_senior"], "senior_fraction": res.get("senior_fraction"), "commit": commit,
                 "cpu_source": cpu_source,

@@ -401,6 +401,25 @@ def rollout_rows(params) -> tuple[int, int]:
     return per_call, per_call
 
 
+def _rollout_spec(params):
+    """(the GPU's kind, the `RolloutLayout` priced) of the params' rollout: the `GPUS` entry whose memory is
+    nearest train.gpu_memory_gib, and the tandem arm's rows per engine (`rollout_rows`) at the prompt and new
+    token budgets, the memory share, and vLLM's runtime inside it."""
+    t, ro = params.train, params.rollout
+    rows, _ = rollout_rows(params)
+    spec = RolloutLayout(ro.vllm_layout, rows, t.max_prompt_tokens, t.max_new_tokens, ro.vllm_gpu_memory,
+                         t.gpu_memory_gib * GIB, VLLM_OVERHEAD_GIB * GIB, ro.p_senior)
+    return GPUS[gpu_for_memory(t.gpu_memory_gib)], spec
+
+
+def _rollout_gpus(params) -> int:
+    """The GPUs the rollout engines run on: the rollout service's (dedicated), else the trainer's."""
+    t, ro = params.train, params.rollout
+    if ro.vllm_layout == "dedicated":
+        return len(rollout_positions(ro.vllm_devices, t.num_processes))
+    return t.num_processes
+
+
 def plan_rollout(params, shape: ModelShape) -> dict | None:
     """The rollout layout on GPUs and its price (`tandem.rollout.layout.price_layout`), None without vLLM.
 
@@ -411,18 +430,15 @@ def plan_rollout(params, shape: ModelShape) -> dict | None:
     if ro.backend != "vllm":
         return None
     rows, per_call = rollout_rows(params)
-    gpu = GPUS[gpu_for_memory(t.gpu_memory_gib)]
-    spec = RolloutLayout(ro.vllm_layout, rows, t.max_prompt_tokens, t.max_new_tokens, ro.vllm_gpu_memory,
-                         t.gpu_memory_gib * GIB, VLLM_OVERHEAD_GIB * GIB, ro.p_senior)
+    gpu, spec = _rollout_spec(params)
     price = price_layout(shape, gpu, spec)
     dedicated = ro.vllm_layout == "dedicated"
-    out = {"layout": ro.vllm_layout, "rollout_gpus": 2 if dedicated else t.num_processes,
+    out = {"layout": ro.vllm_layout, "rollout_gpus": _rollout_gpus(params),
            "trainer_gpus": t.num_processes, "gpu_memory_gib": t.gpu_memory_gib,
            "vllm_gpu_memory": ro.vllm_gpu_memory, "rows_per_call": per_call, **price.to_json()}
     if dedicated:
         pos = rollout_positions(ro.vllm_devices, t.num_processes)
         k = len(pos) // 2
-        out["rollout_gpus"] = len(pos)
         out["engine_devices"] = {"senior": pos[:k], "junior": pos[k:]}
         out["gpus_note"] = (f"one rollout service for the run, the senior's engine on GPU {_gpus(pos[:k])} and the "
                             f"junior's on GPU {_gpus(pos[k:])} (rollout.vllm_devices; positions the training "
@@ -631,16 +647,13 @@ def layout_step(params, shape: ModelShape, premises=None) -> dict:
     seconds per step and tandem/solo."""
     t, ro = params.train, params.rollout
     geo = train_geometry(params, t.group_size)
-    rows, per_call = rollout_rows(params)
+    _, per_call = rollout_rows(params)
     scope = geo["rows_per_step"] if ro.vllm_layout == "dedicated" else geo["rows_per_process"]
     calls = math.ceil(scope / per_call)
-    gpu = GPUS[gpu_for_memory(t.gpu_memory_gib)]
-    spec = RolloutLayout(ro.vllm_layout, rows, t.max_prompt_tokens, t.max_new_tokens, ro.vllm_gpu_memory,
-                         t.gpu_memory_gib * GIB, VLLM_OVERHEAD_GIB * GIB, ro.p_senior)
+    gpu, spec = _rollout_spec(params)
     price = price_layout(shape, gpu, spec, premises)
     out = {"layout": ro.vllm_layout, "gpus": gpus_needed(params), "trainer_gpus": t.num_processes,
-           "rollout_gpus": len(rollout_positions(ro.vllm_devices, t.num_processes)) if ro.vllm_layout == "dedicated"
-           else t.num_processes, "vllm_gpu_memory": ro.vllm_gpu_memory, "rows_per_call": per_call,
+           "rollout_gpus": _rollout_gpus(params), "vllm_gpu_memory": ro.vllm_gpu_memory, "rows_per_call": per_call,
            "calls_per_step": calls, "gpu": gpu.name,
            "fits": all(plan_train_arm(params, a, shape, "cuda").fits for a in t.arms)}
     if price.predicted_tandem_over_solo is None:
@@ -651,6 +664,16 @@ def layout_step(params, shape: ModelShape, premises=None) -> dict:
     return {**out, "rollout_s": rollout_s, "solo_rollout_s": calls * price.solo_s, "training_s": training_s,
             "trainer_idle_s": rollout_s if ro.vllm_layout == "dedicated" else 0.0,
             "step_s": rollout_s + training_s, "predicted_tandem_over_solo": price.predicted_tandem_over_solo}
+
+
+def _unfit(o: dict) -> str:
+    """Why a layout of `compare_layouts` is not among those that fit: not priced, its memory plan, no prediction,
+    or more GPUs than the node's."""
+    if o.get("why"):
+        return o["why"]
+    if not o["fits"]:
+        return "its memory plan"
+    return "no prediction" if o["step_s"] is None else f"{o['gpus']} GPUs needed"
 
 
 def compare_layouts(params, shape: ModelShape, node_gpus: int = 0, premises=None) -> dict:
@@ -678,9 +701,7 @@ def compare_layouts(params, shape: ModelShape, node_gpus: int = 0, premises=None
         if k == best:
             continue
         if k not in ok:
-            why += (f"; {k} does not fit: " + (o.get("why") or ("its memory plan" if not o["fits"] else
-                                                              "no prediction" if o["step_s"] is None else
-                                                              f"{o['gpus']} GPUs needed")))
+            why += f"; {k} does not fit: {_unfit(o)}"
             continue
         why += f" against {k}'s {o['step_s']:.1f} s (rollout {o['rollout_s']:.1f} + training {o['training_s']:.1f})"
         if o["predicted_tandem_over_solo"] > b["predicted_tandem_over_solo"]:

@@ -37,8 +37,9 @@ and length; every row runs to its L new tokens. Calibrate BW and the launch gap 
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 PREMISES_FILE = Path(__file__).with_name("premises.json")
@@ -66,10 +67,26 @@ def gpu_for_memory(gib: float) -> str:
     return min(GPUS, key=lambda k: abs(GPUS[k].memory_gib - gib))
 
 
+def weights_seconds(shape, gpu: GPU) -> float:
+    """W: seconds to read the bf16 weights once at the GPU's achieved bandwidth (every step pays it)."""
+    return shape.n_params * 2 / gpu.bandwidth
+
+
+def mean_context(prompt_tokens: float, new_tokens: float) -> float:
+    """A row's mean context over its rollout: prompt + L / 2 (the module docstring's assumption)."""
+    return prompt_tokens + new_tokens / 2
+
+
+def solo_rows_per_gpu(layout: str, rows: int) -> int:
+    """The rows stock solo runs on each GPU against tandem's `rows`: all of them on the shared GPU, half (rounded
+    up) with data parallelism 2 over the dedicated layout's two GPUs."""
+    return rows if layout == "shared" else -(-rows // 2)
+
+
 def roofline(shape, gpu: GPU, context_tokens: float, computed_tokens: float) -> float:
     """GPU seconds of one engine step without the per-step gap: max(W + K, C) for a step that reads
     `context_tokens` of KV and computes `computed_tokens` (the module docstring's terms)."""
-    W = shape.n_params * 2 / gpu.bandwidth
+    W = weights_seconds(shape, gpu)
     K = context_tokens * shape.kv_bytes_per_token(2) / gpu.bandwidth
     C = 2 * shape.n_params * computed_tokens / gpu.flops
     return max(W + K, C)
@@ -94,9 +111,13 @@ class EnginePremises:
             raise ValueError(f"an engine's premises are positive counts per generated token (steps and rows > 0), "
                              f"got {self}")
 
+    def per_step(self, rows: float, per_token: float) -> float:
+        """A count per generated token (one of this engine's) as a count per step of it when `rows` rows run."""
+        return rows * per_token / self.steps_per_row_token
+
     def rows_per_step(self, rows: float) -> float:
         """Rows in one of this engine's steps when `rows` rows run."""
-        return rows * self.rows_per_token / self.steps_per_row_token
+        return self.per_step(rows, self.rows_per_token)
 
 
 @dataclass(frozen=True)
@@ -132,7 +153,7 @@ class Premises:
 
     def to_json(self) -> dict:
         d = {r: asdict(self.engine(r)) for r in ROLES}
-        return {"engines": d, "cpu_seconds": asdict(self.cpu), "measured": self.measured}
+        return {"engines": d, "cpu_seconds": asdict(self.cpu), "measured": dict(self.measured)}
 
     @classmethod
     def from_json(cls, d: dict) -> "Premises":
@@ -144,13 +165,24 @@ class Premises:
                              f"`Premises.to_json` writes them ({e})") from None
 
 
-def load_premises(path: str | Path = PREMISES_FILE) -> Premises:
-    """The committed premises (`PREMISES_FILE`) or another file of the same form."""
+def load_premises(path: str | Path | None = None) -> Premises:
+    """The committed premises (`PREMISES_FILE`, read once per process: `tandem plan` prices several layouts with
+    them) or another file of the same form (read at each call)."""
+    if path is None:
+        return _committed_premises()
     return Premises.from_json(json.loads(Path(path).read_text()))
 
 
+@functools.lru_cache(maxsize=1)
+def _committed_premises() -> Premises:
+    return load_premises(PREMISES_FILE)
+
+
 def write_premises(premises: Premises, path: str | Path = PREMISES_FILE) -> Path:
+    """Write `premises` as `load_premises` reads them; a write to `PREMISES_FILE` is what later loads read."""
     Path(path).write_text(json.dumps(premises.to_json(), indent=1, sort_keys=True) + "\n")
+    if Path(path).resolve() == PREMISES_FILE.resolve():
+        _committed_premises.cache_clear()
     return Path(path)
 
 
@@ -169,9 +201,7 @@ def premises_from_stats(tandem: dict, solo: dict, cpu: CpuPremises, measured: di
     {"engines": {"senior": counts, "junior": ...}, "kept", "rows", "frontend_cpu_seconds"}). The frontend's CPU per
     token is the tandem rollout's own; the scheduler's CPU per row and chunk are `cpu`'s (they are measured in
     isolation, `benchmarks/sched_step.py`: inside the service they include the model runner's work)."""
-    kept = max(float(tandem["kept"]), 1.0)
-    cpu = CpuPremises(cpu.sched_per_row_tandem, cpu.sched_per_row_solo, cpu.per_chunk,
-                      tandem.get("frontend_cpu_seconds", 0.0) / kept)
+    cpu = replace(cpu, frontend_per_token=tandem.get("frontend_cpu_seconds", 0.0) / max(float(tandem["kept"]), 1.0))
     e = tandem["engines"]
     return Premises(engine_premises(e["senior"], tandem["kept"], tandem["rows"]),
                     engine_premises(e["junior"], tandem["kept"], tandem["rows"]),
@@ -199,10 +229,10 @@ def tandem_steps(shape, gpu: GPU, premises: Premises, rows: float, context: floa
     for role in ("senior", "junior"):
         e = premises.engine(role)
         r = e.rows_per_step(rows)
-        computed = rows * e.computed_per_token / e.steps_per_row_token
-        chunks = rows * e.chunks_per_token / e.steps_per_row_token
-        gap = gpu.launch_gap + r * premises.cpu.sched_per_row_tandem + chunks * premises.cpu.per_chunk
-        out[role] = StepPrice(e.steps_per_row_token, r, roofline(shape, gpu, r * context, computed), gap)
+        gap = gpu.launch_gap + r * premises.cpu.sched_per_row_tandem \
+            + e.per_step(rows, e.chunks_per_token) * premises.cpu.per_chunk
+        gpu_s = roofline(shape, gpu, r * context, e.per_step(rows, e.computed_per_token))
+        out[role] = StepPrice(e.steps_per_row_token, r, gpu_s, gap)
     return out
 
 
@@ -226,8 +256,8 @@ def solo_step(shape, gpu: GPU, premises: Premises, rows: float, context: float) 
     scheduler's CPU with the GPU's work, so the step is the longer of the two (no gap exposed)."""
     e = premises.solo
     r = e.rows_per_step(rows)
-    computed = rows * e.computed_per_token / e.steps_per_row_token
-    return max(roofline(shape, gpu, r * context, computed), r * premises.cpu.sched_per_row_solo)
+    return max(roofline(shape, gpu, r * context, e.per_step(rows, e.computed_per_token)),
+               r * premises.cpu.sched_per_row_solo)
 
 
 def solo_seconds(shape, gpu: GPU, premises: Premises, rows: float, new_tokens: int, context: float) -> float:
@@ -239,9 +269,8 @@ def predicted_ratio(shape, gpu: GPU, premises: Premises, layout: str, rows: int,
                     prompt_tokens: float) -> dict:
     """Tandem/solo for `rows` rows, all resident, of `prompt_tokens` + `new_tokens` in `layout` (solo: on the
     shared GPU; data parallel 2 over the dedicated layout's two GPUs), with both times in seconds."""
-    ctx = prompt_tokens + new_tokens / 2
+    ctx = mean_context(prompt_tokens, new_tokens)
     t = tandem_seconds(shape, gpu, premises, layout, rows, new_tokens, ctx)
-    solo_rows = rows if layout == "shared" else -(-rows // 2)
-    s = solo_seconds(shape, gpu, premises, solo_rows, new_tokens, ctx)
+    s = solo_seconds(shape, gpu, premises, solo_rows_per_gpu(layout, rows), new_tokens, ctx)
     return {"layout": layout, "gpu": gpu.name, "rows": rows, "new_tokens": new_tokens, "tandem_s": t, "solo_s": s,
             "predicted_tandem_over_solo": s / t}

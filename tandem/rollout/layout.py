@@ -25,10 +25,10 @@ gap).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
-from tandem.rollout.cost import GPU, Premises, load_premises, solo_seconds, solo_step, tandem_seconds, tandem_steps
+from tandem.rollout.cost import (GPU, ROLES, Premises, load_premises, mean_context, solo_rows_per_gpu, solo_seconds,
+                                 solo_step, tandem_seconds, tandem_steps, weights_seconds)
 from tandem.rollout.placement import LAYOUTS  # declared once, where the layouts are placed
 
 
@@ -117,19 +117,17 @@ def price_layout(shape, gpu: GPU, spec: RolloutLayout, premises: Premises | None
     resident = resident_rows(room, kv_row)
     tw = waves(rows, resident)
     # solo: one engine with both shares on the shared GPU; data parallelism 2 over the two dedicated GPUs
-    if layout == "shared":
-        solo_rows, solo_room = rows, 2 * share * gpu_bytes - fixed
-    else:
-        solo_rows, solo_room = math.ceil(rows / 2), room
+    solo_rows = solo_rows_per_gpu(layout, rows)
+    solo_room = 2 * share * gpu_bytes - fixed if layout == "shared" else room
     solo_res = resident_rows(solo_room, kv_row)
     sw = waves(solo_rows, solo_res)
-    ctx = prompt_tokens + new_tokens / 2
+    ctx = mean_context(prompt_tokens, new_tokens)
     notes = []
     t_t = t_s = ratio = None
     terms: dict[str, float] = {}
     if tw and sw:
         st = tandem_steps(shape, gpu, prem, tw[0], ctx)
-        terms = {"weights": shape.n_params * 2 / gpu.bandwidth * 1e3,
+        terms = {"weights": weights_seconds(shape, gpu) * 1e3,
                  "tandem_gpu_senior": st["senior"].gpu_s * 1e3, "tandem_gpu_junior": st["junior"].gpu_s * 1e3,
                  "tandem_gap_senior": st["senior"].gap_s * 1e3, "tandem_gap_junior": st["junior"].gap_s * 1e3,
                  "solo": solo_step(shape, gpu, prem, sw[0], ctx) * 1e3}
@@ -146,7 +144,7 @@ def price_layout(shape, gpu: GPU, spec: RolloutLayout, premises: Premises | None
     if measured_p is not None and abs(measured_p - spec.p_senior) > 0.05:
         notes.append(f"the premises were measured at a senior share of {measured_p}, this run's is "
                      f"{spec.p_senior}: the engines' counts are priced as measured")
-    steps = {r: round(prem.engine(r).steps_per_row_token, 3) for r in ("senior", "junior", "solo")}
+    steps = {r: round(prem.engine(r).steps_per_row_token, 3) for r in ROLES}
     computed = {"tandem": round(prem.senior.computed_per_token + prem.junior.computed_per_token, 3),
                 "solo": round(prem.solo.computed_per_token, 3)}
     return LayoutPrice(layout, gpu.name, rows, kv_row, room, resident, tw, solo_rows, solo_res, sw, ctx,

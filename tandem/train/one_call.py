@@ -1,5 +1,5 @@
-"""The dedicated rollout layout under several training processes: the step's rows reach the one rollout service as
-one call (`OneCallEngine`), as trl's vLLM server mode does.
+"""Several training processes on one rollout service (the dedicated layout, or a service attached with
+`rollout.vllm_url`): the step's rows reach it as one call (`OneCallEngine`), as trl's vLLM server mode does.
 
 Every process hands its rows (prompt token ids and global row ids) to the main process (`gather_object`), which
 alone holds a client of the service: it makes one `generate` over all of them, and sends the result back to
@@ -12,8 +12,8 @@ seed (tests/rollout/test_vllm_layouts.py checks it with vLLM's CPU build and two
 `step_engine` builds the engine a training process uses: this one for `rollout.backend: vllm` with more than one
 process sharing one service (`rollout.vllm_layout: dedicated`, or any layout attached to `rollout.vllm_url`), else
 the engine itself (one service per process in the shared layout). Either way a service gets one weight push and
-one reload per step (tests/rollout/test_one_push.py: two gloo processes on one fake service). The CUDA path (NCCL instead of gloo, the service on its own GPUs) is unverified until a
-GPU check runs it.
+one reload per step (tests/rollout/test_one_push.py: two gloo processes on one fake service). The CUDA path (NCCL
+instead of gloo, the service on its own GPUs) is unverified until a GPU check runs it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def one_service(rollout: Any, processes: int) -> bool:
     pushes for all: each pushing its own weights would reload the service once per process and step, and a
     process's call naming its own weights would meet another's (409, or a reload in the middle of the step)."""
     return (rollout.backend == "vllm" and processes > 1
-            and (rollout.vllm_layout == "dedicated" or bool(getattr(rollout, "vllm_url", ""))))
+            and (rollout.vllm_layout == "dedicated" or bool(rollout.vllm_url)))
 
 
 def step_engine(build: Callable[[], Any], rollout: Any, accelerator: Any) -> Any:

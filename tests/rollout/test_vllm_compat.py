@@ -60,7 +60,7 @@ def test_the_runner_choice_is_set_before_vllm_is_imported(tmp_path, monkeypatch)
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
     assert service.check_vllm() == "0.32.0"
     assert sys.modules["vllm"].RUNNER_AT_IMPORT == "0" == os.environ["VLLM_USE_V2_MODEL_RUNNER"]
-    monkeypatch.delitem(sys.modules, "vllm")
+    del sys.modules["vllm"]  # not monkeypatch.delitem: its undo would put the fake back after the test
 
 
 @pytest.mark.parametrize("is_cpu", [True, False])
@@ -121,23 +121,34 @@ def test_a_step_message_is_dropped_only_when_it_says_nothing():
         assert not says_nothing(_Outputs(**{field: value})), field
 
 
+def _wheres(t) -> list[tuple[Path, list[str]]]:
+    """The places a touchpoint's `where` names, comma-separated: (the module's file, tandem/rollout/vllm/<module>.py
+    or benchmarks/<module>.py, and the class, function or method names after the module)."""
+    out = []
+    for where in (w.strip() for w in t.where.split(",")):
+        if where.startswith("benchmarks/"):
+            head, *rest = where.split("/", 1)[1].split(".")
+            out.append((ROOT / "benchmarks" / f"{head}.py", rest))
+        else:
+            head, *rest = where.split(".")
+            out.append((ROOT / "tandem" / "rollout" / "vllm" / f"{head}.py", rest))
+    return out
+
+
 def test_every_touchpoint_names_code_that_exists():
     """Each `where` of the service's own touchpoints names a module of tandem/rollout/vllm/ and, after it, a class,
     function or method defined there (so a move between modules updates the list)."""
-    vllm_dir = ROOT / "tandem" / "rollout" / "vllm"
     wrong = []
     for t in compat.TOUCHPOINTS:
         if t.where.startswith("benchmarks/"):
             continue
-        for where in (w.strip() for w in t.where.split(",")):
-            head, *rest = where.split(" / ")[0].split(".")
-            f = vllm_dir / f"{head}.py"
+        for f, rest in _wheres(t):
             if not f.exists():
-                wrong.append(f"{t.where}: no module {head}.py")
+                wrong.append(f"{t.where}: no module {f.name}")
                 continue
             names = {n.name for n in ast.walk(ast.parse(f.read_text()))
                      if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))}
-            wrong += [f"{t.where}: {head}.py defines no {r}" for r in rest if r not in names]
+            wrong += [f"{t.where}: {f.name} defines no {r}" for r in rest if r not in names]
     assert not wrong, wrong
 
 
@@ -211,23 +222,13 @@ def _identifiers(tree: ast.AST) -> set[str]:
     return out
 
 
-def _touchpoint_files(t) -> set[Path]:
-    files = set()
-    for where in (w.strip() for w in t.where.split(",")):
-        if where.startswith("benchmarks/"):
-            files.add(ROOT / "benchmarks" / f"{where.split('/')[1].split('.')[0]}.py")
-        else:
-            files.add(ROOT / "tandem" / "rollout" / "vllm" / f"{where.split('.')[0]}.py")
-    return files
-
-
 def test_every_touchpoint_lists_the_vllm_names_its_code_uses():
     """Each touchpoint names the vLLM names it relies on, and each is spelled in the code at its `where` (a name
     the code stopped using fails here, so the table cannot keep stale entries)."""
     missing = []
     for t in compat.TOUCHPOINTS:
         assert t.names, f"{t.where}: no vLLM names listed"
-        found = set().union(*(_identifiers(ast.parse(f.read_text())) for f in _touchpoint_files(t)))
+        found = set().union(*(_identifiers(ast.parse(f.read_text())) for f in {f for f, _ in _wheres(t)}))
         missing += [f"{t.where}: {n}" for n in t.names if n not in found]
     assert not missing, f"touchpoint names not found in their code: {missing}"
 

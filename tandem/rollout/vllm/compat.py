@@ -72,7 +72,7 @@ class Touchpoint:
     vllm: str       # the vLLM symbol
     kind: str       # import | subclass | override | patch | utility | attribute
     relies_on: str  # what must stay true for it to work
-    names: tuple[str, ...] = ()
+    names: tuple[str, ...]  # the vLLM names the code at `where` spells (required: the tests check each)
 
 
 TOUCHPOINTS: tuple[Touchpoint, ...] = (
