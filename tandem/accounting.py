@@ -1,9 +1,10 @@
 """GPU accounting: the GPUs a task held, GPU-seconds, and the tokens it generated per GPU-second.
 
 Arithmetic on numbers the caller collects (`tasks/record.py` reads the stages' metrics), and `gpu_names`, the
-GPUs torch sees (also `tandem.machine`'s device list). A task holds every GPU its machine gives the run, on every machine it runs on, for its whole wall time
-(what a cluster bills), whether or not each GPU is busy all along. A CPU run holds zero GPUs: its GPU-seconds are
-0 and its tokens per GPU-second are None ("no GPU"), never a division by zero and never a missing field.
+GPUs torch sees (also `tandem.machine`'s device list). A task holds every GPU its machine gives the run, on every
+machine it runs on, for its whole wall time (what a cluster bills), whether or not each GPU is busy all along. A
+CPU run holds zero GPUs: its GPU-seconds are 0 and its tokens per GPU-second are None ("no GPU"), never a
+division by zero and never a missing field.
 """
 
 from __future__ import annotations
