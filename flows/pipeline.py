@@ -678,17 +678,11 @@ def _run_resources(params: Params, view: progress.ProgressView, summaries: dict)
     Not under metrics/: the report stage depends on metrics/, and a file written there after the report would
     leave the report stale after every run."""
     from tasks.common import Layout, peak_rss, torch_threads
-    from tasks.record import write_run_metadata
-
-    from tasks.accounting import held_gpus
+    from tasks.record import run_gpus, write_run_metadata
 
     ran = [name for name in view.timings() if not _skipped(summaries.get(name))]
-    # a training arm holds this machine's GPUs on each of its train.num_machines machines; a task on a Ray
-    # cluster holds what it reserved there
-    gpus = {"names": held_gpus(), "machines": {f"train@{a}": params.train.num_machines for a in params.train.arms},
-            "reserved": cluster.reserved_gpus(params, ran)}
     doc = write_run_metadata(Layout.of(params).root, view.timings(), view.peak_memory(), peak_rss(), ran,
-                             {"torch_threads": torch_threads(), "cpu_count": os.cpu_count()}, gpus)
+                             {"torch_threads": torch_threads(), "cpu_count": os.cpu_count()}, run_gpus(params, ran))
     return doc.get("resources", {})
 
 

@@ -1,9 +1,10 @@
 """GPU accounting: the GPUs a task held, GPU-seconds, and the tokens it generated per GPU-second.
 
-Pure arithmetic on numbers the caller collects (`tasks/record.py` reads the GPUs torch sees and the stages'
-metrics). A task holds every GPU its machine gives the run, on every machine it runs on, for its whole wall time
-(what a cluster bills), whether or not each GPU is busy all along. A CPU run holds zero GPUs: its GPU-seconds are
-0 and its tokens per GPU-second are None ("no GPU"), never a division by zero and never a missing field.
+Arithmetic on numbers the caller collects (`tasks/record.py` reads the stages' metrics), and `gpu_names`, the
+GPUs torch sees (also `tandem.machine`'s device list). A task holds every GPU its machine gives the run, on every
+machine it runs on, for its whole wall time (what a cluster bills), whether or not each GPU is busy all along. A
+CPU run holds zero GPUs: its GPU-seconds are 0 and its tokens per GPU-second are None ("no GPU"), never a
+division by zero and never a missing field.
 """
 
 from __future__ import annotations
@@ -12,6 +13,18 @@ from collections import Counter
 from typing import Iterable, Sequence
 
 NO_GPU = "none (a CPU run)"
+
+
+def gpu_names() -> list[str]:
+    """The names of the GPUs this process sees (`CUDA_VISIBLE_DEVICES` applied), [] without CUDA or torch. torch
+    is imported only here, when it is importable (a CPU build says so without starting CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
 def gpu_type(names: Sequence[str]) -> str:

@@ -941,6 +941,8 @@ class Params(_Section):
         (`WHERE_SECTIONS`, which no stage reads), e.g. for the params a report lists."""
         if where:
             return dataclasses.asdict(self)
+        # section by section: asdict(self) would read the left-out sections too, and reading a setting is what
+        # the stage contracts track (tests/test_contracts.py)
         return {f.name: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else copy.deepcopy(v))
                 for f in dataclasses.fields(self) if f.name not in WHERE_SECTIONS
                 for v in [getattr(self, f.name)]}

@@ -71,8 +71,10 @@ def kernels() -> dict[str, Any]:
                            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
                            "env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}}
     if torch.cuda.is_available():
+        from tandem.accounting import gpu_names
+
         out["cuda"] = {"version": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-                       "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+                       "devices": gpu_names()}
     return out
 
 

@@ -11,15 +11,10 @@ from tasks.common import read_json
 
 
 def held_gpus() -> list[str]:
-    """The names of the GPUs this process sees (`CUDA_VISIBLE_DEVICES` applied), [] without CUDA. torch is
-    imported only when it is importable and CUDA may be there (a CPU build says so without starting CUDA)."""
-    try:
-        import torch
-    except ImportError:
-        return []
-    if not torch.cuda.is_available():
-        return []
-    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    """The names of the GPUs this process sees (`tandem.accounting.gpu_names`), [] without CUDA."""
+    from tandem.accounting import gpu_names
+
+    return gpu_names()
 
 
 def _eval_units(metrics: Path) -> dict[str, int]:

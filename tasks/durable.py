@@ -138,27 +138,26 @@ class ResumeStore:
     def pull(self, fingerprint: str, arm: str, arm_dir: Path) -> int | None:
         """Fetch into `arm_dir` every pushed checkpoint up to the latest that `arm_dir` lacks (each lands as
         `checkpoint-<N>/` and is renamed `step-<N>/` once complete); returns the latest pushed step or None."""
-        from tandem.checkpoints import STAGING_PREFIX, STEP_PREFIX, commit_dir
+        from tandem.checkpoints import STAGING_PREFIX, commit_dir, parse_step, step_name
 
         latest = self.latest_step(fingerprint, arm)
         if latest is None:
             return None
         base = self._arm(fingerprint, arm)
-        steps = sorted(int(self.fs.name(p)[len(STEP_PREFIX):]) for p in self.fs.ls(base)
-                       if self.fs.name(p).startswith(STEP_PREFIX) and self.fs.name(p)[len(STEP_PREFIX):].isdigit())
+        steps = sorted(s for s in (parse_step(self.fs.name(p)) for p in self.fs.ls(base)) if s is not None)
         arm_dir = Path(arm_dir)
         arm_dir.mkdir(parents=True, exist_ok=True)
         for step in (s for s in steps if s <= latest):
-            if (arm_dir / f"{STEP_PREFIX}{step}").exists():
+            if (arm_dir / step_name(step)).exists():
                 continue
             staging = arm_dir / f"{STAGING_PREFIX}{step}"
             shutil.rmtree(staging, ignore_errors=True)
-            src = self.fs.join(base, f"{STEP_PREFIX}{step}")
+            src = self.fs.join(base, step_name(step))
             files = list(self.fs.find(src))
             rel = [self.fs.relparts(f, src) for f in files]
             if any(not parts or any(p in ("", ".", "..") for p in parts) for parts in rel):
                 raise UserError(f"DVC remote {self.name!r}: {src} holds a file whose name climbs out of its folder; "
                                 "nothing was pulled from it")
             self.fs.get(files, [str(staging.joinpath(*parts)) for parts in rel])
-            commit_dir(staging, arm_dir / f"{STEP_PREFIX}{step}")
+            commit_dir(staging, arm_dir / step_name(step))
         return latest

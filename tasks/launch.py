@@ -265,7 +265,7 @@ def _run_launcher(params: Params, arm: str, run_dir: Path, io: dict) -> None:
     reserve_records(errors, params.train.num_processes)
     outputs = io["outputs"]
     logs = logs_dir(outputs, arm)
-    if machines(params).rank == 0:
+    if io["publish_to"] is not None:  # the main machine (machine 0)
         remove(logs)  # the logs of an earlier launch of this arm (a rank that fails makes the folder again)
     repo = str(Path(__file__).resolve().parents[1])  # the workers import this very checkout
     env = {**tool_env(), "OMP_NUM_THREADS": str(max(params.train.cpu_threads, 1)),

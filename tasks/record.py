@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from tandem.config import Params
 from tasks.accounting import held_gpus, task_tokens
 from tasks.common import read_json, write_json
 
@@ -60,6 +61,16 @@ def _accounting(timing: dict[str, float], ran: set[str], gpus: dict, tokens: dic
         else:
             out[k] = task_accounting(v, gpus["per_machine"] * machines.get(k, 1), tokens.get(k))
     return out
+
+
+def run_gpus(params: Params, ran: Sequence[str]) -> dict:
+    """`write_run_metadata`'s `gpus` for the tasks in `ran`: the GPUs this machine holds, a training arm holding
+    them on each of its `train.num_machines` machines, and a task on a Ray cluster what it reserved there
+    (`tasks.cluster.reserved_gpus`)."""
+    from tasks.cluster import reserved_gpus
+
+    return {"names": held_gpus(), "machines": {f"train@{a}": params.train.num_machines for a in params.train.arms},
+            "reserved": reserved_gpus(params, list(ran))}
 
 
 def write_run_metadata(root: Path, timing: dict[str, float], peaks: dict[str, float], process: dict,

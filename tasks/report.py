@@ -238,6 +238,23 @@ def _find_seconds(doc: Any, depth: int = 2) -> float | None:
     return None
 
 
+def _arm_seconds(summ: dict) -> tuple[float | None, bool]:
+    """A train arm's wall time, its last run as its tokens (`task_tokens`) count it: (seconds, whether they are
+    estimated as steps x seconds per step); (None, False) when not recorded."""
+    if isinstance(summ.get("wall_seconds_this_run"), (int, float)):
+        return summ["wall_seconds_this_run"], False
+    secs = _find_seconds(summ, 1)
+    if secs is None and isinstance(summ.get("step_seconds"), (int, float)) and summ.get("steps"):
+        return summ["step_seconds"] * summ["steps"], True
+    return secs, False
+
+
+def _eval_seconds(ev: dict) -> list[float]:
+    """Each benchmark's compute time of every checkpoint and mode the evaluation lists (cached entries too)."""
+    return [b.get("seconds") or 0 for a in ev.get("arms", {}).values() for c in a.get("checkpoints", [])
+            for m in c.get("modes", {}).values() for b in (m.get("benchmarks") or {}).values()]
+
+
 def _wall_times(docs: dict[str, dict], train_arms: dict[str, dict]) -> str:
     """Stage wall times as the stage metrics record them (not this report's run), e.g. 'base 42.0 s'. The
     metrics files hold no timings (they must depend on the inputs alone): `docs` are read with `read_metrics`,
@@ -247,17 +264,13 @@ def _wall_times(docs: dict[str, dict], train_arms: dict[str, dict]) -> str:
         secs = _find_seconds(docs.get(stage))
         if secs is not None:
             out.append(f"{stage} {secs:.1f} s")
-    for arm, summ in train_arms.items():  # the arm's last run, as its tokens (`task_tokens`) count it
-        secs = summ.get("wall_seconds_this_run") if isinstance(summ.get("wall_seconds_this_run"), (int, float)) \
-            else _find_seconds(summ, 1)
-        if secs is None and isinstance(summ.get("step_seconds"), (int, float)) and summ.get("steps"):
-            out.append(f"train {arm} ~{summ['step_seconds'] * summ['steps']:.1f} s "
-                       f"({summ['steps']} steps x {summ['step_seconds']:.2f} s)")
+    for arm, summ in train_arms.items():
+        secs, estimated = _arm_seconds(summ)
+        if estimated:
+            out.append(f"train {arm} ~{secs:.1f} s ({summ['steps']} steps x {summ['step_seconds']:.2f} s)")
         elif secs is not None:
             out.append(f"train {arm} {secs:.1f} s")
-    ev = docs.get("evaluate") or {}
-    secs = [b.get("seconds") or 0 for a in ev.get("arms", {}).values() for c in a.get("checkpoints", [])
-            for m in c.get("modes", {}).values() for b in (m.get("benchmarks") or {}).values()]
+    secs = _eval_seconds(docs.get("evaluate") or {})
     if secs:  # each cache entry's compute time, counted once per checkpoint listing
         out.append(f"evaluate {sum(secs):.1f} s (sum over listed entries, cached ones included)")
     secs_an = _find_seconds(docs.get("analyze"), 1)
@@ -276,23 +289,14 @@ def _gpu_accounting(params: Params, docs: dict[str, dict], train_arms: dict[str,
     inventory = gpu_inventory(held_gpus())
     if inventory["count"] == 0:
         return accounting_line(inventory, {})
-    root = Layout.of(params).root
-    tokens = task_tokens(root, ["base", *(f"train@{a}" for a in train_arms)])
     ev = docs.get("evaluate") or {}
-    eval_tokens = [t for t in task_tokens(root, [f"evaluate-{a}-step-{c.get('step')}-{m}"
-                                                 for a, arm in (ev.get("arms") or {}).items()
-                                                 for c in arm.get("checkpoints") or []
-                                                 for m in c.get("modes") or {}]).values() if t is not None]
-    seconds = {"base": _find_seconds(docs.get("base"))}
-    for arm, summ in train_arms.items():  # the arm's last run, as its tokens (`task_tokens`) count it
-        secs = summ.get("wall_seconds_this_run") if isinstance(summ.get("wall_seconds_this_run"), (int, float)) \
-            else _find_seconds(summ, 1)
-        if secs is None and isinstance(summ.get("step_seconds"), (int, float)) and summ.get("steps"):
-            secs = summ["step_seconds"] * summ["steps"]
-        seconds[f"train {arm}"] = secs
-    seconds["evaluate"] = sum(b.get("seconds") or 0 for a in ev.get("arms", {}).values()
-                              for c in a.get("checkpoints", []) for m in c.get("modes", {}).values()
-                              for b in (m.get("benchmarks") or {}).values()) or None
+    units = list(dict.fromkeys(f"evaluate-{a}-step-{c.get('step')}-{m}" for a, arm in (ev.get("arms") or {}).items()
+                               for c in arm.get("checkpoints") or [] for m in c.get("modes") or {}))
+    tokens = task_tokens(Layout.of(params).root, ["base", *(f"train@{a}" for a in train_arms), *units])
+    eval_tokens = [tokens[u] for u in units if tokens[u] is not None]
+    seconds = {"base": _find_seconds(docs.get("base")),
+               **{f"train {arm}": _arm_seconds(summ)[0] for arm, summ in train_arms.items()},
+               "evaluate": sum(_eval_seconds(ev)) or None}
     toks = {"base": tokens.get("base"), "evaluate": sum(eval_tokens) if eval_tokens else None,
             **{f"train {a}": tokens.get(f"train@{a}") for a in train_arms}}
     per_task = {k: task_accounting(v, inventory["count"], toks.get(k)) for k, v in seconds.items() if v is not None}

@@ -214,11 +214,15 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
     # a junior of its own: the senior's base stays the drift reference (KL diagnostic, kl_reg)
     base_ref = None if junior_dir == base else load_model(base, junior_dtype, trust)
     tokenizer = load_tokenizer(base, trust)
-    on_save = _durable_resume(params, arm, Path(outputs["scratch"]) / arm, junior, base_ref)
+    main = int(os.environ.get("RANK", "0")) == 0
+    store = durable.ResumeStore.from_env(params.out_root) if main else None
+    # hashes the weights: once, where the resume store or the W&B run needs it
+    fingerprint = (run_fingerprint_of(params, arm, junior, base_ref)
+                   if main and (store is not None or tracking.enabled(params)) else None)
+    on_save = _durable_resume(params, arm, Path(outputs["scratch"]) / arm, store, fingerprint)
     # the W&B run of this arm (rank 0 logs; the trainer's W&B callback logs into it)
-    tracked = (tracking.arm_run(params, arm, run_fingerprint_of(params, arm, junior, base_ref),
-                                work_dir=Path(outputs["scratch"]) / arm)
-               if tracking.enabled(params) and int(os.environ.get("RANK", "0")) == 0 else nullcontext())
+    tracked = (tracking.arm_run(params, arm, fingerprint, work_dir=Path(outputs["scratch"]) / arm)
+               if tracking.enabled(params) and main else nullcontext())
     with tracked:
         res = train_arm(ArmRun(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
                                Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows,
@@ -235,16 +239,12 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
     return res.summary
 
 
-def _durable_resume(params: Params, arm: str, work: Path, junior, base_ref):
-    """With `TANDEM_RESUME_REMOTE` set (tasks/durable.py), on the main process: pull the checkpoints of this run
-    that the remote holds into `work` (training then resumes from the last one), and return the hook that pushes
-    each new checkpoint there; None otherwise."""
-    if int(os.environ.get("RANK", "0")) != 0:
-        return None
-    store = durable.ResumeStore.from_env(params.out_root)
+def _durable_resume(params: Params, arm: str, work: Path, store: durable.ResumeStore | None, fingerprint: str | None):
+    """With a resume store (`TANDEM_RESUME_REMOTE` set, tasks/durable.py; the main process alone opens it): pull the
+    checkpoints of the run `fingerprint` that the remote holds into `work` (training then resumes from the last
+    one), and return the hook that pushes each new checkpoint there; None without a store."""
     if store is None:
         return None
-    fingerprint = run_fingerprint_of(params, arm, junior, base_ref)
     if params.train.resume == "auto":
         latest = store.pull(fingerprint, arm, work)
         if latest is not None:

@@ -180,6 +180,7 @@ def _make_trainer_class():
         def _save_checkpoint(self, model, trial):
             updates = self.state.global_step
             staging = Path(self._get_output_dir(trial=trial)) / f"{STAGING_PREFIX}{updates}"
+            saved = None  # the committed step-<N> folder, on the main process
             try:
                 super()._save_checkpoint(model, trial)  # every rank writes its part (its RNG state at least)
                 step = self.geometry.step_of(updates)
@@ -189,15 +190,16 @@ def _make_trainer_class():
                              "prompts_seen": step * self.tandem_state["prompts_per_step"],
                              "saved_at": time.time(), "complete": True}
                     write_state(staging, state)  # with the checksum of every file, verified on every later read
-                    commit_dir(staging, staging.parent / f"{STEP_PREFIX}{step}")
-                    if self.on_save is not None:
-                        self.on_save(staging.parent / f"{STEP_PREFIX}{step}")
+                    saved = staging.parent / f"{STEP_PREFIX}{step}"
+                    commit_dir(staging, saved)
             except Exception as e:
                 # torch's writer reports a full disk as "basic_ios::clear: iostream error": say what happened
                 full = disk_full_error(e, staging.parent)
                 if full is not None:
                     raise DiskFullError(staging, full.free) from e
                 raise
+            if saved is not None and self.on_save is not None:
+                self.on_save(saved)  # its errors are its own, not this disk's (outside the disk-full translation)
             self.accelerator.wait_for_everyone()  # no rank runs ahead of a checkpoint still being published
 
     return TandemGRPOTrainer
