@@ -577,8 +577,12 @@ class ModelConfig(_Section):
                                 ge=0, le=1, note="0 = no target")
     pretrain_target_every: int = _f(100, "tiny, target schedule: steps between accuracy probes", ge=1, le=MAX_STEPS)
     pretrain_target_problems: int = _f(100, "tiny, target schedule: validation problems per probe (greedy)", ge=1, le=100_000)
-    pretrain_cooldown: int = _f(400, "tiny, target schedule: steps of linear learning-rate decay to 0 after the target is reached (started pretrain_cooldown steps before pretrain_steps at the latest; at most the whole run)",
+    pretrain_cooldown: int = _f(400, "tiny, target schedule: steps of linear learning-rate decay to 0 after the target is reached, or the level when pretrain_level > 0 (started pretrain_cooldown steps before pretrain_steps at the latest; at most the whole run; 0 = stop there)",
                                 ge=0, le=MAX_STEPS)
+    pretrain_level: float = _f(0.0, "tiny, target schedule: after the target, keep the full learning rate and probe every pretrain_level_every steps on pretrain_level_problems validation problems until greedy accuracy reaches this level, then cool down (the level stop: the base ends at a skill level, however late or slowly it learned); 0 = cool down at the target",
+                               ge=0, le=1, note="0 = off")
+    pretrain_level_every: int = _f(25, "tiny, level stop: steps between level probes", ge=1, le=MAX_STEPS)
+    pretrain_level_problems: int = _f(200, "tiny, level stop: validation problems per level probe (greedy)", ge=1, le=100_000)
     sft_steps: int = _f(0, "hub/path/gguf sources: supervised warm-up steps on synthetic reference solutions before RL (0 = off); teaches a small instruct model the \\boxed{} answer format the reward reads",
                         ge=0, le=MAX_STEPS, note="0 = no warm-up")
     sft_lr: float = _f(5e-5, "warm-up: peak learning rate (linear warmup over the first 10%, cosine decay)", gt=0, le=MAX_LR)
@@ -600,6 +604,9 @@ class ModelConfig(_Section):
                    f"the warm-up corpus (sft_steps x sft_batch_size problems) must stay <= {MAX_PROBLEMS}")
         self._rule(p, self.dialect_steps * self.sft_batch_size <= MAX_PROBLEMS, "dialect_steps",
                    f"the dialect corpus (dialect_steps x sft_batch_size problems) must stay <= {MAX_PROBLEMS}")
+        if self.pretrain_level > 0:
+            self._rule(p, self.pretrain_target > 0, "pretrain_level",
+                       "the level stop follows the target: needs model.pretrain_target > 0")
         if self.dialect_steps > 0:
             self._rule(p, self.source != "tiny" and self.sft_steps > 0, "dialect_steps",
                        "a dialect phase follows the warm-up of a hub/path/gguf model: needs model.sft_steps > 0 "

@@ -816,7 +816,7 @@ def target_lr_factor(step: int, warmup_steps: int, cool_start: int | None, coold
 
 def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfig, progress: bool = True,
              seed: int = 0, curve_fn: Callable[[Any], dict] | None = None,
-             target_fn: Callable[[Any], float] | None = None) -> dict:
+             target_fn: Callable[[Any, int], float] | None = None) -> dict:
     """Supervised pretraining on (user message, reference solution) pairs; returns a summary dict.
 
     Runs `cfg.pretrain_steps` AdamW steps, or stops at `cfg.pretrain_max_seconds` of training time if that
@@ -826,12 +826,18 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
     dict is logged with step, training seconds and recent loss: the learning curve. Its time is not
     counted as training time.
 
-    With `cfg.pretrain_target` > 0 and a `target_fn(model) -> accuracy` the schedule is the target schedule
-    instead (`target_lr_factor`): the full learning rate after warmup, `target_fn` every
-    `cfg.pretrain_target_every` steps, and once it reaches the target (or `pretrain_cooldown` steps before
-    `pretrain_steps` at the latest) a linear decay to 0 over `cfg.pretrain_cooldown` steps, then the end. The
-    model then stops at a skill level rather than a step count: when it learns the task's key skill (a
-    seed- and rounding-dependent moment for a tiny model) moves the step it stops at, not the level.
+    With `cfg.pretrain_target` > 0 and a `target_fn(model, n) -> accuracy on n validation problems` the
+    schedule is the target schedule instead (`target_lr_factor`): the full learning rate after warmup,
+    `target_fn(model, cfg.pretrain_target_problems)` every `cfg.pretrain_target_every` steps, and once it reaches
+    the target (or `pretrain_cooldown` steps before `pretrain_steps` at the latest) a linear decay to 0 over
+    `cfg.pretrain_cooldown` steps, then the end. The model then stops at a skill level rather than a step count:
+    when it learns the task's key skill (a seed- and rounding-dependent moment for a tiny model) moves the step
+    it stops at, not the level.
+
+    With `cfg.pretrain_level` > 0 as well (the level stop), reaching the target starts a second phase at the
+    full rate instead: `target_fn(model, cfg.pretrain_level_problems)` every `cfg.pretrain_level_every` steps
+    until it reaches the level, and the decay starts there. A fixed decay after the target froze a slow learner
+    half-learned and let a fast one run far past it; the level stop ends both at one measured skill.
     """
     if not texts:
         raise ValueError("pretrain needs at least one (message, solution) pair")
@@ -854,6 +860,8 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
     warmup_steps = max(1, round(cfg.pretrain_warmup * total))
     cooldown = min(cfg.pretrain_cooldown, total)
     cool_start: int | None = None
+    leveled = targeted and cfg.pretrain_level > 0
+    level_from: int | None = None  # the step the target was reached at, when a level phase follows it
     probes: list[dict] = []
     model.train()
 
@@ -877,7 +885,7 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
                 stopped_by = "time"
                 break
             if targeted and cool_start is not None and step >= cool_start + cooldown:
-                stopped_by = "target" if probes and probes[-1]["reached"] else "steps"
+                stopped_by = probes[-1]["phase"] if probes and probes[-1]["reached"] else "steps"
                 break
             factor = (target_lr_factor(step, warmup_steps, cool_start, cooldown) if targeted
                       else lr_factor(prog, cfg.pretrain_warmup))
@@ -911,14 +919,20 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
                 if bar is not None:
                     bar.write(f"curve: {point}")
             if targeted and cool_start is None:
-                if step >= warmup_steps and step % max(cfg.pretrain_target_every, 1) == 0:
+                phase, goal, every, n = (("level", cfg.pretrain_level, cfg.pretrain_level_every,
+                                          cfg.pretrain_level_problems) if level_from is not None else
+                                         ("target", cfg.pretrain_target, cfg.pretrain_target_every,
+                                          cfg.pretrain_target_problems))
+                if step >= warmup_steps and step % max(every, 1) == 0:
                     model.eval()
-                    acc = float(target_fn(model))
+                    acc = float(target_fn(model, n))
                     model.train()
-                    probes.append({"step": step, "accuracy": round(acc, 4), "reached": acc >= cfg.pretrain_target})
+                    probes.append({"step": step, "phase": phase, "accuracy": round(acc, 4), "reached": acc >= goal})
                     if bar is not None:
-                        bar.write(f"target probe: step {step} accuracy {acc:.3f} (target {cfg.pretrain_target})")
-                    if acc >= cfg.pretrain_target:
+                        bar.write(f"{phase} probe: step {step} accuracy {acc:.3f} ({phase} {goal}, {n} problems)")
+                    if acc >= goal and phase == "target" and leveled:
+                        level_from = step
+                    elif acc >= goal:
                         cool_start = step
                 if cool_start is None and step >= total - cooldown:
                     cool_start = step  # the step cap: cool down now, target or not
@@ -931,10 +945,15 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
                       "loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), **curve_fn(model)})
     tail = losses[-max(1, min(50, len(losses) // 10)):]
     if targeted and cool_start is not None and step >= cool_start + cooldown and stopped_by == "steps":
-        stopped_by = "target" if probes and probes[-1]["reached"] else "steps"
+        stopped_by = probes[-1]["phase"] if probes and probes[-1]["reached"] else "steps"
     target = ({"target": cfg.pretrain_target, "every": cfg.pretrain_target_every, "cooldown": cooldown,
                "reached_at_step": next((p["step"] for p in probes if p["reached"]), None), "probes": probes}
               if targeted else None)
+    if leveled and target is not None:
+        target.update({"level": cfg.pretrain_level, "level_every": cfg.pretrain_level_every,
+                       "level_problems": cfg.pretrain_level_problems,
+                       "level_reached_at_step": next((p["step"] for p in probes
+                                                      if p["reached"] and p["phase"] == "level"), None)})
     return {
         "steps": step, "stopped_by": stopped_by if (step < total or targeted) else "steps", "target": target,
         "seconds": round(train_s, 2), "tokens": tokens,

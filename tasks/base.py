@@ -150,10 +150,11 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
 
     target_fn = None
     if mc.pretrain_target > 0:  # the target schedule probes validation problems, never the benchmarks
-        val = read_jsonl(prepared / "val.jsonl")[:mc.pretrain_target_problems]
+        val = read_jsonl(prepared / "val.jsonl")[:max(mc.pretrain_target_problems,
+                                                      mc.pretrain_level_problems if mc.pretrain_level > 0 else 0)]
 
-        def target_fn(m) -> float:
-            return accuracy(m, tokenizer, [r["prompt"] for r in val], [r["answer"] for r in val],
+        def target_fn(m, n: int) -> float:
+            return accuracy(m, tokenizer, [r["prompt"] for r in val[:n]], [r["answer"] for r in val[:n]],
                             greedy)["accuracy"]
 
     print(f"base: corpus {len(corpus)} problems, vocabulary {len(tokenizer)}, {M.n_params(model):,} parameters",

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tandem import models as M
-from tandem.config import ModelConfig
+from tandem.config import ModelConfig, ParamsError
 from tandem.data.prompts import render_prompt, user_message
 from tandem.data.synthetic import generate
 
@@ -166,6 +166,63 @@ def test_pretrain_smoke_loss_decreases(tok, problems):
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert [c["step"] for c in s["curve"]] == [20, 40] and len(calls) == 2 and s["curve"][0]["x"] == 1
     assert not model.training
+
+
+def _scripted(accuracies: dict[int, float], calls: list):
+    """A target_fn that records (step of the call, problems asked for) and answers from a step -> accuracy table."""
+    def fn(m, n):
+        calls.append(n)
+        return accuracies.get(len(calls), 0.0)
+    return fn
+
+
+def test_pretrain_target_schedule_cools_down_at_the_target(tok, problems):
+    cfg = ModelConfig(**SMALL, pretrain_steps=200, pretrain_batch_size=2, pretrain_warmup=0.05, curve_points=0,
+                      pretrain_target=0.5, pretrain_target_every=10, pretrain_target_problems=7,
+                      pretrain_cooldown=15)
+    calls: list[int] = []
+    s = M.pretrain(M.build_tiny_model(tok, cfg), tok, [(user_message(p.problem), p.solution) for p in problems],
+                   cfg, progress=False, target_fn=_scripted({3: 0.6}, calls))
+    t = s["target"]
+    assert [p["step"] for p in t["probes"]] == [10, 20, 30] and calls == [7, 7, 7]
+    assert [p["phase"] for p in t["probes"]] == ["target"] * 3 and t["reached_at_step"] == 30
+    assert s["steps"] == 45 and s["stopped_by"] == "target" and "level" not in t
+
+
+def test_pretrain_level_stop_probes_on_at_full_rate_until_the_level(tok, problems):
+    cfg = ModelConfig(**SMALL, pretrain_steps=200, pretrain_batch_size=2, pretrain_warmup=0.05, curve_points=0,
+                      pretrain_target=0.3, pretrain_target_every=10, pretrain_target_problems=7,
+                      pretrain_cooldown=0, pretrain_level=0.8, pretrain_level_every=4, pretrain_level_problems=9)
+    calls: list[int] = []
+    # probe 2 (step 20) reaches the target; level probes every 4 steps from there; probe 5 (step 32) reaches 0.8
+    s = M.pretrain(M.build_tiny_model(tok, cfg), tok, [(user_message(p.problem), p.solution) for p in problems],
+                   cfg, progress=False, target_fn=_scripted({2: 0.3, 3: 0.5, 4: 0.79, 5: 0.8}, calls))
+    t = s["target"]
+    assert calls == [7, 7, 9, 9, 9]
+    assert [(p["step"], p["phase"], p["reached"]) for p in t["probes"]] == [
+        (10, "target", False), (20, "target", True), (24, "level", False), (28, "level", False), (32, "level", True)]
+    assert t["reached_at_step"] == 20 and t["level_reached_at_step"] == 32 and t["level"] == 0.8
+    assert s["steps"] == 32 and s["stopped_by"] == "level"
+
+
+def test_pretrain_level_stop_cools_down_after_the_level_and_keeps_the_cap(tok, problems):
+    base = dict(**SMALL, pretrain_batch_size=2, pretrain_warmup=0.05, curve_points=0, pretrain_target=0.3,
+                pretrain_target_every=10, pretrain_target_problems=7, pretrain_level=0.8, pretrain_level_every=5,
+                pretrain_level_problems=9)
+    pairs = [(user_message(p.problem), p.solution) for p in problems]
+    cfg = ModelConfig(**base, pretrain_steps=200, pretrain_cooldown=6)
+    s = M.pretrain(M.build_tiny_model(tok, cfg), tok, pairs, cfg, progress=False,
+                   target_fn=_scripted({1: 0.4, 2: 0.9}, []))
+    assert s["target"]["level_reached_at_step"] == 15 and s["steps"] == 21 and s["stopped_by"] == "level"
+    cfg = ModelConfig(**base, pretrain_steps=40, pretrain_cooldown=6)  # the level never comes: the cap decides
+    s = M.pretrain(M.build_tiny_model(tok, cfg), tok, pairs, cfg, progress=False,
+                   target_fn=_scripted({1: 0.4}, []))
+    assert s["target"]["level_reached_at_step"] is None and s["steps"] == 40 and s["stopped_by"] == "steps"
+
+
+def test_level_stop_needs_the_target():
+    with pytest.raises(ParamsError, match="pretrain_level.*needs model.pretrain_target > 0"):
+        ModelConfig(**SMALL, pretrain_target=0.0, pretrain_level=0.7)
 
 
 def test_pretrain_time_cap_stops_early(tok, problems):
