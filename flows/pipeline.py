@@ -9,7 +9,8 @@ reports up to date is a task run in the "Skipped" state. The evaluate stage fans
 chosen by the `eval_runner` parameter: threads on this machine, or a Dask cluster (`dask` = a local one,
 `tcp://host:8786` = an existing scheduler). With `cluster.runner: ray` (tasks/cluster.py) every train arm and
 every evaluation unit is a task on a Ray cluster through prefect-ray, holding the GPUs `cluster.train_gpus` /
-`cluster.eval_gpus` reserve (`remote_options`).
+`cluster.eval_gpus` reserve (`remote_options`); in the vLLM backend's dedicated layout an arm's two rollout
+engines are one-GPU actors beside it, its rollout service started in the senior's (`cluster.reservation`).
 
 The UI shows the work: the flow graph is dvc.yaml's (each stage's task run waits for the stages it reads from,
 and nothing else links tasks), stage output goes to the run's logs (a stage's stdout and stderr through
