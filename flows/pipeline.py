@@ -9,7 +9,8 @@ reports up to date is a task run in the "Skipped" state. The evaluate stage fans
 chosen by the `eval_runner` parameter: threads on this machine, or a Dask cluster (`dask` = a local one,
 `tcp://host:8786` = an existing scheduler). With `cluster.runner: ray` (tasks/cluster.py) every train arm and
 every evaluation unit is a task on a Ray cluster through prefect-ray, holding the GPUs `cluster.train_gpus` /
-`cluster.eval_gpus` reserve (`remote_options`).
+`cluster.eval_gpus` reserve (`remote_options`); in the vLLM backend's dedicated layout an arm's two rollout
+engines are one-GPU actors beside it, its rollout service started in the senior's (`cluster.reservation`).
 
 The UI shows the work: the flow graph is dvc.yaml's (each stage's task run waits for the stages it reads from,
 and nothing else links tasks), stage output goes to the run's logs (a stage's stdout and stderr through
@@ -598,8 +599,9 @@ def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bo
     """Every stage in dvc.yaml's order, drawn in Prefect's graph with dvc.yaml's edges: a stage's task run waits
     for the task runs of the stages whose outputs it reads (`wait_for`), and its inputs are `quote`d, so Prefect
     links it on nothing else (it links tasks through any object one returned and another receives). With a
-    cluster runner (`on_cluster`, tasks/cluster.py), each train arm is submitted there with its GPUs. With
-    `share.push` each stage's outputs are pushed once it is committed (`_push_stage`)."""
+    cluster runner (`on_cluster`, tasks/cluster.py), each train arm is submitted there with its GPUs, unless DVC
+    reports it up to date: it is skipped in the flow's process, reserving nothing. With `share.push` each stage's
+    outputs are pushed once it is committed (`_push_stage`)."""
     view = progress.current()
     for s in specs:
         view.expect(s.group, s.name)
@@ -614,7 +616,7 @@ def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bo
         run = stage_task.with_options(timeout_seconds=TIMEOUTS.get(s.group, 12 * HOUR),
                                       retries=2 if (s.group == "base" and params.model.source == "hub") else 0,
                                       retry_delay_seconds=[10, 60])
-        if on_cluster is not None and s.group == "train":
+        if on_cluster is not None and s.group == "train" and not _current(s.name, sync, force):
             out[s.name], states[s.name] = _on_cluster(on_cluster, params, run, dict(spec=s, sync=sync, force=force),
                                                       upstream)
         else:
@@ -627,19 +629,25 @@ def _run_stages(params: Params, sync: DvcSync, specs: list[StageSpec], force: bo
     return out
 
 
+def _current(name: str, sync: DvcSync, force: bool) -> bool:
+    """`is_current` without its log line (the stage's own task run logs the skip)."""
+    return not force and sync.enabled and sync.up_to_date(name)
+
+
 def _on_cluster(runner, params: Params, run, args: dict, upstream: list[State]) -> tuple[Any, State]:
-    """A stage's task run submitted to the cluster's task runner with the stage's GPUs (`cluster.reservation`),
-    waited for here: the flow's view times it as if it ran in the flow."""
+    """A stage's task run submitted to the cluster's task runner with the stage's GPUs (`cluster.reservation`,
+    which gives a train arm its rollout engines' slots and service when they are Ray actors, and releases them
+    once the task has ended), waited for here: the flow's view times it as if it ran in the flow."""
     from prefect.utilities.engine import collect_task_run_inputs_sync
 
     spec, after = args["spec"], _after(upstream)
-    with cluster.reservation(params, spec.group):
+    with cluster.reservation(params, spec.group) as task_params:
         # the values as they are: the task engine names the run from `spec` before it would unwrap a `quote`;
         # the upstream task runs named here (a worker finds none in the states it is sent): dvc.yaml's edges
-        future = runner.submit(run, {"params": params, **args}, wait_for=after,
+        future = runner.submit(run, {"params": task_params, **args}, wait_for=after,
                                dependencies={"wait_for": collect_task_run_inputs_sync(after)})
-    with progress.current().track(spec.group, spec.name):
-        future.wait()
+        with progress.current().track(spec.group, spec.name):
+            future.wait()
     return future.result(), future.state  # a failed stage raises here and fails the flow
 
 

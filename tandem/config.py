@@ -859,7 +859,7 @@ class ClusterConfig(_Section):
     runner: Literal["local", "ray"] = _f("local", "local: the flow runs every task on this machine (evaluation units on the flow's eval_runner); ray: each train arm and each evaluation unit is a Ray task holding cluster.train_gpus / cluster.eval_gpus GPUs (prefect-ray, `pip install -e '.[ray]'`)")
     ray_address: str = _f("", "runner ray: the cluster: empty = a Ray instance started for the run on this machine, auto = the cluster this machine joined (`ray start`), host:port or ray://host:10001 (Ray Client)",
                           max_len=1024, check=_ray_address)
-    train_gpus: int = _f(0, "runner ray: GPUs Ray reserves for one train arm (0 = none: CPU); when set, every GPU the arm uses: one per training process and, with rollout.backend vllm, the rollout engines' (rollout.vllm_layout)", ge=0, le=1024, note="0 = CPU")
+    train_gpus: int = _f(0, "runner ray: GPUs Ray reserves for one train arm's trainer (0 = none: CPU): one per training process (train.num_processes); with rollout.backend vllm the shared layout's engines sit on them, the dedicated layout's are one-GPU Ray actors of their own", ge=0, le=1024, note="0 = CPU")
     eval_gpus: int = _f(0, "runner ray: GPUs Ray reserves for one evaluation unit (0 = none: CPU)", ge=0, le=1024, note="0 = CPU")
 
     def cross_problems(self) -> list[str]:
@@ -926,16 +926,23 @@ class Params(_Section):
         # promotion read step and word only when they were evaluated, so solo is the one mode they all need
         self._rule(p, "solo" in modes, "evaluate", "must include solo: the analyze stage reads the solo "
                    "generations of every checkpoint", key="evaluate.modes", value=modes)
-        # a train arm on a Ray cluster sees the GPUs it reserved: the trainer's, and the rollout engines' too
-        from tandem.rollout.placement import layout_gpus
+        # a train arm on a Ray cluster sees the GPUs it reserved: the trainer's (a rollout engine of the shared
+        # layout sits on its trainer's GPU; the dedicated layout's are one-GPU Ray actors beside the arm's task,
+        # or a service named by rollout.vllm_url)
+        from tandem.rollout.placement import engines_on_actors
 
-        gpus, processes = self.__dict__["cluster"].__dict__["train_gpus"], self.__dict__["train"].__dict__["num_processes"]
-        rollout = self.__dict__["rollout"].__dict__
-        need = (layout_gpus(rollout["vllm_layout"], processes, rollout["vllm_devices"])
-                if rollout["backend"] == "vllm" else processes)
-        self._rule(p, gpus == 0 or gpus >= need, "cluster", f"must hold the {need} GPUs one train arm uses (one per "
-                   f"training process, train.num_processes {processes}, plus with rollout.backend vllm the rollout "
-                   f"engines' of rollout.vllm_layout), or be 0 (CPU)", key="cluster.train_gpus", value=gpus)
+        cl, rollout = self.__dict__["cluster"].__dict__, self.__dict__["rollout"].__dict__
+        gpus, processes = cl["train_gpus"], self.__dict__["train"].__dict__["num_processes"]
+        if engines_on_actors(cl["runner"], rollout["backend"], rollout["vllm_layout"], rollout["vllm_url"]):
+            self._rule(p, gpus == processes, "cluster", f"must be the trainer's {processes} GPUs (train.num_processes) "
+                       f"under cluster.runner ray with rollout.vllm_layout dedicated: the two rollout engines are "
+                       f"one-GPU Ray actors of their own beside the arm's task", key="cluster.train_gpus", value=gpus)
+            self._rule(p, not rollout["vllm_devices"], "rollout", "names GPU positions on one machine; under "
+                       "cluster.runner ray each rollout engine is a one-GPU Ray actor that Ray places: leave it empty",
+                       key="rollout.vllm_devices", value=rollout["vllm_devices"])
+        else:
+            self._rule(p, gpus == 0 or gpus >= processes, "cluster", f"must hold the {processes} GPUs of one train "
+                       f"arm's trainer (train.num_processes), or be 0 (CPU)", key="cluster.train_gpus", value=gpus)
         machines = self.__dict__["train"].__dict__["num_machines"]
         runner = self.__dict__["cluster"].__dict__["runner"]
         self._rule(p, runner != "ray" or machines == 1, "cluster", f"runner ray runs a train arm as one Ray task, on "

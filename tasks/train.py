@@ -226,7 +226,7 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
     with tracked:
         res = train_arm(ArmRun(arm, senior, junior, tokenizer, train_rows, params.train, params.rollout,
                                Path(outputs["scratch"]) / arm, seed=params.seed, val_rows=val_rows,
-                               weight_roots=(params.out_root, junior_dir), base=base_ref, on_save=on_save))
+                               weight_roots=weight_roots(params, junior_dir), base=base_ref, on_save=on_save))
     res.summary["junior"] = junior_record(params, junior_dir)
     if int(os.environ.get("RANK", "0")) == 0:  # one writer; every rank holds the same history
         work, rows = Path(outputs["scratch"]) / arm, step_rows(res.log_history)
@@ -237,6 +237,12 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
                                timing_targets(outputs, arm)) as staged:
                 _write_outputs(staged, publish_targets(outputs, arm), work, res.summary, rows)
     return res.summary
+
+
+def weight_roots(params: Params, junior_dir: Path) -> tuple[Path, Path]:
+    """The directories an arm's rollout service may load weights from: the run's output root and the junior's
+    (the service starts from the junior's directory, tasks/cluster.py starts it the same way on a Ray cluster)."""
+    return Path(params.out_root), Path(junior_dir)
 
 
 def _durable_resume(params: Params, arm: str, work: Path, store: durable.ResumeStore | None, fingerprint: str | None):

@@ -124,6 +124,13 @@ def layout_gpus(layout: str, trainer_processes: int, devices: Sequence[int] = ()
     return max(trainer_processes, max(rollout_positions(devices, trainer_processes)) + 1)
 
 
+def engines_on_actors(runner: str, backend: str, layout: str, url: str) -> bool:
+    """Whether a train arm's rollout engines are one-GPU actors of a cluster scheduler (`cluster.runner` ray, the
+    vLLM backend's dedicated layout, no service named by `rollout.vllm_url`): the arm's own reservation then holds
+    the trainer's GPUs only, and its service runs in the senior's actor (tasks/cluster.py)."""
+    return runner == "ray" and backend == "vllm" and layout == "dedicated" and not url
+
+
 def place_engines(layout: str, *, visible: Sequence[str], rank: int = 0, rollout_devices: Sequence[int] = (),
                   trainer_processes: int = 1) -> Placement:
     """Each engine's devices for `layout` (module docstring), given the GPUs the process sees (`visible`), its
