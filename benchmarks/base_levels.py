@@ -2,11 +2,11 @@
 
 The default base pretrains with the target schedule and the level stop (`model.pretrain_level`): full learning
 rate until greedy accuracy on validation problems reaches the target, then level probes every
-`pretrain_level_every` steps on `pretrain_level_problems` problems until one reaches the level, then the end
-(after `pretrain_cooldown` steps of decay). This benchmark runs that recipe once per (kernel path, seed) with the
-level set to `--top` and no cooldown, and saves the model at the first level probe at or above each level of
-`--levels`: each saved model is the very model the recipe with that level (cooldown 0) builds, since the probes
-read the model and never touch the training's random state. Each saved model is then evaluated as the base stage
+`pretrain_level_every` steps on `pretrain_level_problems` problems while the rate decays to its floor, until one
+reaches the level: the end. This benchmark runs that recipe once per (kernel path, seed) with the level set to
+`--top`, and saves the model at the first level probe at or above each level of `--levels`: each saved model is the
+very model the recipe with that level builds, since the probes read the model and never touch the training's
+random state. Each saved model is then evaluated as the base stage
 evaluates the base (greedy and sampled accuracy on the prepared benchmarks), so one pretraining run per
 (kernel, seed) shows the base's spread at every level.
 
@@ -36,11 +36,13 @@ LEVELS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8)
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
 
 
-def write_params(root: Path, seed: int, top: float) -> Path:
-    """params.yaml with `seed`, `out_root` = `root`, the level at `top` and no cooldown."""
+def write_params(root: Path, seed: int, top: float, steps: int | None = None) -> Path:
+    """params.yaml with `seed`, `out_root` = `root` and the level at `top` (its other settings as params.yaml)."""
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p["seed"], p["out_root"] = seed, root.as_posix()
-    p["model"].update({"pretrain_level": top, "pretrain_cooldown": 0, "curve_points": 0})
+    p["model"].update({"pretrain_level": top, "curve_points": 0})
+    if steps:
+        p["model"]["pretrain_steps"] = steps
     (REPO / root).mkdir(parents=True, exist_ok=True)
     (REPO / root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     return root / "params.yaml"
@@ -91,9 +93,9 @@ def child(params_path: str, levels: list[float]) -> None:
     (root / "levels.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def measure(kernel: str, seed: int, top: float, levels: list[float]) -> None:
+def measure(kernel: str, seed: int, top: float, levels: list[float], steps: int | None = None) -> None:
     root = ROOT / f"{kernel}-s{seed}"
-    params = write_params(root, seed, top)
+    params = write_params(root, seed, top, steps)
     env = {**os.environ, **ENV, "ATEN_CPU_CAPABILITY": kernel, "PYTHONPATH": str(REPO)}
     with open(REPO / root / "levels.log", "w") as log:
         subprocess.run([sys.executable, "-m", "cli", "stage", "prepare", "--params", str(params)], cwd=REPO,
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", nargs="+", default=["avx2"], choices=("default", "avx2", "avx512"))
     ap.add_argument("--levels", type=float, nargs="+", default=list(LEVELS))
     ap.add_argument("--top", type=float, default=0.85, help="the level the sweep runs to (or the step cap)")
+    ap.add_argument("--steps", type=int, help="the step cap (default: params.yaml's model.pretrain_steps)")
     ap.add_argument("--table", action="store_true", help="print the table of the runs measured so far")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         for kernel in a.kernels:
             for seed in a.seeds:
                 if not (REPO / ROOT / f"{kernel}-s{seed}" / "levels.json").exists():
-                    measure(kernel, seed, a.top, a.levels)
+                    measure(kernel, seed, a.top, a.levels, a.steps)
     print(table())
     return 0
 

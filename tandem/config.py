@@ -577,10 +577,11 @@ class ModelConfig(_Section):
                                 ge=0, le=1, note="0 = no target")
     pretrain_target_every: int = _f(100, "tiny, target schedule: steps between accuracy probes", ge=1, le=MAX_STEPS)
     pretrain_target_problems: int = _f(100, "tiny, target schedule: validation problems per probe (greedy)", ge=1, le=100_000)
-    pretrain_cooldown: int = _f(400, "tiny, target schedule: steps of linear learning-rate decay to 0 after the target is reached, or the level when pretrain_level > 0 (started pretrain_cooldown steps before pretrain_steps at the latest; at most the whole run; 0 = stop there)",
+    pretrain_cooldown: int = _f(400, "tiny, target schedule: steps of linear learning-rate decay after the target is reached, to 0 and the end (to pretrain_level_floor with the level stop); started pretrain_cooldown steps before pretrain_steps at the latest; at most the whole run",
                                 ge=0, le=MAX_STEPS)
-    pretrain_level: float = _f(0.0, "tiny, target schedule: after the target, keep the full learning rate and probe every pretrain_level_every steps on pretrain_level_problems validation problems until greedy accuracy reaches this level, then cool down (the level stop: the base ends at a skill level, however late or slowly it learned); 0 = cool down at the target",
+    pretrain_level: float = _f(0.0, "tiny, target schedule: the level stop: after the target the rate decays to pretrain_level_floor (not 0) and holds it, with a probe every pretrain_level_every steps on pretrain_level_problems validation problems; the first at or above this greedy accuracy ends pretraining (the base ends at a skill level, however late or slowly it learned); 0 = off",
                                ge=0, le=1, note="0 = off")
+    pretrain_level_floor: float = _f(0.1, "tiny, level stop: the fraction of pretrain_lr the decay after the target ends at (over pretrain_cooldown steps) and holds until the level", gt=0, le=1)
     pretrain_level_every: int = _f(25, "tiny, level stop: steps between level probes", ge=1, le=MAX_STEPS)
     pretrain_level_problems: int = _f(200, "tiny, level stop: validation problems per level probe (greedy)", ge=1, le=100_000)
     sft_steps: int = _f(0, "hub/path/gguf sources: supervised warm-up steps on synthetic reference solutions before RL (0 = off); teaches a small instruct model the \\boxed{} answer format the reward reads",

@@ -804,11 +804,12 @@ def length_bucketed_batches(n_examples: int, lengths: Sequence[int], batch_size:
     return batches
 
 
-def target_lr_factor(step: int, warmup_steps: int, cool_start: int | None, cooldown: int) -> float:
+def target_lr_factor(step: int, warmup_steps: int, cool_start: int | None, cooldown: int,
+                     floor: float = 0.0) -> float:
     """The target schedule: linear warmup, then the full rate until the target is reached (`cool_start`), then a
-    linear decay to 0 over `cooldown` steps."""
+    linear decay over `cooldown` steps to `floor` (0: to a stop; the level stop holds its floor until the level)."""
     if cool_start is not None:
-        return max(1.0 - (step - cool_start) / max(cooldown, 1), 0.0)
+        return max(1.0 - (1.0 - floor) * (step - cool_start) / max(cooldown, 1), floor)
     if step < warmup_steps:
         return max(step / warmup_steps, 1e-3)
     return 1.0
@@ -834,10 +835,11 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
     when it learns the task's key skill (a seed- and rounding-dependent moment for a tiny model) moves the step
     it stops at, not the level.
 
-    With `cfg.pretrain_level` > 0 as well (the level stop), reaching the target starts a second phase at the
-    full rate instead: `target_fn(model, cfg.pretrain_level_problems)` every `cfg.pretrain_level_every` steps
-    until it reaches the level, and the decay starts there. A fixed decay after the target froze a slow learner
-    half-learned and let a fast one run far past it; the level stop ends both at one measured skill.
+    With `cfg.pretrain_level` > 0 as well (the level stop), the decay after the target goes to
+    `cfg.pretrain_level_floor` x the rate instead of 0 and holds it, with `target_fn(model,
+    cfg.pretrain_level_problems)` every `cfg.pretrain_level_every` steps; the first probe at or above the level
+    ends the run there (or `pretrain_steps` does). A decay to 0 froze a slow learner half-learned and let a fast
+    one run far past the target; the level stop ends both at one measured skill.
     """
     if not texts:
         raise ValueError("pretrain needs at least one (message, solution) pair")
@@ -859,9 +861,10 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
         max_s = 0.0  # the target schedule decides by skill, never by the clock
     warmup_steps = max(1, round(cfg.pretrain_warmup * total))
     cooldown = min(cfg.pretrain_cooldown, total)
-    cool_start: int | None = None
+    cool_start: int | None = None  # the decay's first step (the target, or the cap's last cooldown steps)
+    stop_at: int | None = None  # the end of the decay, or (level stop) the step the level was reached at
     leveled = targeted and cfg.pretrain_level > 0
-    level_from: int | None = None  # the step the target was reached at, when a level phase follows it
+    floor = cfg.pretrain_level_floor if leveled else 0.0
     probes: list[dict] = []
     model.train()
 
@@ -884,10 +887,10 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
             if prog >= 1.0:
                 stopped_by = "time"
                 break
-            if targeted and cool_start is not None and step >= cool_start + cooldown:
+            if targeted and stop_at is not None and step >= stop_at:
                 stopped_by = probes[-1]["phase"] if probes and probes[-1]["reached"] else "steps"
                 break
-            factor = (target_lr_factor(step, warmup_steps, cool_start, cooldown) if targeted
+            factor = (target_lr_factor(step, warmup_steps, cool_start, cooldown, floor) if targeted
                       else lr_factor(prog, cfg.pretrain_warmup))
             for g in opt.param_groups:
                 g["lr"] = cfg.pretrain_lr * factor
@@ -918,9 +921,9 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
                 curve.append(point)
                 if bar is not None:
                     bar.write(f"curve: {point}")
-            if targeted and cool_start is None:
+            if targeted and stop_at is None:
                 phase, goal, every, n = (("level", cfg.pretrain_level, cfg.pretrain_level_every,
-                                          cfg.pretrain_level_problems) if level_from is not None else
+                                          cfg.pretrain_level_problems) if leveled and cool_start is not None else
                                          ("target", cfg.pretrain_target, cfg.pretrain_target_every,
                                           cfg.pretrain_target_problems))
                 if step >= warmup_steps and step % max(every, 1) == 0:
@@ -930,12 +933,14 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
                     probes.append({"step": step, "phase": phase, "accuracy": round(acc, 4), "reached": acc >= goal})
                     if bar is not None:
                         bar.write(f"{phase} probe: step {step} accuracy {acc:.3f} ({phase} {goal}, {n} problems)")
-                    if acc >= goal and phase == "target" and leveled:
-                        level_from = step
+                    if acc >= goal and phase == "level":
+                        stop_at = step
                     elif acc >= goal:
                         cool_start = step
+                        stop_at = None if leveled else step + cooldown
                 if cool_start is None and step >= total - cooldown:
                     cool_start = step  # the step cap: cool down now, target or not
+                    stop_at = None if leveled else step + cooldown
     finally:
         if bar is not None:
             bar.close()
@@ -944,13 +949,13 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
         curve.append({"step": step, "seconds": round(train_s, 1),  # where a target run stopped
                       "loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), **curve_fn(model)})
     tail = losses[-max(1, min(50, len(losses) // 10)):]
-    if targeted and cool_start is not None and step >= cool_start + cooldown and stopped_by == "steps":
+    if targeted and stop_at is not None and step >= stop_at and stopped_by == "steps":
         stopped_by = probes[-1]["phase"] if probes and probes[-1]["reached"] else "steps"
     target = ({"target": cfg.pretrain_target, "every": cfg.pretrain_target_every, "cooldown": cooldown,
                "reached_at_step": next((p["step"] for p in probes if p["reached"]), None), "probes": probes}
               if targeted else None)
     if leveled and target is not None:
-        target.update({"level": cfg.pretrain_level, "level_every": cfg.pretrain_level_every,
+        target.update({"level": cfg.pretrain_level, "level_floor": floor, "level_every": cfg.pretrain_level_every,
                        "level_problems": cfg.pretrain_level_problems,
                        "level_reached_at_step": next((p["step"] for p in probes
                                                       if p["reached"] and p["phase"] == "level"), None)})

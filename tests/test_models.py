@@ -205,7 +205,7 @@ def test_pretrain_level_stop_probes_on_at_full_rate_until_the_level(tok, problem
     assert s["steps"] == 32 and s["stopped_by"] == "level"
 
 
-def test_pretrain_level_stop_cools_down_after_the_level_and_keeps_the_cap(tok, problems):
+def test_pretrain_level_stop_ends_at_the_level_and_keeps_the_cap(tok, problems):
     base = dict(**SMALL, pretrain_batch_size=2, pretrain_warmup=0.05, curve_points=0, pretrain_target=0.3,
                 pretrain_target_every=10, pretrain_target_problems=7, pretrain_level=0.8, pretrain_level_every=5,
                 pretrain_level_problems=9)
@@ -213,11 +213,18 @@ def test_pretrain_level_stop_cools_down_after_the_level_and_keeps_the_cap(tok, p
     cfg = ModelConfig(**base, pretrain_steps=200, pretrain_cooldown=6)
     s = M.pretrain(M.build_tiny_model(tok, cfg), tok, pairs, cfg, progress=False,
                    target_fn=_scripted({1: 0.4, 2: 0.9}, []))
-    assert s["target"]["level_reached_at_step"] == 15 and s["steps"] == 21 and s["stopped_by"] == "level"
+    assert s["target"]["level_reached_at_step"] == 15 and s["steps"] == 15 and s["stopped_by"] == "level"
     cfg = ModelConfig(**base, pretrain_steps=40, pretrain_cooldown=6)  # the level never comes: the cap decides
     s = M.pretrain(M.build_tiny_model(tok, cfg), tok, pairs, cfg, progress=False,
                    target_fn=_scripted({1: 0.4}, []))
     assert s["target"]["level_reached_at_step"] is None and s["steps"] == 40 and s["stopped_by"] == "steps"
+
+
+def test_target_lr_factor_decays_to_its_floor_and_holds_it():
+    naive = [0.5, 1.0, 1.0, 0.7, 0.4, 0.1, 0.1, 0.1, 0.1]  # warmup 2; decay from step 3 over 3 steps to 0.1
+    got = [M.target_lr_factor(s, 2, 3 if s >= 3 else None, 3, 0.1) for s in range(1, 10)]  # cool_start once met
+    assert got == pytest.approx(naive)
+    assert [M.target_lr_factor(s, 2, 3, 3) for s in (4, 6, 9)] == pytest.approx([2 / 3, 0.0, 0.0])
 
 
 def test_level_stop_needs_the_target():
