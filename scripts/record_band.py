@@ -16,6 +16,12 @@ already measured is not run again (delete its folder to rerun it).
 
     python scripts/record_band.py --seeds 0 1 2 --kernels default avx2 avx512       # measure, then write
     python scripts/record_band.py --write-only                                      # write from runs/band/*
+    python scripts/record_band.py --write-only --also runs/levels                   # and the level sweep's runs
+
+`--also DIR` counts the runs of `benchmarks/base_levels.py` under DIR as well (its `levels.json` marks a finished
+run; a run that went on through the later stages also gives solo pass@1), but only those whose params are the
+default recipe's with their own seed and output root, the learning curve aside (`curve_points` reads the model,
+never changes it): a sweep run with another level or cap is refused by name.
 """
 
 from __future__ import annotations
@@ -71,12 +77,54 @@ def measure(kernel: str, seed: int, through: str) -> None:
     print(f"{root}: {run['seconds']} s", flush=True)
 
 
+def same_recipe(root: Path) -> str | None:
+    """Why the run in `root` is not the default recipe (None when it is): its params.yaml against params.yaml
+    with the run's own seed and output root, the learning curve's settings aside."""
+    def flat(p: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in p.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) and prefix == "" else {f"{prefix}{k}": v})
+        return out
+    skip = {"seed", "out_root", "model.curve_points"}
+    mine = flat(yaml.safe_load((REPO / "params.yaml").read_text()))
+    theirs = flat(yaml.safe_load((REPO / root / "params.yaml").read_text()))
+    diff = sorted(k for k in set(mine) | set(theirs) if k not in skip and mine.get(k) != theirs.get(k))
+    if set(diff) <= CAP and _cap_never_acted(root, mine, theirs):
+        diff = []
+    return f"{root}: not the default recipe ({', '.join(diff)} differ)" if diff else None
+
+
+CAP = {"model.pretrain_steps", "model.pretrain_warmup"}
+
+
+def _cap_never_acted(root: Path, mine: dict, theirs: dict) -> bool:
+    """A run under another step cap built the default recipe's base when both warm up for the same number of
+    steps (max(1, round(pretrain_warmup x pretrain_steps)), the only other use of the cap being the cooldown it
+    forces pretrain_cooldown steps before its end) and the run reached the level before either cap's forced
+    cooldown could start: up to there both schedules are the same function of the step."""
+    def warm(p: dict) -> int:
+        return max(1, round(p["model.pretrain_warmup"] * p["model.pretrain_steps"]))
+    base = json.loads((REPO / root / "metrics" / "base.json").read_text())
+    target = (base.get("pretrain") or {}).get("target") or {}
+    level_at = target.get("level_reached_at_step")
+    first_forced = min(p["model.pretrain_steps"] for p in (mine, theirs)) - mine["model.pretrain_cooldown"]
+    return warm(mine) == warm(theirs) and level_at is not None and level_at < first_forced
+
+
 def collect(root: Path) -> dict | None:
     """A measured run's headline numbers (None when it did not finish)."""
     done = REPO / root / "band-run.json"
-    if not done.exists():
+    sweep = REPO / root / "levels.json"
+    if done.exists():
+        row = json.loads(done.read_text())
+    elif sweep.exists():
+        if (why := same_recipe(root)):
+            raise SystemExit(why)
+        lv = json.loads(sweep.read_text())
+        row = {"seed": lv["seed"], "kernel": lv["kernel"], "seconds": lv["seconds"], "by": "benchmarks/base_levels.py",
+               "through": "eval" if (REPO / root / "metrics" / "eval.json").exists() else "base"}
+    else:
         return None
-    row = json.loads(done.read_text())
     values: dict[str, float] = {}
     for label, rel, keys in HEADLINE:
         f = REPO / root / rel
@@ -108,11 +156,12 @@ def band_of(runs: list[dict]) -> dict[str, list[float]]:
     return dict(sorted(out.items()))
 
 
-def write_band(out: Path) -> dict:
-    """Collect every finished run under runs/band/ into the band file."""
+def write_band(out: Path, also: list[Path] = ()) -> dict:
+    """Collect every finished run under runs/band/ (and the folders of `also`) into the band file."""
     from tandem.machine import describe, summary
 
-    runs = [r for d in sorted((REPO / BAND_ROOT).glob("*-s*")) if (r := collect(d.relative_to(REPO)))]
+    runs = [r for folder in (BAND_ROOT, *also) for d in sorted((REPO / folder).glob("*-s*"))
+            if (r := collect(d.relative_to(REPO)))]
     if not runs:
         raise SystemExit(f"no finished run under {BAND_ROOT}/: measure some first")
     doc = {"what": "where the default run (params.yaml) lands over seeds and CPU kernel paths: per headline number "
@@ -130,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--through", choices=("base", "eval"), default="base")
     ap.add_argument("--write-only", action="store_true", help="write the band from the runs already measured")
     ap.add_argument("--out", type=Path, default=BAND_FILE)
+    ap.add_argument("--also", type=Path, nargs="*", default=[],
+                    help="folders of benchmarks/base_levels.py runs to count as well (the default recipe only)")
     a = ap.parse_args(argv)
     if not a.write_only:
         import torch
@@ -142,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             for seed in a.seeds:
                 if not (REPO / _root(kernel, seed) / "band-run.json").exists():
                     measure(kernel, seed, a.through)
-    doc = write_band(a.out)
+    doc = write_band(a.out, a.also)
     for label, (lo, hi) in doc["band"].items():
         print(f"{label}: {lo:.3f}-{hi:.3f}")
     return 0
