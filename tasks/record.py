@@ -302,7 +302,10 @@ def record_summary(cmp: Comparison, machine_line: str = "") -> str:
         return (f"This run reproduced the committed record (dvc.lock at {cmp.commit}) bit for bit: every output "
                 f"hash matches ({len(cmp.same)} stages{rerun})"
                 + (f", apart from {'; '.join(context)}." if context else "."))
+    within = (cmp.band is not None and bool(cmp.headline)
+              and all(label in cmp.band and in_band(b, cmp.band[label]) for label, _, b in cmp.headline))
     head = (_ran_nothing(cmp) + "The outputs it found (an earlier run's) differ" if cmp.ran_nothing
+            else "This run landed within the record's band, not on its bytes: its outputs differ" if within
             else "This run differs")
     lines = [f"{head} from the committed record (dvc.lock at {cmp.commit}):"]
     if cmp.same:

@@ -148,13 +148,14 @@ def test_the_closing_message_states_the_records_band(tmp_path):
     assert inside.band == {"base greedy macro": (0.75, 0.85), "base sampled macro": (0.45, 0.55)}
     text = record_summary(inside)
     assert "bit for bit" not in text and "within the record's band" in text and "OUTSIDE" not in text
+    assert text.startswith("This run landed within the record's band, not on its bytes")  # the first line says it
     assert "base greedy macro: 0.830 (record 0.800; band 0.750-0.850: inside)" in text
     assert "base sampled macro: 0.460 (record 0.500; band 0.450-0.550: inside)" in text
 
     # one number past its band: named, and the run is not called within the band
     (root / "metrics" / "base.json").write_text(_base_json(0.83, 0.40))
     text = record_summary(compare_with_record(root))
-    assert "within the record's band:" not in text
+    assert "within the record's band:" not in text and text.startswith("This run differs")
     assert "base sampled macro: 0.400 (record 0.500; band 0.450-0.550: OUTSIDE)" in text
     assert "1 of 2 headline numbers landed outside the record's band: base sampled macro" in text
 
