@@ -77,3 +77,49 @@ def shares_per_problem(records: Sequence[Mapping], style: str) -> dict[str, floa
 def annotated_anywhere(text: str) -> bool:
     """Whether any line of `text` carries a calculator annotation `<<expression=result>>`."""
     return ANNOTATION.search(text) is not None
+
+
+def class_counts(ids: Sequence[str], styles: Sequence[str], scores: Sequence[float], dialect: str,
+                 keyed: Sequence[str] = KEYED) -> dict[str, list[int]]:
+    """Problem id -> [dialect-first samples, of them correct, keyed-first samples, of them correct] (a sample is
+    correct when its score is > 0); every id of `ids` appears, in first-seen order. The gate keeps these counts so
+    that its differences can be taken within problems (`paired_difference`)."""
+    if not len(ids) == len(styles) == len(scores):
+        raise ValueError(f"{len(ids)} ids, {len(styles)} styles and {len(scores)} scores")
+    out: dict[str, list[int]] = {}
+    for pid, s, x in zip(ids, styles, scores):
+        c = out.setdefault(str(pid), [0, 0, 0, 0])
+        at = 0 if s == dialect else 2 if s in keyed else None
+        if at is not None:
+            c[at] += 1
+            c[at + 1] += int(float(x) > 0)
+    return out
+
+
+def paired_difference(n_a_p, correct_a_p, n_b_p, correct_b_p) -> dict[str, float | int | None]:
+    """The Mantel-Haenszel risk difference of class a minus class b, stratified by problem: over the problems with
+    samples in both classes, sum_p w_p (a_p / n_a_p - b_p / n_b_p) / sum_p w_p with w_p = n_a_p n_b_p / (n_a_p +
+    n_b_p). Within a problem both classes face the same difficulty, so a class that falls mostly on easy problems
+    does not look better for it (a pooled difference of class means would). `se`: the fixed-weight standard error
+    sqrt(sum_p w_p^2 (pa(1 - pa) / n_a_p + pb(1 - pb) / n_b_p)) / sum_p w_p. `problems`: the problems used;
+    `n_a`, `n_b`: their samples per class. value and se None when no problem has both classes.
+
+    Arrays are per problem (suffix `_p`), aligned: samples and correct samples of class a and of class b."""
+    import numpy as np
+
+    n_a, c_a, n_b, c_b = (np.asarray(x, dtype=float) for x in (n_a_p, correct_a_p, n_b_p, correct_b_p))
+    if not n_a.shape == c_a.shape == n_b.shape == c_b.shape or n_a.ndim != 1:
+        raise ValueError("paired_difference: four aligned one-dimensional per-problem arrays")
+    if np.any(c_a > n_a) or np.any(c_b > n_b) or np.any(np.minimum(c_a, c_b) < 0):
+        raise ValueError("paired_difference: correct counts within [0, samples]")
+    both = (n_a > 0) & (n_b > 0)
+    out: dict[str, float | int | None] = {"value": None, "se": None, "problems": int(both.sum()),
+                                          "n_a": int(n_a[both].sum()), "n_b": int(n_b[both].sum())}
+    if not both.any():
+        return out
+    n_a, c_a, n_b, c_b = n_a[both], c_a[both], n_b[both], c_b[both]
+    w = n_a * n_b / (n_a + n_b)
+    pa, pb = c_a / n_a, c_b / n_b
+    out["value"] = float(np.sum(w * (pa - pb)) / np.sum(w))
+    out["se"] = float(np.sqrt(np.sum(w ** 2 * (pa * (1 - pa) / n_a + pb * (1 - pb) / n_b))) / np.sum(w))
+    return out

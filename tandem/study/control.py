@@ -22,23 +22,92 @@ import numpy as np
 
 @dataclass(frozen=True)
 class GateCriteria:
-    """The registered gate thresholds (registration.yaml `gate.criteria`)."""
+    """The registered gate thresholds (registration.yaml `gate.criteria`).
+
+    `estimator` says how G3-G5 are measured: `pooled` (the first settings': a class's pass@1 over all its
+    samples, dialect-first minus keyed-first, so a class that falls on easier problems looks better, and G3 counts
+    S's own gap as the junior's cost) or `paired_problems` (`paired_gate_values`: differences within problems,
+    Mantel-Haenszel weighted; G3 is the junior's handoff cost on dialect-first minus on keyed-first samples, each
+    against S alone; each needs `min_problems` problems with both sides). `keyed_share_min` (optional): G1 also
+    needs S's keyed share of solo samples at least this (keyed samples left for RL to select and for G3/G4 to
+    compare)."""
 
     share_range: tuple[float, float] = (0.5, 0.9)  # G1: S's dialect share of solo samples
     solo_pass1_min: float = 0.30                   # G2: solo pass@1 of S and of J
     cost_max: float = -0.15                        # G3: step pass@1 of (S, J), dialect-first minus keyed-first
     solo_gap_abs_max: float = 0.10                 # G4: |S's solo pass@1, dialect-first minus keyed-first|
+    keyed_share_min: float | None = None           # G1 (optional): S's keyed share of solo samples at least this
+    estimator: str = "pooled"                      # G3-G5: pooled or paired_problems
+    min_problems: int = 0                          # paired_problems: problems each difference needs
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "GateCriteria":
         lo, hi = d["G1_share"]
+        keyed = d.get("G1_keyed_share_min")
         return cls((float(lo), float(hi)), float(d["G2_solo_pass1_min"]), float(d["G3_cost_max"]),
-                   float(d["G4_solo_gap_abs_max"]))
+                   float(d["G4_solo_gap_abs_max"]), None if keyed is None else float(keyed),
+                   str(d.get("estimator", "pooled")), int(d.get("min_problems", 0)))
 
+
+# The gate's criteria keys beyond the four every registration has (GateCriteria.from_dict reads them).
+OPTIONAL_CRITERIA = ("G1_keyed_share_min", "estimator", "min_problems")
+ESTIMATORS = ("pooled", "paired_problems")
 
 # G3-G5 are each a difference `dialect_vs_keyed.gap` (dialect-first minus keyed-first pass@1) of one measurement
 # (tasks/study/control.py measures them); gate.md shows each class's size beside it
 GAP_MEASUREMENT = {"G3": "SJ_step", "G4": "S_solo", "G5": "SS_step"}
+
+
+def _side(counts: Mapping[str, Sequence[int]], at: int, ids: Sequence[str]) -> tuple[list[int], list[int]]:
+    """(samples, correct) per problem of one class (at 0: dialect-first, at 2: keyed-first), in `ids` order."""
+    return ([int((counts.get(p) or (0, 0, 0, 0))[at]) for p in ids],
+            [int((counts.get(p) or (0, 0, 0, 0))[at + 1]) for p in ids])
+
+
+def _paired(a: Mapping, at_a: int, b: Mapping, at_b: int) -> dict:
+    from tandem.metrics.dialect import paired_difference
+
+    ids = sorted(set(a) | set(b))
+    return paired_difference(*_side(a, at_a, ids), *_side(b, at_b, ids))
+
+
+def paired_gate_values(per_problem: Mapping[str, Mapping[str, Sequence[int]]]) -> dict:
+    """G3-G5 measured within problems, from each measurement's per-problem class counts (measurement -> problem id
+    -> [dialect-first samples, correct, keyed-first samples, correct]; tandem.metrics.dialect.class_counts):
+
+    - `solo_gap_S` (G4): S alone, dialect-first minus keyed-first, within problems;
+    - `cost_SJ` (G3): the junior's handoff cost on dialect-first samples (the step schedule of (S, J) minus S
+      alone, both dialect-first, within problems) minus its cost on keyed-first ones (the same, keyed-first):
+      what J pays for the dialect beyond what S pays itself and beyond what any handoff to J costs; it is the
+      extra reward gap against the dialect that tandem training with J adds to GRPO's own (`solo_gap_S`);
+    - `cost_SS` (G5): the same with S as the partner (expected about 0);
+    - `gap_SJ`: the step schedule of (S, J), dialect-first minus keyed-first, within problems (what a shed
+      dialect changes step pass@1 with J by; bug indicator B7's cost);
+    - `problems`: per criterion the fewest problems any of its differences rests on; `parts`: every difference.
+    Naive check: each part is `tandem.metrics.dialect.paired_difference` of two classes' per-problem counts."""
+    S, SJ, SS = per_problem["S_solo"], per_problem["SJ_step"], per_problem["SS_step"]
+    parts = {"S_solo dialect - keyed": _paired(S, 0, S, 2),
+             "SJ_step dialect - keyed": _paired(SJ, 0, SJ, 2),
+             "SJ_step - S_solo, dialect-first": _paired(SJ, 0, S, 0),
+             "SJ_step - S_solo, keyed-first": _paired(SJ, 2, S, 2),
+             "SS_step - S_solo, dialect-first": _paired(SS, 0, S, 0),
+             "SS_step - S_solo, keyed-first": _paired(SS, 2, S, 2)}
+
+    def diff(x: str, y: str) -> float | None:
+        a, b = parts[x]["value"], parts[y]["value"]
+        return None if a is None or b is None else a - b
+
+    def fewest(*names: str) -> int:
+        return min(parts[n]["problems"] for n in names)
+
+    return {"solo_gap_S": parts["S_solo dialect - keyed"]["value"],
+            "cost_SJ": diff("SJ_step - S_solo, dialect-first", "SJ_step - S_solo, keyed-first"),
+            "cost_SS": diff("SS_step - S_solo, dialect-first", "SS_step - S_solo, keyed-first"),
+            "gap_SJ": parts["SJ_step dialect - keyed"]["value"],
+            "problems": {"G3": fewest("SJ_step - S_solo, dialect-first", "SJ_step - S_solo, keyed-first"),
+                         "G4": fewest("S_solo dialect - keyed"),
+                         "G5": fewest("SS_step - S_solo, dialect-first", "SS_step - S_solo, keyed-first")},
+            "parts": parts}
 
 
 def _ok(x: float | None, test) -> bool:
@@ -49,18 +118,33 @@ def gate(values: Mapping[str, float | None], c: GateCriteria) -> dict:
     """The gate of one dialect: each criterion's value, rule and outcome, and `passed` (G1-G4 all hold).
 
     `values`: `share` (S's solo dialect share), `solo_pass1_S`, `solo_pass1_J`, `cost_SJ` (G3's difference),
-    `solo_gap_S` (G4's difference) and `cost_SS` (G5, reported only)."""
+    `solo_gap_S` (G4's difference) and `cost_SS` (G5, reported only); with `c.keyed_share_min`, `keyed_share`
+    (S's keyed share of solo samples); with the paired estimator, `problems` (criterion -> problems it rests on)."""
     lo, hi = c.share_range
+    paired = c.estimator == "paired_problems"
+    problems = values.get("problems") or {}
+
+    def enough(g: str) -> bool:
+        return not paired or int(problems.get(g) or 0) >= c.min_problems
+
+    where = f", within problems (Mantel-Haenszel, >= {c.min_problems} problems)" if paired else ""
+    g1_ok = _ok(values.get("share"), lambda x: lo <= x <= hi)
+    g1 = {"value": values.get("share"), "rule": f"in [{lo}, {hi}]", "passed": g1_ok}
+    if c.keyed_share_min is not None:
+        g1 = {"value": {"dialect": values.get("share"), "keyed": values.get("keyed_share")},
+              "rule": f"dialect share in [{lo}, {hi}], keyed share >= {c.keyed_share_min}",
+              "passed": g1_ok and _ok(values.get("keyed_share"), lambda x: x >= c.keyed_share_min)}
+    g3_rule = (f"<= {c.cost_max}" if not paired else
+               f"<= {c.cost_max}: J's handoff cost (step with J - S alone) on dialect-first minus on keyed-first{where}")
     rows = {
-        "G1": {"value": values.get("share"), "rule": f"in [{lo}, {hi}]",
-               "passed": _ok(values.get("share"), lambda x: lo <= x <= hi)},
+        "G1": g1,
         "G2": {"value": {"S": values.get("solo_pass1_S"), "J": values.get("solo_pass1_J")},
                "rule": f">= {c.solo_pass1_min} for S and for J",
                "passed": all(_ok(values.get(k), lambda x: x >= c.solo_pass1_min) for k in ("solo_pass1_S", "solo_pass1_J"))},
-        "G3": {"value": values.get("cost_SJ"), "rule": f"<= {c.cost_max}",
-               "passed": _ok(values.get("cost_SJ"), lambda x: x <= c.cost_max)},
-        "G4": {"value": values.get("solo_gap_S"), "rule": f"within +-{c.solo_gap_abs_max}",
-               "passed": _ok(values.get("solo_gap_S"), lambda x: abs(x) <= c.solo_gap_abs_max)},
+        "G3": {"value": values.get("cost_SJ"), "rule": g3_rule,
+               "passed": _ok(values.get("cost_SJ"), lambda x: x <= c.cost_max) and enough("G3")},
+        "G4": {"value": values.get("solo_gap_S"), "rule": f"within +-{c.solo_gap_abs_max}{where}",
+               "passed": _ok(values.get("solo_gap_S"), lambda x: abs(x) <= c.solo_gap_abs_max) and enough("G4")},
         "G5": {"value": values.get("cost_SS"), "rule": "reported (expected about 0)", "passed": None},
     }
     return {"criteria": rows, "passed": all(rows[g]["passed"] for g in ("G1", "G2", "G3", "G4"))}
@@ -86,7 +170,8 @@ def bug_indicators(v: Mapping[str, float | bool | None], reg: Mapping) -> dict:
     `v` keys: `senior_share` (arm -> mean senior token share of training), `junior_hashes_equal`,
     `junior_unchanged`, `junior_matches_warmup` (a warm-up junior's equality to S's warm-up; None otherwise),
     `first_reward` / `first_reward_se` (tandem-naive, first steps), `gate_word_SJ`,
-    `gate_cost` (G3), `move` (arm -> final minus initial dialect share), `final_share` (arm -> final share),
+    `gate_cost` (G3's pooled gap, or a paired gate's `gap_SJ`; `gate_cost_label` names it), `move` (arm -> final
+    minus initial dialect share), `final_share` (arm -> final share),
     `J1_holds`, `H1_estimate`."""
     lo, hi = reg["B1_senior_share"]
     out: dict[str, dict] = {}
@@ -128,7 +213,8 @@ def bug_indicators(v: Mapping[str, float | bool | None], reg: Mapping) -> dict:
     pred = None if drop is None or cost is None else drop * -cost
     ratio = None if pred in (None, 0) or h1 in (None, 0) else h1 / pred
     out["B7"] = {"value": {"H1_estimate": h1, "predicted": pred, "ratio": ratio},
-                 "rule": f"H1's estimate within {rlo}-{rhi}x of (share drop x G3 cost), when both are nonzero",
+                 "rule": f"H1's estimate within {rlo}-{rhi}x of (share drop x {v.get('gate_cost_label', 'G3 cost')}), "
+                         "when both are nonzero",
                  "fired": None if ratio is None else not (rlo <= ratio <= rhi)}
     return out
 
@@ -191,7 +277,10 @@ def bug_inputs(reg, res, seeds: list[int], gate_doc: Mapping, doc: Mapping) -> d
         "junior_hashes_equal": hashes_ok,
         "junior_unchanged": all(docs[(s, a)]["junior_unchanged"] for s in seeds for a in reg.arms),
         "first_reward": mean, "first_reward_se": se, "gate_word_SJ": gate_d["measures"]["SJ_word"]["pass@1"],
-        "gate_cost": gate_d["values"]["cost_SJ"],
+        # the pooled gate's G3 is the step-with-J gap itself; a paired gate records that gap apart (`gap_SJ`), its
+        # G3 being J's extra cost only
+        "gate_cost": gate_d["values"].get("gap_SJ", gate_d["values"]["cost_SJ"]),
+        **({"gate_cost_label": "the gate's paired (S, J) step gap"} if "gap_SJ" in gate_d["values"] else {}),
         "move": {a: v[-1] - v[0] for a, v in share.items()}, "final_share": {a: v[-1] for a, v in share.items()},
         "J1_holds": by_claim["J1"]["verdict"] == "holds", "H1_estimate": by_claim["H1"]["estimate"],
         "junior_matches_warmup": (gate_d.get("junior_metrics") or {}).get("matches_base_warmup"),
@@ -216,10 +305,20 @@ def gate_markdown(doc: dict) -> str:
         for g, row in c.items():
             v = row["value"]
             v = ", ".join(f"{k} {_f(x)}" for k, x in v.items()) if isinstance(v, dict) else _f(v)
-            if g in GAP_MEASUREMENT:
+            if g in GAP_MEASUREMENT and "paired" in d:
+                v += f" ({d['values']['problems'][g]} problems)"
+            elif g in GAP_MEASUREMENT:
                 n = m[GAP_MEASUREMENT[g]]["dialect_vs_keyed"]
                 v += f" (n {n['n_dialect']} dialect-first, {n['n_keyed']} keyed-first)"
             lines.append(f"| {g} | {v} | {row['rule']} | {'' if row['passed'] is None else 'yes' if row['passed'] else 'no'} |")
+        if "paired" in d:  # a paired gate: every difference within problems, and the pooled ones beside them
+            lines += ["", "| difference, within problems (Mantel-Haenszel) | value | se | problems | samples (a, b) |",
+                      "|---|---|---|---|---|"]
+            for name, p in d["paired"]["parts"].items():
+                lines.append(f"| {name} | {_f(p['value'])} | {_f(p['se'])} | {p['problems']} | {p['n_a']}, {p['n_b']} |")
+            lines += ["", "Pooled over all samples (the first setting's estimator, not a criterion here): "
+                      + ", ".join(f"{g} {_f(m[k]['dialect_vs_keyed']['gap'])}" for g, k in GAP_MEASUREMENT.items())
+                      + "."]
         lines += ["", "| measurement | samples | pass@1 | dialect share | dialect-first pass@1 (n) | keyed-first pass@1 (n) |",
                   "|---|---|---|---|---|---|"]
         for k, s in m.items():

@@ -6,7 +6,7 @@ themselves come from one place each:
 
 - `seed_changes`: a multi-seed study's seed root (the study file with only `seed` and `out_root` changed);
 - `gate_changes`: a positive control's gate root for one dialect (the senior's seed and build sections, the
-  dialect's styles, the junior section with its source);
+  dialect's own build sections, the dialect's styles, the junior section with its source);
 - `run_changes`: one seed x arm of a positive control (its seed and root, a later setting's overrides, the arm's
   pipeline arm, and the partner: `junior.source: base` when it is S).
 
@@ -36,14 +36,15 @@ def seed_changes(seed: int, root: str) -> list[dict]:
 
 
 def gate_changes(reg, dialect, root: str) -> list[dict]:
-    """`reg`: a tandem.study.registration.ControlRegistration; `dialect`: one of its dialects. The dialect's
-    senior styles are the warm-up corpus's (`senior.build: styles`, data.solution_styles) or the base stage's
-    dialect phase's (`senior.build: dialect_phase`, model.dialect_styles; data.solution_styles stays the params
+    """`reg`: a tandem.study.registration.ControlRegistration; `dialect`: one of its dialects. The dialect's own
+    params sections (a longer dialect phase, say) apply after the senior's. Its senior styles are the warm-up
+    corpus's (`senior.build: styles`, data.solution_styles) or the base stage's dialect phase's (`senior.build: dialect_phase`, model.dialect_styles; data.solution_styles stays the params
     file's keyed warm-up mix, which J shares)."""
     styles = dict(dialect.senior_styles)
     where = {"model": {"dialect_styles": styles}} if reg.senior.build == "dialect_phase" else \
         {"data": {"solution_styles": styles}}
-    return [{"out_root": root, "seed": reg.senior.seed}, dict(reg.senior.sections), where, dict(reg.junior.sections)]
+    return [{"out_root": root, "seed": reg.senior.seed}, dict(reg.senior.sections), dict(dialect.params), where,
+            dict(reg.junior.sections)]
 
 
 def run_changes(reg, seed: int, arm: str, root: str) -> list[dict]:

@@ -113,10 +113,18 @@ class Secondary:
 
 @dataclass(frozen=True)
 class Dialect:
-    """One registered dialect: its name (a style the classifier names) and the senior base's styles."""
+    """One registered dialect: its name, the senior base's styles, the style the classifier names for it (`style`;
+    the name when absent) and the params sections its S build changes beyond the senior's (`params`, e.g. a longer
+    dialect phase). Two dialects may share a style with different builds; the name keeps their work apart."""
 
     name: str
     senior_styles: Mapping[str, float]
+    style_name: str | None = None
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def style(self) -> str:
+        return self.style_name or self.name
 
 
 @dataclass(frozen=True)
@@ -320,9 +328,18 @@ def _control(path: Path, raw: Mapping, problems: list[str], root: Path) -> Contr
         if unknown or abs(sum(float(v) for v in styles.values()) - 1) > 1e-6:
             problems.append(f"dialects[{i}].senior_styles: known styles ({', '.join(SOLUTION_STYLES)}) whose shares "
                             f"sum to 1 (got {dict(styles)})")
-        dialects.append(Dialect(d["name"], dict(styles)))
+        extra = sorted(set(d) - {"name", "senior_styles", "style", "params"})
+        style, sections = d.get("style"), d.get("params") or {}
+        if extra or (style is not None and style not in styles) or not isinstance(sections, Mapping) or not all(
+                isinstance(v, Mapping) for v in sections.values()):
+            problems.append(f"dialects[{i}]: only name, senior_styles, style (one of its senior styles) and params "
+                            f"(section -> {{key: value}}) (got {dict(d)})")
+            continue
+        dialects.append(Dialect(d["name"], dict(styles), style, {k: dict(v) for k, v in sections.items()}))
     if not dialects:
         problems.append("dialects: at least one, in gate order")
+    if len({d.name for d in dialects}) != len(dialects):
+        problems.append(f"dialects: names must differ (got {[d.name for d in dialects]})")
     arms = {}
     for name, a in (raw.get("arms") or {}).items():
         if not isinstance(a, Mapping) or a.get("partner") not in PARTNERS or not isinstance(a.get("train"), str):
@@ -336,6 +353,18 @@ def _control(path: Path, raw: Mapping, problems: list[str], root: Path) -> Contr
     missing = [k for k in GATE_CRITERIA if k not in crit]
     if missing:
         problems.append(f"gate.criteria: missing {', '.join(missing)}")
+    from tandem.study.control import ESTIMATORS, OPTIONAL_CRITERIA
+
+    unknown = sorted(set(crit) - set(GATE_CRITERIA) - set(OPTIONAL_CRITERIA))
+    if unknown:
+        problems.append(f"gate.criteria: unknown {unknown} (known: {', '.join(GATE_CRITERIA + OPTIONAL_CRITERIA)})")
+    if crit.get("estimator", "pooled") not in ESTIMATORS:
+        problems.append(f"gate.criteria.estimator: {crit.get('estimator')!r} is none of {', '.join(ESTIMATORS)}")
+    if not (isinstance(crit.get("min_problems", 0), int) and crit.get("min_problems", 0) >= 0):
+        problems.append("gate.criteria.min_problems: an integer >= 0")
+    keyed_min = crit.get("G1_keyed_share_min")
+    if keyed_min is not None and not (isinstance(keyed_min, (int, float)) and 0 <= keyed_min < 1):
+        problems.append("gate.criteria.G1_keyed_share_min: a share in [0, 1)")
     seeds = raw.get("seeds") or []
     if not seeds or len(set(seeds)) != len(seeds) or not all(isinstance(s, int) for s in seeds):
         problems.append(f"seeds: distinct integers (got {seeds})")

@@ -185,7 +185,9 @@ def _pair_records(params, tok, senior, junior, rows_by_bench: dict, mode: str, w
 
 
 def _summary(records: list[dict], dialect: str, style_of, keyed) -> dict:
-    from tandem.metrics.dialect import accuracy_by_style, annotated_anywhere, class_gap
+    """One measurement's summary; `per_problem` keeps each problem's class counts (tandem.metrics.dialect.
+    class_counts, keyed by benchmark and id) for the differences taken within problems."""
+    from tandem.metrics.dialect import accuracy_by_style, annotated_anywhere, class_counts, class_gap
 
     styles, scores = [style_of(r["text"]) for r in records], [float(r["score"]) for r in records]
     n = len(scores)
@@ -197,12 +199,16 @@ def _summary(records: list[dict], dialect: str, style_of, keyed) -> dict:
             "pass@1_by_benchmark": {b: sum(v) / len(v) for b, v in by_bench.items()},
             "styles": accuracy_by_style(styles, scores), "dialect_vs_keyed": class_gap(styles, scores, dialect, keyed),
             "annotated_anywhere": sum(annotated_anywhere(r["text"]) for r in records) / n,
+            "per_problem": class_counts([f"{r['benchmark']}/{r['id']}" for r in records], styles, scores, dialect,
+                                        keyed),
             "senior_share": (sum(sum(r["owner"]) / len(r["owner"]) for r in records if r["owner"]) /
                              max(1, sum(1 for r in records if r["owner"])))}
 
 
-def gate_measures(params_file: Path, dialect: str, style_of, keyed) -> dict:
-    """Every gate measurement of one dialect's S and J (solo, step and word), summarised."""
+def gate_measures(params_file: Path, dialect: str, style_of, keyed, estimator: str = "pooled") -> dict:
+    """Every gate measurement of one dialect's S and J (solo, step and word), summarised; `dialect` is the style
+    the classifier names. G3-G5 by the registered `estimator` (tandem.study.control.GateCriteria): `pooled`, or
+    `paired_problems` (tandem.study.control.paired_gate_values, kept whole under `paired`)."""
     from tandem.evaluation import content_hash
     from tandem.threads import torch_threads
     from tasks.evaluate import load_benchmarks
@@ -234,12 +240,26 @@ def gate_measures(params_file: Path, dialect: str, style_of, keyed) -> dict:
             "SS_word": _pair_records(params, tok, s_, s2, val, "word", "SS"),
         }
     summ = {k: _summary(v, dialect, style_of, keyed) for k, v in runs.items()}
+    return {**gate_values(summ, dialect, keyed, estimator), "measures": summ,
+            "hashes": {"S": content_hash(S), "J": content_hash(J)},
+            "junior_metrics": read_json(root / "metrics" / "junior.json")}
+
+
+def gate_values(summ: dict, dialect: str, keyed, estimator: str = "pooled") -> dict:
+    """`values` (what tandem.study.control.gate decides on) from the measurements' summaries, and for the paired
+    estimator `paired` (every difference taken within problems, tandem.study.control.paired_gate_values)."""
     gap = {g: summ[k]["dialect_vs_keyed"]["gap"] for g, k in GAP_MEASUREMENT.items()}
     values = {"share": summ["S_solo"]["styles"].get(dialect, {}).get("share", 0.0),
               "solo_pass1_S": summ["S_solo"]["pass@1"], "solo_pass1_J": summ["J_solo"]["pass@1"],
-              "cost_SJ": gap["G3"], "solo_gap_S": gap["G4"], "cost_SS": gap["G5"]}
-    return {"values": values, "measures": summ, "hashes": {"S": content_hash(S), "J": content_hash(J)},
-            "junior_metrics": read_json(root / "metrics" / "junior.json")}
+              "cost_SJ": gap["G3"], "solo_gap_S": gap["G4"], "cost_SS": gap["G5"],
+              "keyed_share": sum(v["share"] for k, v in summ["S_solo"]["styles"].items() if k in keyed)}
+    if estimator != "paired_problems":
+        return {"values": values}
+    from tandem.study.control import paired_gate_values
+
+    paired = paired_gate_values({k: summ[k]["per_problem"] for k in GAP_MEASUREMENT.values()})
+    values.update({k: paired[k] for k in ("solo_gap_S", "cost_SJ", "cost_SS", "gap_SJ", "problems")})
+    return {"values": values, "paired": paired}
 
 
 def dialect_result_file(reg: R.ControlRegistration, dialect: str) -> Path:
@@ -259,9 +279,9 @@ def measure_dialect(reg: R.ControlRegistration, d: R.Dialect, crit) -> dict:
         return read_json(kept)
     f = dialect_params(reg, d)
     build_models(f, work_root(reg, d.name) / "logs")
-    m = gate_measures(f, d.name, classifier(reg.classifier), reg.keyed_styles)
-    res = {"dialect": d.name, "senior_styles": dict(d.senior_styles), **decide(m["values"], crit), **m,
-           "params": rel(f)}
+    m = gate_measures(f, d.style, classifier(reg.classifier), reg.keyed_styles, crit.estimator)
+    res = {"dialect": d.name, **({"style": d.style} if d.style != d.name else {}),
+           "senior_styles": dict(d.senior_styles), **decide(m["values"], crit), **m, "params": rel(f)}
     write_json(kept, res)
     return res
 
@@ -394,13 +414,14 @@ def collect_result(reg: R.ControlRegistration, dialect: str, seed: int, arm: str
     spec = reg.arms[arm]
     tarm = spec.train
     style_of = classifier(reg.classifier)
+    style = reg.gated.dialect(dialect).style  # what the classifier names the dialect (its name unless registered)
     ev = read_json(root / "metrics" / "eval.json")
     an = read_json(root / "metrics" / "analysis.json")
     summ = read_metrics(root / "metrics" / f"train_{tarm}.json")
     gens = root / "results" / "generations"
     ckpts = {}
     for c in ev["arms"][tarm]["checkpoints"]:
-        ckpts[str(c["step"])] = {m: {b: _problems(read_jsonl(generations_file(gens, tarm, c["step"], m, b)), dialect, style_of)
+        ckpts[str(c["step"])] = {m: {b: _problems(read_jsonl(generations_file(gens, tarm, c["step"], m, b)), style, style_of)
                                      for b in ev["settings"]["benchmarks"]}
                                  for m in ev["settings"]["modes"]}
     per_problem: dict[str, dict] = {}
@@ -418,7 +439,7 @@ def collect_result(reg: R.ControlRegistration, dialect: str, seed: int, arm: str
         if "loss" in h and "tandem/step" in h:
             series[str(int(h["tandem/step"]))] = {"reward": h.get("reward"),
                                                   "senior_fraction": h.get("tandem/senior_fraction"),
-                                                  "dialect_share_rollout": h.get(f"style/{dialect}")}
+                                                  "dialect_share_rollout": h.get(f"style/{style}")}
     return {
         "seed": seed, "arm": arm, "train_arm": tarm, "partner": spec.partner, "dialect": dialect,
         "steps": summ.get("steps"),

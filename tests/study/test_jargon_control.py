@@ -167,3 +167,87 @@ def test_b2_reads_a_warmup_junior_s_equality_to_the_senior_s_warm_up():
     assert "matches_base_warmup" not in bug_indicators(base, reg)["B2"]["value"]
     assert bug_indicators({**base, "junior_matches_warmup": True}, reg)["B2"]["fired"] is False
     assert bug_indicators({**base, "junior_matches_warmup": False}, reg)["B2"]["fired"] is True
+
+
+def test_the_committed_gate_pages_render_unchanged():
+    """The first settings' gate pages are what gate_markdown makes of their gate.json (pooled estimator)."""
+    from tandem.study.control import gate_markdown
+
+    for rel in ("studies/junior-control", "studies/jargon-smollm2"):
+        doc = json.loads((ROOT / rel / "gate.json").read_text())
+        assert gate_markdown(doc) == (ROOT / rel / "gate.md").read_text(), rel
+
+
+def test_a_dialect_may_name_its_style_and_its_own_build(tmp_path):
+    from tasks.study import control as ctl
+
+    raw = yaml.safe_load((JARGON / "registration.yaml").read_text())
+    crit = {**raw["gate"]["criteria"], "G1_keyed_share_min": 0.1, "estimator": "paired_problems", "min_problems": 20}
+    dialects = [{"name": "reversed", "senior_styles": {"reversed": 0.6, "verbose": 0.28, "terse": 0.12}},
+                {"name": "reversed-long", "style": "reversed", "params": {"model": {"dialect_steps": 48}},
+                 "senior_styles": {"reversed": 0.5, "verbose": 0.35, "terse": 0.15}}]
+    reg = ctl.registration(_copy(tmp_path, dialects=dialects, gate={**raw["gate"], "criteria": crit}))
+    long = reg.dialect("reversed-long")
+    assert long.style == "reversed" and reg.dialect("reversed").style == "reversed"
+    f = yaml.safe_load(ctl.dialect_params(reg, long).read_text())
+    assert f["model"]["dialect_steps"] == 48 and f["model"]["dialect_styles"] == dialects[1]["senior_styles"]
+    assert f["out_root"] == str((tmp_path / "work" / "reversed-long").resolve())
+    short = yaml.safe_load(ctl.dialect_params(reg, reg.dialect("reversed")).read_text())
+    assert short["model"]["dialect_steps"] == 16
+    from tandem.study.control import GateCriteria
+
+    c = GateCriteria.from_dict(reg.gate.criteria)
+    assert c.estimator == "paired_problems" and c.min_problems == 20 and c.keyed_share_min == 0.1
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"dialects": [{"name": "x", "style": "annotated", "senior_styles": {"reversed": 0.6, "verbose": 0.4}}]},
+     "style \\(one of its senior styles\\)"),
+    ({"dialects": [{"name": "r", "senior_styles": {"reversed": 1.0}}, {"name": "r", "senior_styles": {"reversed": 1.0}}]},
+     "names must differ"),
+    ({"gate": {"n_samples": 8, "criteria": {"G1_share": [0.5, 0.9], "G2_solo_pass1_min": 0.25, "G3_cost_max": -0.15,
+                                           "G4_solo_gap_abs_max": 0.1, "estimator": "median"}}}, "estimator"),
+    ({"gate": {"n_samples": 8, "criteria": {"G1_share": [0.5, 0.9], "G2_solo_pass1_min": 0.25, "G3_cost_max": -0.15,
+                                           "G4_solo_gap_abs_max": 0.1, "G9": 1}}}, "unknown \\['G9'\\]"),
+])
+def test_a_bad_dialect_or_criterion_is_refused(tmp_path, change, message):
+    with pytest.raises(BadInputError, match=message):
+        R.load(_copy(tmp_path, **change), ROOT)
+
+
+SETTING_2 = JARGON / "setting-2"
+
+
+def test_setting_2_loads_with_its_own_gate_and_builds_each_jargon_as_registered(tmp_path):
+    """studies/jargon-smollm2/setting-2: a gate of its own (no gate_from), the paired estimator, reversed on values
+    0-9 first and reversed-long (48-step phase) second; setting 1's rules untouched."""
+    from tandem.study.control import GateCriteria
+    from tasks.study import control as ctl
+
+    reg = R.load(SETTING_2, ROOT)
+    assert reg.gate_from is None and reg.gated is reg and reg.setting == "smollm2-jargon-2"
+    assert [(d.name, d.style) for d in reg.dialects] == [("reversed", "reversed"), ("reversed-long", "reversed")]
+    c = GateCriteria.from_dict(reg.gate.criteria)
+    assert (c.estimator, c.min_problems, c.keyed_share_min, c.cost_max, c.solo_gap_abs_max) == (
+        "paired_problems", 20, 0.10, -0.15, 0.10)
+    assert [x.id for x in reg.claims] == ["J1", "J2", "H1", "L1"] and len(reg.seeds) >= 3 and reg.steps == 100
+    first = R.load(JARGON, ROOT)
+    assert GateCriteria.from_dict(first.gate.criteria).estimator == "pooled"
+    assert [d.name for d in first.dialects] == ["annotated", "reversed"]
+    # each jargon's gate params, in a copy (the driver writes them under the registration's work root)
+    raw = yaml.safe_load((SETTING_2 / "registration.yaml").read_text())
+    raw["params"] = str(ROOT / raw["params"])
+    (tmp_path / "registration.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    copy = ctl.registration(tmp_path)
+    base = yaml.safe_load((JARGON / "params.yaml").read_text())
+    for name, steps, styles in (("reversed", 16, {"reversed": 0.60, "verbose": 0.28, "terse": 0.12}),
+                                ("reversed-long", 48, {"reversed": 0.50, "verbose": 0.35, "terse": 0.15})):
+        f = yaml.safe_load(ctl.dialect_params(copy, copy.dialect(name)).read_text())
+        assert f["data"]["max_value"] == 9 and f["model"]["dialect_steps"] == steps
+        assert f["model"]["dialect_styles"] == styles and f["junior"]["source"] == "warmup"
+        # everything else is setting 1's params file
+        for section in ("train", "evaluate", "rollout"):
+            assert f[section] == base[section], section
+        assert {k: v for k, v in f["data"].items() if k != "max_value"} == {
+            k: v for k, v in base["data"].items() if k != "max_value"}
+    assert "/studies/jargon-smollm2/*/work/" in (ROOT / ".gitignore").read_text().splitlines()
