@@ -558,7 +558,7 @@ class ModelConfig(_Section):
     max_position: int = _f(512, "tiny: longest sequence (prompt + completion) in tokens", ge=1, le=MAX_TOKENS)
     pretrain_lr: float = _f(6e-3, "tiny: peak pretraining learning rate", gt=0, le=MAX_LR)
     pretrain_batch_size: int = _f(8, "tiny: sequences per pretraining step", ge=1, le=MAX_ROWS)
-    pretrain_steps: int = _f(5000, "tiny: maximum pretraining steps", ge=1, le=MAX_STEPS)
+    pretrain_steps: int = _f(10000, "tiny: maximum pretraining steps", ge=1, le=MAX_STEPS)
     pretrain_max_seconds: float = _f(0.0, "tiny: wall-clock cap on pretraining (0 = none, the default: a cap makes the model depend on machine load)",
                                      ge=0, le=30 * MAX_SECONDS, note="0 = no cap")
     n_pretrain: int = _f(20000, "tiny: synthetic reference solutions generated for pretraining", ge=1, le=MAX_PROBLEMS)
@@ -569,7 +569,7 @@ class ModelConfig(_Section):
     eval_batch_size: int = _f(100, "prompts generated together when evaluating the base", ge=1, le=MAX_ROWS)
     cpu_threads: int = _f(1, "torch CPU threads of the base stage (0 = torch default); one thread is steadiest on a shared 2-core machine",
                           ge=0, le=MAX_THREADS, note="0 = torch default")
-    pretrain_warmup: float = _f(0.05, "tiny: fraction of pretraining spent on linear warmup before cosine decay", ge=0, lt=1)
+    pretrain_warmup: float = _f(0.03, "tiny: fraction of pretraining spent on linear warmup before cosine decay", ge=0, lt=1)
     curve_points: int = _f(6, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)",
                            ge=0, le=1000, note="0 = off")
     curve_problems: int = _f(20, "tiny: problems per benchmark in each learning-curve evaluation", ge=1, le=100_000)
@@ -579,7 +579,7 @@ class ModelConfig(_Section):
     pretrain_target_problems: int = _f(100, "tiny, target schedule: validation problems per probe (greedy)", ge=1, le=100_000)
     pretrain_cooldown: int = _f(400, "tiny, target schedule: steps of linear learning-rate decay after the target is reached, to 0 and the end (to pretrain_level_floor with the level stop); started pretrain_cooldown steps before pretrain_steps at the latest; at most the whole run",
                                 ge=0, le=MAX_STEPS)
-    pretrain_level: float = _f(0.0, "tiny, target schedule: the level stop: after the target the rate decays to pretrain_level_floor (not 0) and holds it, with a probe every pretrain_level_every steps on pretrain_level_problems validation problems; the first at or above this greedy accuracy ends pretraining (the base ends at a skill level, however late or slowly it learned); 0 = off",
+    pretrain_level: float = _f(0.8, "tiny, target schedule: the level stop: after the target the rate decays to pretrain_level_floor (not 0) and holds it, with a probe every pretrain_level_every steps on pretrain_level_problems validation problems; the first at or above this greedy accuracy ends pretraining (the base ends at a skill level, however late or slowly it learned); 0 = off",
                                ge=0, le=1, note="0 = off")
     pretrain_level_floor: float = _f(0.1, "tiny, level stop: the fraction of pretrain_lr the decay after the target ends at (over pretrain_cooldown steps) and holds until the level", gt=0, le=1)
     pretrain_level_every: int = _f(25, "tiny, level stop: steps between level probes", ge=1, le=MAX_STEPS)

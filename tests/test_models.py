@@ -178,7 +178,7 @@ def _scripted(accuracies: dict[int, float], calls: list):
 
 def test_pretrain_target_schedule_cools_down_at_the_target(tok, problems):
     cfg = ModelConfig(**SMALL, pretrain_steps=200, pretrain_batch_size=2, pretrain_warmup=0.05, curve_points=0,
-                      pretrain_target=0.5, pretrain_target_every=10, pretrain_target_problems=7,
+                      pretrain_target=0.5, pretrain_target_every=10, pretrain_target_problems=7, pretrain_level=0.0,
                       pretrain_cooldown=15)
     calls: list[int] = []
     s = M.pretrain(M.build_tiny_model(tok, cfg), tok, [(user_message(p.problem), p.solution) for p in problems],

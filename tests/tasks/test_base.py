@@ -14,7 +14,7 @@ from tandem.data.synthetic import ProblemShape, generate
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 0, "intermediate_size": 64,
         "vocab_size": 400, "n_pretrain": 300, "pretrain_steps": 12, "pretrain_batch_size": 8,
         "pretrain_max_seconds": 0.0, "eval_problems": 4, "eval_max_new_tokens": 12, "curve_points": 2,
-        "curve_problems": 2, "pretrain_target": 0.0, "pretrain_cooldown": 0}
+        "curve_problems": 2, "pretrain_target": 0.0, "pretrain_cooldown": 0, "pretrain_level": 0.0}
 
 
 def _write(path: Path, problems) -> None:
