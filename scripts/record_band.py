@@ -99,11 +99,13 @@ CAP = {"model.pretrain_steps", "model.pretrain_warmup"}
 
 def _cap_never_acted(root: Path, mine: dict, theirs: dict) -> bool:
     """A run under another step cap built the default recipe's base when both warm up for the same number of
-    steps (max(1, round(pretrain_warmup x pretrain_steps)), the only other use of the cap being the cooldown it
-    forces pretrain_cooldown steps before its end) and the run reached the level before either cap's forced
+    steps (`tandem.models.warmup_steps`; the only other use of the cap is the cooldown it forces
+    pretrain_cooldown steps before its end) and the run reached the level before either cap's forced
     cooldown could start: up to there both schedules are the same function of the step."""
+    from tandem.models import warmup_steps
+
     def warm(p: dict) -> int:
-        return max(1, round(p["model.pretrain_warmup"] * p["model.pretrain_steps"]))
+        return warmup_steps(p["model.pretrain_warmup"], p["model.pretrain_steps"])
     base = json.loads((REPO / root / "metrics" / "base.json").read_text())
     target = (base.get("pretrain") or {}).get("target") or {}
     level_at = target.get("level_reached_at_step")

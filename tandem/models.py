@@ -804,6 +804,11 @@ def length_bucketed_batches(n_examples: int, lengths: Sequence[int], batch_size:
     return batches
 
 
+def warmup_steps(warmup: float, steps: int) -> int:
+    """Pretraining's warmup in steps: `warmup` (a fraction) of the step cap `steps`, at least 1."""
+    return max(1, round(warmup * steps))
+
+
 def target_lr_factor(step: int, warmup_steps: int, cool_start: int | None, cooldown: int,
                      floor: float = 0.0) -> float:
     """The target schedule: linear warmup, then the full rate until the target is reached (`cool_start`), then a
@@ -859,7 +864,7 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
     targeted = cfg.pretrain_target > 0 and target_fn is not None
     if targeted:
         max_s = 0.0  # the target schedule decides by skill, never by the clock
-    warmup_steps = max(1, round(cfg.pretrain_warmup * total))
+    n_warmup = warmup_steps(cfg.pretrain_warmup, total)
     cooldown = min(cfg.pretrain_cooldown, total)
     cool_start: int | None = None  # the decay's first step (the target, or the cap's last cooldown steps)
     stop_at: int | None = None  # the end of the decay, or (level stop) the step the level was reached at
@@ -890,7 +895,7 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
             if targeted and stop_at is not None and step >= stop_at:
                 stopped_by = probes[-1]["phase"] if probes and probes[-1]["reached"] else "steps"
                 break
-            factor = (target_lr_factor(step, warmup_steps, cool_start, cooldown, floor) if targeted
+            factor = (target_lr_factor(step, n_warmup, cool_start, cooldown, floor) if targeted
                       else lr_factor(prog, cfg.pretrain_warmup))
             for g in opt.param_groups:
                 g["lr"] = cfg.pretrain_lr * factor
@@ -926,7 +931,7 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
                                           cfg.pretrain_level_problems) if leveled and cool_start is not None else
                                          ("target", cfg.pretrain_target, cfg.pretrain_target_every,
                                           cfg.pretrain_target_problems))
-                if step >= warmup_steps and step % max(every, 1) == 0:
+                if step >= n_warmup and step % max(every, 1) == 0:
                     model.eval()
                     acc = float(target_fn(model, n))
                     model.train()
