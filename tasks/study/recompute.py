@@ -53,13 +53,27 @@ def control(out: Path) -> dict:
 
     reg = registration(out)
     gate_doc = read_json(reg.gated.dir / "gate.json")
+    if reg.gate_from is None:
+        _write_text(Path(out) / "gate.md", gate_markdown(gate_doc))
+    _refuse_without_results(Path(out), "seed-*/*.json", gate_doc)
     res = read_control_results(Path(out) / "results", reg.evaluation.get("ks", [1, 2, 4, 8]))
     doc = control_document(reg, res, gate_doc, rel(reg.path, CODE_ROOT))
     write_json(Path(out) / "claims.json", doc)
     _write_report(Path(out), build_report(doc, gate_doc))
-    if reg.gate_from is None:
-        _write_text(Path(out) / "gate.md", gate_markdown(gate_doc))
     return doc
+
+
+def _refuse_without_results(out: Path, pattern: str, gate_doc: dict | None = None) -> None:
+    """One line instead of a claims.json of zero seeds when `out/results` holds no result file yet."""
+    if any((out / "results").glob(pattern)):
+        return
+    if gate_doc is not None and not gate_doc.get("passed"):
+        why = "its gate did not pass, so nothing trained (gate.md is its published result)"
+    else:
+        runs = (f"tandem study control --out {rel(out, CODE_ROOT)}" if gate_doc is not None
+                else "tandem study run --registered")
+        why = f"no seed x arm has finished yet (results/{pattern}); `{runs}` runs them"
+    raise BadInputError(f"study: {rel(out, CODE_ROOT)} has no results to compute claims from: {why}")
 
 
 def registered(out: Path) -> dict:
@@ -68,6 +82,7 @@ def registered(out: Path) -> dict:
     from tandem.study.claims import _plain
 
     reg = R.load(Path(out), CODE_ROOT)
+    _refuse_without_results(Path(out), "seed-*/*.csv")
     res = read_results(Path(out) / "results", reg.study.get("evaluation", {}).get("ks", [1, 2, 4, 8]))
     doc = _plain(compute(res, reg))  # the report shows exactly what the file holds
     _write_text(Path(out) / "claims.json", dumps(doc))

@@ -217,3 +217,10 @@ def test_an_unregistered_seed_is_refused(tmp_path):
 def test_recompute_names_a_missing_registration(tmp_path):
     with pytest.raises(BadInputError, match="registration"):
         claims.recompute(tmp_path)
+
+
+def test_recompute_refuses_a_registered_study_without_results(tmp_path):
+    _registration(tmp_path)
+    with pytest.raises(BadInputError, match=r"no results to compute claims from: no seed x arm has finished yet"):
+        claims.recompute(tmp_path)
+    assert not (tmp_path / "claims.json").exists()

@@ -147,3 +147,16 @@ def test_the_control_end_to_end_with_a_junior_of_its_own(tmp_path):
     assert got["hashes"]["junior_gate"] == J
     params = yaml.safe_load((ctl.run_root(later, 5, "grpo") / "params.yaml").read_text())
     assert params["train"]["steps"] == 1 and params["train"]["save_every"] == 1 and params["seed"] == 5
+
+
+def test_recompute_refuses_a_control_without_results_and_keeps_its_gate_page(tmp_path):
+    # setting 1 of the SmolLM2 control: its gate failed, nothing trained; no zero-seed claims.json is written
+    out = tmp_path / "jargon"
+    src = ROOT / "studies" / "jargon-smollm2"
+    out.mkdir()
+    for f in ("registration.yaml", "registration.md", "params.yaml", "gate.json"):
+        shutil.copy(src / f, out / f)
+    with pytest.raises(BadInputError, match="no results to compute claims from: its gate did not pass"):
+        control_claims(out)
+    assert not (out / "claims.json").exists()
+    assert (out / "gate.md").read_text() == (src / "gate.md").read_text()  # the published result, re-rendered
