@@ -39,6 +39,7 @@ import dataclasses
 import logging
 import os
 from contextlib import contextmanager
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -151,17 +152,19 @@ def arm_service(params: Params) -> Iterator[tuple[Params, dict[str, Any], dict[s
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from tandem.errors import UserError
-    from tandem.rollout.vllm.client import TOKEN_ENV
+    from tandem.rollout.vllm.client import TOKEN_ENV, senior_start_dir
     from tasks.common import junior_of
     from tasks.train import default_io, weight_roots
 
     ray = _ray()
     ro, gpus = params.rollout, params.cluster.train_gpus
-    junior = junior_of(params, default_io(params)[0]).resolve()
+    inputs = default_io(params)[0]
+    junior = junior_of(params, inputs).resolve()
+    senior = senior_start_dir(Path(inputs["base_model"]).resolve(), junior)  # as shared_service starts it locally
     roots = [str(r.resolve()) for r in weight_roots(params, junior)]
     with engine_slots(ro.vllm_start_timeout, trainer_gpus=gpus) as slots:
         try:
-            started = ray.get(slots.actors["senior"].start_service.remote(str(junior), str(junior), roots, ro,
+            started = ray.get(slots.actors["senior"].start_service.remote(str(senior), str(junior), roots, ro,
                                                                             slots.placement),
                               timeout=ro.vllm_start_timeout + 60)
         except ray.exceptions.RayTaskError as e:  # the service's own one line (ServiceStartError), not Ray's dump

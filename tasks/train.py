@@ -241,7 +241,8 @@ def _run_arm_here(params: Params, arm: str, inputs: dict, outputs: dict, publish
 
 def weight_roots(params: Params, junior_dir: Path) -> tuple[Path, Path]:
     """The directories an arm's rollout service may load weights from: the run's output root and the junior's
-    (the service starts from the junior's directory, tasks/cluster.py starts it the same way on a Ray cluster)."""
+    (the service starts from the junior's directory, the senior's engine from the base's where the two
+    architectures differ: `senior_start_dir`; tasks/cluster.py starts it the same way on a Ray cluster)."""
     return Path(params.out_root), Path(junior_dir)
 
 

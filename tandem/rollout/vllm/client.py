@@ -178,6 +178,7 @@ class VLLMService:
         self.start_timeout = start_timeout
         self.restarts = 0
         self.info: dict = {}
+        self.architectures: dict | None = None  # {"senior": ..., "junior": ...} of a started service's engines
         self._lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -455,25 +456,81 @@ _SHARED: dict[str, VLLMService] = {}
 _SHARED_LOCK = threading.Lock()
 
 
+# The config.json fields that decide an engine's tensor shapes: a weight directory or pushed state dict loads
+# into an engine only when these agree.
+ARCHITECTURE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "intermediate_size", "tie_word_embeddings")
+
+
+def architecture(model: Any) -> dict:
+    """`ARCHITECTURE_KEYS` of a model directory's config.json, or of a module's (or config's) attributes."""
+    if isinstance(model, (str, os.PathLike)):
+        f = Path(model) / "config.json"
+        if not f.is_file():
+            raise ValueError(f"vllm backend: {model} has no config.json: not a model directory")
+        cfg = json.loads(f.read_text())
+        return {k: cfg.get(k) for k in ARCHITECTURE_KEYS}
+    cfg = getattr(model, "config", model)
+    if hasattr(cfg, "to_dict"):
+        cfg = cfg.to_dict()
+    get = cfg.get if isinstance(cfg, dict) else (lambda k: getattr(cfg, k, None))
+    return {k: get(k) for k in ARCHITECTURE_KEYS}
+
+
+def architecture_difference(a: dict, b: dict) -> str:
+    """'' when the two architectures agree, else the fields that differ ('hidden_size 96 vs 2560, ...')."""
+    return ", ".join(f"{k} {a.get(k)} vs {b.get(k)}" for k in ARCHITECTURE_KEYS if a.get(k) != b.get(k))
+
+
+def senior_start_dir(senior_dir: str | os.PathLike | None, junior_dir: str | os.PathLike,
+                     senior_arch: dict | None = None) -> Path:
+    """The directory the service's senior engine starts from. Every request names the senior's weights (a
+    checkpoint directory, or a push of the live module), so any directory of the senior's architecture serves:
+    the junior's when the two share one (the paper: the junior is the senior's base), else the senior's own.
+    A senior known only by its architecture (a live module without a directory) that differs from the junior's
+    is refused: no directory could start its engine."""
+    junior_dir = Path(junior_dir)
+    want = architecture(senior_dir) if senior_dir is not None else senior_arch
+    if want is None or not architecture_difference(want, architecture(junior_dir)):
+        return junior_dir
+    if senior_dir is None:
+        raise ValueError(f"vllm backend: the senior's architecture differs from the junior's at {junior_dir} "
+                         f"({architecture_difference(want, architecture(junior_dir))}) and the senior has no "
+                         "model directory to start its engine from: load it with from_pretrained(<directory>)")
+    return Path(senior_dir)
+
+
 def shared_service(rollout: Any, start_dir: str | os.PathLike, roots: Sequence[str | os.PathLike] = (),
-                   trainer_processes: int = 1) -> VLLMService:
+                   trainer_processes: int = 1, senior_dir: str | os.PathLike | None = None) -> VLLMService:
     """The process's rollout service for the `rollout` config section: attached to `rollout.vllm_url` if set
     ($TANDEM_VLLM_URL overrides it when params are loaded: tandem.config.ENV_OVERRIDES), else started once
-    from `start_dir` (its weight roots: `start_dir` and `roots`), each engine on the devices the layout gives
-    it (`placement_for`: this process's `LOCAL_RANK` GPU, or the dedicated GPUs outside the trainer's
-    `trainer_processes`), and stopped at exit; reused by every caller."""
+    from `start_dir` (the junior's directory; the senior's engine from `senior_dir` where its architecture
+    differs, `senior_start_dir`; its weight roots: `start_dir` and `roots`), each engine on the devices the layout
+    gives it (`placement_for`: this process's `LOCAL_RANK` GPU, or the dedicated GPUs outside the trainer's
+    `trainer_processes`), and stopped at exit; reused by every caller whose models have the architectures
+    of the engines it started (another pair is refused in one line)."""
     url = rollout.vllm_url
     key = url or f"{rollout.vllm_python}|{rollout.vllm_host}|{rollout.vllm_dtype}|{rollout.vllm_max_model_len}"
+    senior_start = senior_start_dir(senior_dir, start_dir)
+    want = None if url else {"senior": architecture(senior_start), "junior": architecture(start_dir)}
     with _SHARED_LOCK:
         svc = _SHARED.get(key)
         if svc is not None and (svc.proc is None or svc.proc.poll() is None or not svc.owned):
+            held = getattr(svc, "architectures", None)
+            for role in ("senior", "junior"):
+                diff = architecture_difference(held[role], want[role]) if held and want else ""
+                if diff:
+                    raise ValueError(f"vllm backend: this process's rollout service runs a {role} engine of "
+                                     f"another architecture ({diff}); one process serves one (senior, junior) "
+                                     "pair of architectures: run the other pair in a process of its own")
             return svc
         if url:
             svc = VLLMService.attach(url, timeout=rollout.vllm_start_timeout)
         else:
             placement = placement_for(rollout, trainer_processes)
-            svc = VLLMService.start(start_dir, start_dir, roots=[start_dir, *roots],
+            svc = VLLMService.start(senior_start, start_dir, roots=[start_dir, *roots],
                                     options=LaunchOptions.from_config(rollout, placement))
+            svc.architectures = want
             atexit.register(svc.stop)
         _SHARED[key] = svc
         return svc
@@ -667,8 +724,14 @@ def engine_from_config(senior: Any, junior: Any | None, tokenizer: Any, rollout:
     `sync.VLLMWeightSync`), False in evaluation (the senior is a saved checkpoint directory)."""
     from tandem.rollout.engine import TandemEngine
 
-    service = shared_service(rollout, _model_dir(junior if junior is not None else senior), roots,
-                             trainer_processes)
+    junior_dir = _model_dir(junior if junior is not None else senior)
+    try:
+        senior_dir = _model_dir(senior)
+    except ValueError:  # a live module without a directory: known by its architecture alone
+        senior_dir = None
+    if senior_dir is None:
+        senior_start_dir(None, junior_dir, architecture(senior))  # refuses an architecture no directory starts
+    service = shared_service(rollout, junior_dir, roots, trainer_processes, senior_dir=senior_dir)
     return TandemEngine(senior, junior, tokenizer, backend="vllm", eos_token_ids=eos_token_ids,
                         vllm_options={"service": service, "live": live,
                                       "transport": rollout.vllm_weight_transport})
