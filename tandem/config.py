@@ -451,6 +451,9 @@ class DataConfig(_Section):
     n_val: int = _f(200, "number of validation problems held out from training", ge=0, le=100_000, note="a count")
     n_eval: int = _f(100, "problems per evaluation benchmark (synthetic) or cap per benchmark (jsonl, 0 = all)",
                      ge=0, le=100_000, note="a count")
+    eval_seed: int = _f(0, "seed of the evaluation benchmarks (the synthetic problems drawn, or the jsonl subset): "
+                        "a benchmark stays the same while the run's seed varies training; -1 = the run's seed "
+                        "(each seed its own problems)", ge=-1, le=2**32 - 1)
     min_steps: int = _f(2, "fewest reasoning steps in a synthetic training problem", ge=1, le=MAX_SYNTHETIC_STEPS)
     max_steps: int = _f(8, "most reasoning steps in a synthetic training problem", ge=1, le=MAX_SYNTHETIC_STEPS,
                         note="the generator writes one ordinal per step, up to the twentieth")
