@@ -573,7 +573,7 @@ class ModelConfig(_Section):
     cpu_threads: int = _f(1, "torch CPU threads of the base stage (0 = torch default); one thread is steadiest on a shared 2-core machine",
                           ge=0, le=MAX_THREADS, note="0 = torch default")
     pretrain_warmup: float = _f(0.03, "tiny: fraction of pretraining spent on linear warmup before cosine decay", ge=0, lt=1)
-    curve_points: int = _f(6, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)",
+    curve_points: int = _f(40, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)",
                            ge=0, le=1000, note="0 = off")
     curve_problems: int = _f(20, "tiny: problems per benchmark in each learning-curve evaluation", ge=1, le=100_000)
     pretrain_target: float = _f(0.35, "tiny: greedy accuracy on the first pretrain_target_problems validation problems at which pretraining cools down and stops (the target schedule: full learning rate after warmup, then a linear decay over pretrain_cooldown steps); 0 = a cosine schedule over pretrain_steps",
