@@ -85,16 +85,26 @@ def same_recipe(root: Path) -> str | None:
         for k, v in p.items():
             out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) and prefix == "" else {f"{prefix}{k}": v})
         return out
-    skip = {"seed", "out_root", "model.curve_points"}
+    skip = {"seed", "out_root", "model.curve_points", "data.eval_seed"}
     mine = flat(yaml.safe_load((REPO / "params.yaml").read_text()))
     theirs = flat(yaml.safe_load((REPO / root / "params.yaml").read_text()))
     diff = sorted(k for k in set(mine) | set(theirs) if k not in skip and mine.get(k) != theirs.get(k))
-    if set(diff) <= CAP and _cap_never_acted(root, mine, theirs):
+    # the benchmarks' seed as drawn: a params file from before data.eval_seed drew them with the run's seed
+    seed = theirs["seed"]
+    if _eval_seed(mine, seed) != _eval_seed(theirs, seed):
+        diff.append("data.eval_seed")
+    if diff and set(diff) <= CAP and _cap_never_acted(root, mine, theirs):
         diff = []
     return f"{root}: not the default recipe ({', '.join(diff)} differ)" if diff else None
 
 
 CAP = {"model.pretrain_steps", "model.pretrain_warmup"}
+
+
+def _eval_seed(flat_params: dict, seed: int) -> int:
+    """The seed a run's evaluation benchmarks were drawn with (tasks.prepare.eval_seed; -1 or absent: its own)."""
+    es = flat_params.get("data.eval_seed", -1)
+    return seed if es < 0 else es
 
 
 def _cap_never_acted(root: Path, mine: dict, theirs: dict) -> bool:

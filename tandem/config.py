@@ -451,6 +451,9 @@ class DataConfig(_Section):
     n_val: int = _f(200, "number of validation problems held out from training", ge=0, le=100_000, note="a count")
     n_eval: int = _f(100, "problems per evaluation benchmark (synthetic) or cap per benchmark (jsonl, 0 = all)",
                      ge=0, le=100_000, note="a count")
+    eval_seed: int = _f(0, "seed of the evaluation benchmarks (the synthetic problems drawn, or the jsonl subset): "
+                        "a benchmark stays the same while the run's seed varies training; -1 = the run's seed "
+                        "(each seed its own problems)", ge=-1, le=2**32 - 1)
     min_steps: int = _f(2, "fewest reasoning steps in a synthetic training problem", ge=1, le=MAX_SYNTHETIC_STEPS)
     max_steps: int = _f(8, "most reasoning steps in a synthetic training problem", ge=1, le=MAX_SYNTHETIC_STEPS,
                         note="the generator writes one ordinal per step, up to the twentieth")
@@ -570,7 +573,7 @@ class ModelConfig(_Section):
     cpu_threads: int = _f(1, "torch CPU threads of the base stage (0 = torch default); one thread is steadiest on a shared 2-core machine",
                           ge=0, le=MAX_THREADS, note="0 = torch default")
     pretrain_warmup: float = _f(0.03, "tiny: fraction of pretraining spent on linear warmup before cosine decay", ge=0, lt=1)
-    curve_points: int = _f(6, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)",
+    curve_points: int = _f(40, "tiny: greedy evaluations during pretraining, evenly spaced (learning curve; 0 = off)",
                            ge=0, le=1000, note="0 = off")
     curve_problems: int = _f(20, "tiny: problems per benchmark in each learning-curve evaluation", ge=1, le=100_000)
     pretrain_target: float = _f(0.35, "tiny: greedy accuracy on the first pretrain_target_problems validation problems at which pretraining cools down and stops (the target schedule: full learning rate after warmup, then a linear decay over pretrain_cooldown steps); 0 = a cosine schedule over pretrain_steps",

@@ -2,10 +2,12 @@
 
 Two sources (`data.source`):
 - `synthetic`: seeded arithmetic word problems (`tandem.data.synthetic.generate`). Evaluation benchmarks are
-  generated first (in name order), then val, then train, each excluding every problem drawn before it, so
-  the evaluation sets do not change when the training size does and no two splits share a problem.
+  generated first (in name order, from `data.eval_seed`: the same benchmarks whatever the run's seed, unless it
+  is -1), then val, then train (from the run's seed), each excluding every problem drawn before it, so the
+  evaluation sets do not change when the training size or the seed does and no two splits share a problem.
 - `jsonl`: `data.train_file` split into a seeded held-out val slice of `n_val` rows and up to `n_train`
-  training rows; one benchmark per `data.eval_files` entry, capped at `n_eval` rows (a seeded subset).
+  training rows; one benchmark per `data.eval_files` entry, capped at `n_eval` rows (a subset seeded by
+  `data.eval_seed`).
 
 No split is written unless every file reads as JSON Lines (else `DataFileError` names file, line and rule)
 and validation passes (or `data.drop_invalid` removes the bad rows): a failed validation prints the report
@@ -82,21 +84,26 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
 # Sources
 # --------------------------------------------------------------------------------------------------
 
+def eval_seed(params: Params) -> int:
+    """The evaluation benchmarks' seed: `data.eval_seed`, or the run's seed where that is -1."""
+    return params.seed if params.data.eval_seed < 0 else params.data.eval_seed
+
+
 def _synthetic_splits(params: Params) -> dict[str, list[dict]]:
     cfg = params.data
     seen: set[str] = set()
     splits: dict[str, list[dict]] = {}
 
-    def draw(n: int, lo: int, hi: int, prefix: str) -> list[dict]:
-        probs = generate(n, lo, hi, params.seed, ProblemShape.of(cfg), exclude=seen, prefix=prefix)
+    def draw(n: int, lo: int, hi: int, prefix: str, seed: int) -> list[dict]:
+        probs = generate(n, lo, hi, seed, ProblemShape.of(cfg), exclude=seen, prefix=prefix)
         seen.update(p.problem for p in probs)
         return [p.to_dict() for p in probs]
 
     for name in sorted(cfg.benchmarks):
         lo, hi = cfg.benchmarks[name]
-        splits[EVAL_PREFIX + name] = draw(cfg.n_eval, lo, hi, f"eval-{name}")
-    splits["val"] = draw(cfg.n_val, cfg.min_steps, cfg.max_steps, "val")
-    splits["train"] = draw(cfg.n_train, cfg.min_steps, cfg.max_steps, "train")
+        splits[EVAL_PREFIX + name] = draw(cfg.n_eval, lo, hi, f"eval-{name}", eval_seed(params))
+    splits["val"] = draw(cfg.n_val, cfg.min_steps, cfg.max_steps, "val", params.seed)
+    splits["train"] = draw(cfg.n_train, cfg.min_steps, cfg.max_steps, "train", params.seed)
     return splits
 
 
@@ -130,7 +137,7 @@ def _jsonl_splits(params: Params, inputs: dict[str, Path]) -> dict[str, list[dic
     default_source = train_path.parent.name
     splits: dict[str, list[dict]] = {}
     for name, ev in evals.items():
-        pick = _seeded_subset(len(ev), cfg.n_eval, random.Random(f"{params.seed}-prepare-eval-{name}"))
+        pick = _seeded_subset(len(ev), cfg.n_eval, random.Random(f"{eval_seed(params)}-prepare-eval-{name}"))
         splits[EVAL_PREFIX + name] = [_with_source(ev[i], name) for i in pick]
     splits["val"] = [_with_source(rows[i], default_source) for i in val_idx]
     splits["train"] = [_with_source(rows[i], default_source) for i in train_idx]

@@ -300,3 +300,35 @@ def test_the_band_script_takes_each_headline_numbers_range_over_the_runs(tmp_pat
     band = read_band((tmp_path / "band.json").read_text())
     assert band == {"base greedy macro": (0.9, 0.95), "base sampled macro": (0.7, 0.75),
                     "solo pass@1 grpo": (0.66, 0.7)}
+
+
+def test_a_sweep_run_counts_only_when_its_benchmarks_are_the_default_runs(tmp_path, monkeypatch):
+    """record_band.same_recipe: a run's params against params.yaml; a params file from before data.eval_seed drew
+    its benchmarks with its own seed, which is the default's (eval_seed 0) for seed 0 only."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("record_band", REPO / "scripts" / "record_band.py")
+    rb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rb)
+    monkeypatch.setattr(rb, "REPO", tmp_path)
+    default = yaml.safe_load((REPO / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(default))
+    assert default["data"]["eval_seed"] == 0
+
+    def run(name: str, seed: int, **data) -> Path:
+        p = yaml.safe_load(yaml.safe_dump(default))
+        p["seed"], p["out_root"] = seed, f"runs/levels/{name}"
+        p["data"].update(data)
+        if data.get("eval_seed") is None:
+            p["data"].pop("eval_seed")
+        (tmp_path / p["out_root"]).mkdir(parents=True)
+        (tmp_path / p["out_root"] / "params.yaml").write_text(yaml.safe_dump(p))
+        return Path(p["out_root"])
+
+    assert rb.same_recipe(run("old-s0", 0, eval_seed=None)) is None  # its own seed, 0: the default's benchmarks
+    assert "data.eval_seed" in rb.same_recipe(run("old-s1", 1, eval_seed=None))  # seed 1's own problems
+    assert rb.same_recipe(run("new-s1", 1, eval_seed=0)) is None
+    assert "data.eval_seed" in rb.same_recipe(run("own-s2", 2, eval_seed=-1))
+    assert "data.n_eval" in rb.same_recipe(run("other-s0", 0, eval_seed=0, n_eval=50))

@@ -229,3 +229,17 @@ def test_every_shipped_set_has_provenance():
         assert f"{f.parent.name}/{f.name}" in text
         first = json.loads(f.open().readline())
         assert set(first) == {"id", "problem", "answer", "source"}
+
+
+def test_the_benchmarks_stay_put_while_the_seed_varies_training(tmp_path):
+    # data.eval_seed fixes the evaluation problems (a benchmark is a benchmark); the run's seed draws train and val
+    shape = dict(n_train=40, n_val=10, n_eval=6, benchmarks={"short": [2, 3], "long": [5, 6]})
+    splits = {(seed, es): prepare._synthetic_splits(_params(tmp_path, seed=seed, eval_seed=es, **shape))
+              for seed, es in ((0, 0), (1, 0), (1, -1), (1, 1))}
+    evals = {k: {n: rows for n, rows in s.items() if n.startswith(prepare.EVAL_PREFIX)} for k, s in splits.items()}
+    assert evals[(1, 0)] == evals[(0, 0)]  # another seed, the same benchmarks
+    assert evals[(1, -1)] == evals[(1, 1)] != evals[(0, 0)]  # -1: the run's seed draws them
+    assert splits[(1, 0)]["train"] != splits[(0, 0)]["train"] and splits[(1, 0)]["val"] != splits[(0, 0)]["val"]
+    for s in splits.values():  # no split shares a problem with another, whichever seed drew it
+        problems = [r["problem"] for rows in s.values() for r in rows]
+        assert len(problems) == len(set(problems))
