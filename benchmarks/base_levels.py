@@ -36,13 +36,16 @@ LEVELS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8)
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
 
 
-def write_params(root: Path, seed: int, top: float, steps: int | None = None) -> Path:
-    """params.yaml with `seed`, `out_root` = `root` and the level at `top` (its other settings as params.yaml)."""
+def write_params(root: Path, seed: int, top: float, steps: int | None = None, floor: float | None = None) -> Path:
+    """params.yaml with `seed`, `out_root` = `root` and the level at `top` (its other settings as params.yaml,
+    but the step cap and the level floor where given)."""
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p["seed"], p["out_root"] = seed, root.as_posix()
     p["model"].update({"pretrain_level": top, "curve_points": 0})
     if steps:
         p["model"]["pretrain_steps"] = steps
+    if floor is not None:
+        p["model"]["pretrain_level_floor"] = floor
     (REPO / root).mkdir(parents=True, exist_ok=True)
     (REPO / root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     return root / "params.yaml"
@@ -93,9 +96,10 @@ def child(params_path: str, levels: list[float]) -> None:
     (root / "levels.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def measure(kernel: str, seed: int, top: float, levels: list[float], steps: int | None = None) -> None:
-    root = ROOT / f"{kernel}-s{seed}"
-    params = write_params(root, seed, top, steps)
+def measure(kernel: str, seed: int, top: float, levels: list[float], steps: int | None = None,
+            floor: float | None = None, base: Path = ROOT) -> None:
+    root = base / f"{kernel}-s{seed}"
+    params = write_params(root, seed, top, steps, floor)
     env = {**os.environ, **ENV, "ATEN_CPU_CAPABILITY": kernel, "PYTHONPATH": str(REPO)}
     with open(REPO / root / "levels.log", "w") as log:
         subprocess.run([sys.executable, "-m", "cli", "stage", "prepare", "--params", str(params)], cwd=REPO,
@@ -105,8 +109,8 @@ def measure(kernel: str, seed: int, top: float, levels: list[float], steps: int 
     print(f"{root}: done", flush=True)
 
 
-def table() -> str:
-    docs = [json.loads(p.read_text()) for p in sorted((REPO / ROOT).glob("*-s*/levels.json"))]
+def table(base: Path = ROOT) -> str:
+    docs = [json.loads(p.read_text()) for p in sorted((REPO / base).glob("*-s*/levels.json"))]
     lines = ["| level | runs reaching it | step reached (min-max) | base greedy macro (min-max) | "
              "base sampled macro (min-max) |", "|---|---|---|---|---|"]
     levels = sorted({s["level"] for d in docs for s in d["levels"]})
@@ -127,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levels", type=float, nargs="+", default=list(LEVELS))
     ap.add_argument("--top", type=float, default=0.85, help="the level the sweep runs to (or the step cap)")
     ap.add_argument("--steps", type=int, help="the step cap (default: params.yaml's model.pretrain_steps)")
+    ap.add_argument("--floor", type=float, help="the level phase's rate floor (default: params.yaml's "
+                    "model.pretrain_level_floor); give another --root with it")
+    ap.add_argument("--root", type=Path, default=ROOT, help=f"where the runs go (default {ROOT})")
     ap.add_argument("--table", action="store_true", help="print the table of the runs measured so far")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -137,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     if not a.table:
         for kernel in a.kernels:
             for seed in a.seeds:
-                if not (REPO / ROOT / f"{kernel}-s{seed}" / "levels.json").exists():
-                    measure(kernel, seed, a.top, a.levels, a.steps)
-    print(table())
+                if not (REPO / a.root / f"{kernel}-s{seed}" / "levels.json").exists():
+                    measure(kernel, seed, a.top, a.levels, a.steps, a.floor, a.root)
+    print(table(a.root))
     return 0
 
 
