@@ -26,7 +26,7 @@ import yaml
 
 from tandem.errors import BadInputError
 from tandem.study import registration as R
-from tandem.study.control import GAP_MEASUREMENT, gate_markdown
+from tandem.study.control import GAP_MEASUREMENT, GateCriteria, gate_markdown
 from tandem.study.params import derive, gate_changes, run_changes
 from tandem.study.results import classifier
 from tasks.common import atomic_path, load_params, read_json, read_jsonl, write_json
@@ -286,27 +286,32 @@ def measure_dialect(reg: R.ControlRegistration, d: R.Dialect, crit) -> dict:
     return res
 
 
-def gate(out: Path = CONTROL_DIR, only: list[str] | None = None) -> dict:
-    """The registered gate: dialects in order until one passes; writes gate.json and gate.md. With `only`, those
-    registered dialects alone are measured (each into its result file, `dialect_result_file`; several can run
-    side by side, one process each), and neither gate.json nor gate.md is written: a later `gate` without
-    `only` reads their results and decides in the registered order."""
-    from tandem.study.control import GateCriteria
-
+def _gate_registration(out: Path) -> tuple[R.ControlRegistration, GateCriteria]:
+    """The registration of a control whose gate is its own, and its gate criteria."""
     reg = registration(out)
     if reg.gate_from is not None:
         raise BadInputError(f"control: {out} is a later setting that trains from the gate of "
                             f"{rel(reg.gate_from.dir)}; it has no gate of its own")
-    crit = GateCriteria.from_dict(reg.gate.criteria)
-    if only:
-        names = [d.name for d in reg.dialects]
-        unknown = sorted(set(only) - set(names))
-        if unknown:
-            raise BadInputError(f"control: dialect(s) {', '.join(unknown)} are not registered (registered: "
-                                f"{', '.join(names)})")
-        results = [measure_dialect(reg, d, crit) for d in reg.dialects if d.name in only]
-        return {"registration": rel(Path(out) / "registration.yaml"), "passed": None, "dialect": None,
-                "dialects": results, "measured_only": list(only)}
+    return reg, GateCriteria.from_dict(reg.gate.criteria)
+
+
+def measure_dialects(out: Path, names: list[str]) -> list[dict]:
+    """The named registered dialects alone, each measured into its result file (`dialect_result_file`; several
+    can run side by side, one process each) or read from it: no decision, neither gate.json nor gate.md; a
+    later `gate` reads these results and decides in the registered order."""
+    reg, crit = _gate_registration(out)
+    registered = [d.name for d in reg.dialects]
+    unknown = sorted(set(names) - set(registered))
+    if unknown:
+        raise BadInputError(f"control: dialect(s) {', '.join(unknown)} are not registered (registered: "
+                            f"{', '.join(registered)})")
+    return [measure_dialect(reg, d, crit) for d in reg.dialects if d.name in names]
+
+
+def gate(out: Path = CONTROL_DIR) -> dict:
+    """The registered gate: dialects in order until one passes (each measured, or read from its result file or
+    gate.json); writes gate.json and gate.md."""
+    reg, crit = _gate_registration(out)
     done = {}
     if (Path(out) / "gate.json").exists():
         done = {d["dialect"]: d for d in read_json(Path(out) / "gate.json")["dialects"]}
