@@ -1,16 +1,19 @@
-"""Timing values in run records: which keys measure the run (wall time, throughput, memory, clock time) rather
-than its result, and how to split them off a JSON document and merge them back."""
+"""Timing values in run records: which keys measure the run (wall time, throughput, memory, clock time) or
+record what it found on disk (a resumed checkpoint) rather than its result, and how to split them off a JSON
+document and merge them back."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-# Keys whose values measure the run (wall time, throughput, memory, clock time), not its result. A rerun with
-# the same inputs on the same machine writes bit-identical outputs only when none of them is in an output
-# that DVC hashes; `tasks.common.write_metrics` moves them to a sidecar file that neither git nor DVC tracks.
+# Keys whose values measure the run (wall time, throughput, memory, clock time) or say what it found on disk
+# (the checkpoint a training run resumed from, the stale ones it removed), not its result. A rerun with the
+# same inputs on the same machine writes bit-identical outputs only when none of them is in an output that DVC
+# hashes (a fresh clone finds no checkpoint to resume); `tasks.common.write_metrics` moves them to a sidecar
+# file that neither git nor DVC tracks.
 _TIMING_KEY = re.compile(r"(^|[_/])seconds?($|_)|per_second|^time[/_]|_time$|_runtime$|^timing$|^resources$"
-                         r"|rss_mb|^saved_at$")
+                         r"|rss_mb|^saved_at$|^resumed_from$|^removed_stale$")
 
 
 def is_timing_key(key: str) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from tasks.common import read_json
+from tasks.common import read_json, read_metrics
 
 
 def held_gpus() -> list[str]:
@@ -43,17 +43,18 @@ def _train_tokens(metrics: Path, arm: str) -> int | None:
     import csv
 
     from tandem.accounting import rollout_tokens
+    from tandem.checkpoints import parse_step
 
     summary, table = metrics / f"train_{arm}.json", metrics / "plots" / "train" / f"{arm}.csv"
     if not summary.exists() or not table.exists():
         return None
     try:
-        doc = read_json(summary)
+        doc = read_metrics(summary)  # `resumed_from` lives in the untracked sidecar (tandem.timing)
         with open(table, newline="") as f:
             rows = list(csv.DictReader(f))
     except (ValueError, OSError):
         return None
-    start = int(doc.get("resumed_from") or 0)
+    start = parse_step(doc.get("resumed_from") or "step-0") or 0  # the checkpoint's folder name, step-<N>
     lengths = [float(r["joint_length"]) for r in rows if r.get("joint_length") and int(r["step"]) > start]
     return rollout_tokens(lengths, int(doc.get("prompts_per_step") or 0) * int(doc.get("group_size") or 0))
 

@@ -65,7 +65,9 @@ def _outputs(root: Path) -> None:
     m = root / "metrics"
     (m / "plots" / "train").mkdir(parents=True)
     (m / "base.json").write_text(json.dumps({"generation": {"tokens": 1000}}))
-    (m / "train_tandem.json").write_text(json.dumps({"resumed_from": 1, "prompts_per_step": 2, "group_size": 4}))
+    # as the train stage writes them: the summary, and what the run found on disk in its untracked sidecar
+    (m / "train_tandem.json").write_text(json.dumps({"prompts_per_step": 2, "group_size": 4}))
+    (m / "train_tandem.timing.json").write_text(json.dumps({"resumed_from": "step-1", "removed_stale": []}))
     with open(m / "plots" / "train" / "tandem.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["step", "reward_mean", "joint_length"])

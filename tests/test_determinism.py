@@ -65,6 +65,10 @@ def test_timing_split_round_trips():
                       "generation": {"tokens_per_second": 5.0}}
     assert merge_timing(kept, timing) == doc
     assert split_timing({"n_steps": 3, "score_timeout": 5.0}) == ({"n_steps": 3, "score_timeout": 5.0}, None)
+    # what a training run found on disk is not its result: a fresh clone resumes nothing and removes nothing
+    summary = {"steps": 8, "resumed_from": "step-8", "removed_stale": ["step-4"], "checkpoints": ["step-4", "step-8"]}
+    assert split_timing(summary) == ({"steps": 8, "checkpoints": ["step-4", "step-8"]},
+                                     {"resumed_from": "step-8", "removed_stale": ["step-4"]})
 
 
 def _prepared(root: Path) -> dict[str, str]:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.common import read_metrics
+
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 if str(TESTS) not in sys.path:
@@ -188,7 +190,7 @@ def test_worker_b_resumes_from_the_s3_remote_after_worker_a_is_killed(s3, tmp_pa
         os.environ.pop(durable.RESUME_REMOTE_ENV, None)
     T._finish(ref)
     assert f"checkpoints up to step {latest} pulled from DVC remote 'store'" in out
-    summary = json.loads((b / "metrics" / "train_tandem.json").read_text())
+    summary = read_metrics(b / "metrics" / "train_tandem.json")
     assert summary["resumed_from"] == f"step-{latest}" and summary["steps"] == T.STEPS
     ck_clean, ck_b = clean / "models" / "checkpoints" / "tandem", b / "models" / "checkpoints" / "tandem"
     want = [f"step-{n}" for n in range(T.SAVE_EVERY, T.STEPS + 1, T.SAVE_EVERY)]

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.common import read_metrics
+
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 for p in (TESTS, Path(__file__).parent):
@@ -142,7 +144,7 @@ def test_two_machines_on_loopback_resume_bit_identically_after_a_sigkill(tmp_pat
     T._finish(ref, timeout=600)
     assert '"machine_rank": 1' in follower and not (shared / "scratch" / "machines" / "train-tandem-1").exists()
 
-    summary = json.loads((shared / "metrics" / "train_tandem.json").read_text())
+    summary = read_metrics(shared / "metrics" / "train_tandem.json")
     assert summary["world_size"] == 2 and summary["resumed_from"] == f"step-{last}" and summary["steps"] == STEPS
     want = [f"step-{n}" for n in range(SAVE, STEPS + 1, SAVE)]
     ck_one, ck_two = clean / "models" / "checkpoints" / "tandem", shared / "models" / "checkpoints" / "tandem"

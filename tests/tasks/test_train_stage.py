@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tasks.common import read_metrics
 import yaml
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -122,7 +124,7 @@ def test_stage_resumes_after_sigkill_like_an_uninterrupted_run(boxing_src, tmp_p
         ck = root / "models" / "checkpoints" / "tandem"
         assert [p.name for _, p in complete_checkpoints(ck)] == want
         assert not [p for p in ck.iterdir() if p.name.startswith(("checkpoint-", ".old-"))]
-        s = json.loads((root / "metrics" / "train_tandem.json").read_text())
+        s = read_metrics(root / "metrics" / "train_tandem.json")
         summaries[root.name] = s
         assert s["steps"] == STEPS and s["junior_unchanged"] and s["loss_finite"] and s["checkpoints"] == want
         with open(root / "metrics" / "plots" / "train" / "tandem.csv") as f:
@@ -192,7 +194,7 @@ def test_two_process_stage_resumes_after_sigkill_of_the_launcher(boxing_src, tmp
         assert not [p for p in (ck / want[-1]).iterdir() if p.name.startswith("rng_state")]
         state = json.loads((ck / want[-1] / "tandem_state.json").read_text())
         assert state["step"] == MP_STEPS and state["optimizer_updates"] == 2 * MP_STEPS
-        s = json.loads((root / "metrics" / "train_tandem.json").read_text())
+        s = read_metrics(root / "metrics" / "train_tandem.json")
         summaries[root.name] = s
         assert s["world_size"] == 2 and s["steps"] == MP_STEPS and s["loss_finite"] and s["junior_unchanged"]
         with open(root / "metrics" / "plots" / "train" / "tandem.csv") as f:
