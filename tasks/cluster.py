@@ -160,9 +160,10 @@ def arm_service(params: Params) -> Iterator[tuple[Params, dict[str, Any], dict[s
     ro, gpus = params.rollout, params.cluster.train_gpus
     inputs = default_io(params)[0]
     junior = junior_of(params, inputs).resolve()
-    senior = senior_start_dir(Path(inputs["base_model"]).resolve(), junior)  # as shared_service starts it locally
     roots = [str(r.resolve()) for r in weight_roots(params, junior)]
     with engine_slots(ro.vllm_start_timeout, trainer_gpus=gpus) as slots:
+        # the senior engine's directory, as shared_service picks it locally (read once the slots are held)
+        senior = senior_start_dir(Path(inputs["base_model"]).resolve(), junior)
         try:
             started = ray.get(slots.actors["senior"].start_service.remote(str(senior), str(junior), roots, ro,
                                                                             slots.placement),
