@@ -323,7 +323,7 @@ def gate_markdown(doc: dict) -> str:
                   "|---|---|---|---|---|---|"]
         for k, s in m.items():
             g = s["dialect_vs_keyed"]
-            share = s["styles"].get(d["dialect"], {}).get("share", 0.0)
+            share = s["styles"].get(d.get("style", d["dialect"]), {}).get("share", 0.0)
             lines.append(f"| {k} | {s['n']} | {_f(s['pass@1'])} | {_f(share)} | {_f(g['dialect'])} ({g['n_dialect']}) "
                          f"| {_f(g['keyed'])} ({g['n_keyed']}) |")
         lines += ["", f"Hashes: S `{d['hashes']['S'][:16]}`, J `{d['hashes']['J'][:16]}`. "

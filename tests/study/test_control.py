@@ -160,3 +160,13 @@ def test_recompute_refuses_a_control_without_results_and_keeps_its_gate_page(tmp
         control_claims(out)
     assert not (out / "claims.json").exists()
     assert (out / "gate.md").read_text() == (src / "gate.md").read_text()  # the published result, re-rendered
+
+
+def test_the_gate_page_reads_a_dialects_share_under_its_style():
+    # setting 2's second jargon, `reversed-long`, writes the style `reversed`: its share is that style's
+    from tandem.study.control import gate_markdown
+
+    doc = json.loads((ROOT / "studies" / "jargon-smollm2" / "setting-2" / "gate.json").read_text())
+    page = gate_markdown(doc).split("## Dialect `reversed-long`")[1]
+    row = next(line for line in page.splitlines() if line.startswith("| S_solo | 800 |"))
+    assert row.split(" | ")[3] == "0.797"  # = G1's dialect share
