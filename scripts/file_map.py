@@ -57,6 +57,14 @@ GROUPED = {
                                       "kept as soon as it is measured (`tandem study gate`)",
     "studies/jargon-smollm2/gate.*": "the SmolLM2 jargon control's gate on the base models (G1-G5 per dialect; "
                                      "JSON and Markdown), written by `tandem study gate`",
+    "studies/jargon-smollm2/setting-2/results/**": "setting 2 of the SmolLM2 jargon control: per-seed x arm results, "
+                                                   "committed as each lands (`tandem study control --commit`)",
+    "studies/jargon-smollm2/setting-2/claims.json": "setting 2's claims, bug indicators and dose series "
+                                                    "(`tandem study --recompute`)",
+    "studies/jargon-smollm2/setting-2/report.*": "setting 2's report, dose curve first (Markdown and HTML)",
+    "studies/jargon-smollm2/setting-2/figures/*": "setting 2's report figures",
+    "studies/jargon-smollm2/setting-2/gate.*": "setting 2's gate on its base models (G1-G5 per dialect, within "
+                                               "problems; JSON and Markdown), written by `tandem study gate`",
 }
 
 # Files without a docstring: what each one is, in one line.
