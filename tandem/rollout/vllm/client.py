@@ -491,27 +491,29 @@ def senior_start_dir(senior_dir: str | os.PathLike | None, junior_dir: str | os.
     is refused: no directory could start its engine."""
     junior_dir = Path(junior_dir)
     want = architecture(senior_dir) if senior_dir is not None else senior_arch
-    if want is None or not architecture_difference(want, architecture(junior_dir)):
+    diff = architecture_difference(want, architecture(junior_dir)) if want is not None else ""
+    if not diff:
         return junior_dir
     if senior_dir is None:
         raise ValueError(f"vllm backend: the senior's architecture differs from the junior's at {junior_dir} "
-                         f"({architecture_difference(want, architecture(junior_dir))}) and the senior has no "
+                         f"({diff}) and the senior has no "
                          "model directory to start its engine from: load it with from_pretrained(<directory>)")
     return Path(senior_dir)
 
 
 def shared_service(rollout: Any, start_dir: str | os.PathLike, roots: Sequence[str | os.PathLike] = (),
-                   trainer_processes: int = 1, senior_dir: str | os.PathLike | None = None) -> VLLMService:
+                   trainer_processes: int = 1, senior_dir: str | os.PathLike | None = None,
+                   senior_arch: dict | None = None) -> VLLMService:
     """The process's rollout service for the `rollout` config section: attached to `rollout.vllm_url` if set
     ($TANDEM_VLLM_URL overrides it when params are loaded: tandem.config.ENV_OVERRIDES), else started once
     from `start_dir` (the junior's directory; the senior's engine from `senior_dir` where its architecture
-    differs, `senior_start_dir`; its weight roots: `start_dir` and `roots`), each engine on the devices the layout
+    differs, refused for a senior known only by `senior_arch` that differs, `senior_start_dir`; its weight roots: `start_dir` and `roots`), each engine on the devices the layout
     gives it (`placement_for`: this process's `LOCAL_RANK` GPU, or the dedicated GPUs outside the trainer's
     `trainer_processes`), and stopped at exit; reused by every caller whose models have the architectures
     of the engines it started (another pair is refused in one line)."""
     url = rollout.vllm_url
     key = url or f"{rollout.vllm_python}|{rollout.vllm_host}|{rollout.vllm_dtype}|{rollout.vllm_max_model_len}"
-    senior_start = senior_start_dir(senior_dir, start_dir)
+    senior_start = senior_start_dir(senior_dir, start_dir, senior_arch)
     want = None if url else {"senior": architecture(senior_start), "junior": architecture(start_dir)}
     with _SHARED_LOCK:
         svc = _SHARED.get(key)
@@ -726,12 +728,11 @@ def engine_from_config(senior: Any, junior: Any | None, tokenizer: Any, rollout:
 
     junior_dir = _model_dir(junior if junior is not None else senior)
     try:
-        senior_dir = _model_dir(senior)
+        senior_dir, senior_arch = _model_dir(senior), None
     except ValueError:  # a live module without a directory: known by its architecture alone
-        senior_dir = None
-    if senior_dir is None:
-        senior_start_dir(None, junior_dir, architecture(senior))  # refuses an architecture no directory starts
-    service = shared_service(rollout, junior_dir, roots, trainer_processes, senior_dir=senior_dir)
+        senior_dir, senior_arch = None, architecture(senior)
+    service = shared_service(rollout, junior_dir, roots, trainer_processes, senior_dir=senior_dir,
+                             senior_arch=senior_arch)
     return TandemEngine(senior, junior, tokenizer, backend="vllm", eos_token_ids=eos_token_ids,
                         vllm_options={"service": service, "live": live,
                                       "transport": rollout.vllm_weight_transport})
