@@ -36,9 +36,10 @@ LEVELS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8)
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
 
 
-def write_params(root: Path, seed: int, top: float, steps: int | None = None, floor: float | None = None) -> Path:
+def write_params(root: Path, seed: int, top: float, steps: int | None = None, floor: float | None = None,
+                 decoding: str | None = None) -> Path:
     """params.yaml with `seed`, `out_root` = `root` and the level at `top` (its other settings as params.yaml,
-    but the step cap and the level floor where given)."""
+    but the step cap, the level floor and the level probes' decoding where given)."""
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p["seed"], p["out_root"] = seed, root.as_posix()
     p["model"].update({"pretrain_level": top, "curve_points": 0})
@@ -46,6 +47,8 @@ def write_params(root: Path, seed: int, top: float, steps: int | None = None, fl
         p["model"]["pretrain_steps"] = steps
     if floor is not None:
         p["model"]["pretrain_level_floor"] = floor
+    if decoding is not None:
+        p["model"]["pretrain_level_decoding"] = decoding
     (REPO / root).mkdir(parents=True, exist_ok=True)
     (REPO / root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     return root / "params.yaml"
@@ -65,14 +68,13 @@ def child(params_path: str, levels: list[float]) -> None:
     original = M.pretrain
 
     def pretrain(model, tokenizer, texts, cfg, progress=True, seed=0, curve_fn=None, target_fn=None):
-        def probe(m, n: int) -> float:
-            acc = target_fn(m, n)
-            if n == cfg.pretrain_level_problems:
-                for level in levels:
-                    if acc >= level and all(s["level"] != level for s in saved):
-                        dest = root / "levels" / f"{level:.2f}"
-                        M.save_model(m, tokenizer, dest)
-                        saved.append({"level": level, "probe": round(acc, 4), "dir": str(dest.relative_to(REPO))})
+        def probe(m, n: int, phase: str) -> float:
+            acc = target_fn(m, n, phase)
+            for level in levels if phase == "level" else ():
+                if acc >= level and all(s["level"] != level for s in saved):
+                    dest = root / "levels" / f"{level:.2f}"
+                    M.save_model(m, tokenizer, dest)
+                    saved.append({"level": level, "probe": round(acc, 4), "dir": str(dest.relative_to(REPO))})
             return acc
         out = original(model, tokenizer, texts, cfg, progress, seed, curve_fn, probe)
         for s in saved:
@@ -90,6 +92,7 @@ def child(params_path: str, levels: list[float]) -> None:
         s.update({"greedy_macro": acc["greedy"]["macro"], "sampled_macro": acc["sampled"]["macro"],
                   "greedy": {k: v for k, v in acc["greedy"].items() if k != "macro"}})
     doc = {"seed": params.seed, "kernel": os.environ.get("ATEN_CPU_CAPABILITY", ""),
+           "level_decoding": mc.pretrain_level_decoding,
            "target_reached_at_step": pre["target"]["reached_at_step"], "steps": pre["steps"],
            "stopped_by": pre["stopped_by"], "probes": pre["target"]["probes"], "levels": saved,
            "seconds": round(time.perf_counter() - t0, 1)}
@@ -97,9 +100,9 @@ def child(params_path: str, levels: list[float]) -> None:
 
 
 def measure(kernel: str, seed: int, top: float, levels: list[float], steps: int | None = None,
-            floor: float | None = None, base: Path = ROOT) -> None:
+            floor: float | None = None, base: Path = ROOT, decoding: str | None = None) -> None:
     root = base / f"{kernel}-s{seed}"
-    params = write_params(root, seed, top, steps, floor)
+    params = write_params(root, seed, top, steps, floor, decoding)
     env = {**os.environ, **ENV, "ATEN_CPU_CAPABILITY": kernel, "PYTHONPATH": str(REPO)}
     with open(REPO / root / "levels.log", "w") as log:
         subprocess.run([sys.executable, "-m", "cli", "stage", "prepare", "--params", str(params)], cwd=REPO,
@@ -133,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="the step cap (default: params.yaml's model.pretrain_steps)")
     ap.add_argument("--floor", type=float, help="the level phase's rate floor (default: params.yaml's "
                     "model.pretrain_level_floor); give another --root with it")
+    ap.add_argument("--decoding", choices=("greedy", "evaluation"),
+                    help="how the level probes decode (default: params.yaml's model.pretrain_level_decoding); "
+                    "give another --root with it")
     ap.add_argument("--root", type=Path, default=ROOT, help=f"where the runs go (default {ROOT})")
     ap.add_argument("--table", action="store_true", help="print the table of the runs measured so far")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         for kernel in a.kernels:
             for seed in a.seeds:
                 if not (REPO / a.root / f"{kernel}-s{seed}" / "levels.json").exists():
-                    measure(kernel, seed, a.top, a.levels, a.steps, a.floor, a.root)
+                    measure(kernel, seed, a.top, a.levels, a.steps, a.floor, a.root, a.decoding)
     print(table(a.root))
     return 0
 

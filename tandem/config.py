@@ -582,11 +582,13 @@ class ModelConfig(_Section):
     pretrain_target_problems: int = _f(100, "tiny, target schedule: validation problems per probe (greedy)", ge=1, le=100_000)
     pretrain_cooldown: int = _f(400, "tiny, target schedule: steps of linear learning-rate decay after the target is reached, to 0 and the end (to pretrain_level_floor with the level stop); started pretrain_cooldown steps before pretrain_steps at the latest; at most the whole run",
                                 ge=0, le=MAX_STEPS)
-    pretrain_level: float = _f(0.8, "tiny, target schedule: the level stop: after the target the rate decays to pretrain_level_floor (not 0) and holds it, with a probe every pretrain_level_every steps on pretrain_level_problems validation problems; the first at or above this greedy accuracy ends pretraining (the base ends at a skill level, however late or slowly it learned); 0 = off",
+    pretrain_level: float = _f(0.8, "tiny, target schedule: the level stop: after the target the rate decays to pretrain_level_floor (not 0) and holds it, with a probe every pretrain_level_every steps on pretrain_level_problems validation problems; the first at or above this accuracy (decoded as pretrain_level_decoding says) ends pretraining (the base ends at a skill level, however late or slowly it learned); 0 = off",
                                ge=0, le=1, note="0 = off")
     pretrain_level_floor: float = _f(0.1, "tiny, level stop: the fraction of pretrain_lr the decay after the target ends at (over pretrain_cooldown steps) and holds until the level", gt=0, le=1)
     pretrain_level_every: int = _f(25, "tiny, level stop: steps between level probes", ge=1, le=MAX_STEPS)
-    pretrain_level_problems: int = _f(200, "tiny, level stop: validation problems per level probe (greedy)", ge=1, le=100_000)
+    pretrain_level_problems: int = _f(200, "tiny, level stop: validation problems per level probe", ge=1, le=100_000)
+    pretrain_level_decoding: str = _f("greedy", "tiny, level stop: how a level probe decodes: greedy, or evaluation (one sample per problem at evaluate.temperature, top_p and top_k, seeded: the stop then holds the base's sampled skill, which solo pass@1 follows, instead of its greedy one); the target probes stay greedy",
+                                      choices=("greedy", "evaluation"))
     sft_steps: int = _f(0, "hub/path/gguf sources: supervised warm-up steps on synthetic reference solutions before RL (0 = off); teaches a small instruct model the \\boxed{} answer format the reward reads",
                         ge=0, le=MAX_STEPS, note="0 = no warm-up")
     sft_lr: float = _f(5e-5, "warm-up: peak learning rate (linear warmup over the first 10%, cosine decay)", gt=0, le=MAX_LR)

@@ -36,14 +36,17 @@ class Draws:
 
 @dataclass(frozen=True)
 class SoloDecode:
-    """How `accuracy` decodes: greedy when `temperature` is 0 (one sample per message), else plain temperature
-    sampling with `n_samples` per message; `batch_size` rows per generation call."""
+    """How `accuracy` decodes: greedy when `temperature` is 0 (one sample per message), else temperature sampling
+    (nucleus `top_p` and `top_k` where set; 1.0 and 0 = off) with `n_samples` per message; `batch_size` rows per
+    generation call."""
 
     max_new_tokens: int = 160
     temperature: float = 0.0
     batch_size: int = 64
     seed: int = 0
     n_samples: int = 1
+    top_p: float = 1.0
+    top_k: int = 0
 
 
 def stable_seed(*parts: Any) -> int:
@@ -154,7 +157,7 @@ def accuracy(model, tokenizer, messages: Sequence[str], golds: Sequence[str], de
     rows = [{"id": i, "prompt": m, "answer": str(g)} for i, (m, g) in enumerate(zip(messages, golds))]
     if decode.batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {decode.batch_size}")
-    sampling = SamplingParams(temperature=decode.temperature, top_p=1.0, top_k=0,
+    sampling = SamplingParams(temperature=decode.temperature, top_p=decode.top_p, top_k=decode.top_k,
                               max_new_tokens=decode.max_new_tokens)
     settings = RolloutSettings(ScheduleSpec("solo"), sampling, batch_size=decode.batch_size)
     draws = Draws(decode.n_samples if decode.temperature > 0 else 1, decode.seed)

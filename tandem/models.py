@@ -822,7 +822,7 @@ def target_lr_factor(step: int, warmup_steps: int, cool_start: int | None, coold
 
 def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfig, progress: bool = True,
              seed: int = 0, curve_fn: Callable[[Any], dict] | None = None,
-             target_fn: Callable[[Any, int], float] | None = None) -> dict:
+             target_fn: Callable[[Any, int, str], float] | None = None) -> dict:
     """Supervised pretraining on (user message, reference solution) pairs; returns a summary dict.
 
     Runs `cfg.pretrain_steps` AdamW steps, or stops at `cfg.pretrain_max_seconds` of training time if that
@@ -832,9 +832,9 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
     dict is logged with step, training seconds and recent loss: the learning curve. Its time is not
     counted as training time.
 
-    With `cfg.pretrain_target` > 0 and a `target_fn(model, n) -> accuracy on n validation problems` the
+    With `cfg.pretrain_target` > 0 and a `target_fn(model, n, phase) -> accuracy on n validation problems` the
     schedule is the target schedule instead (`target_lr_factor`): the full learning rate after warmup,
-    `target_fn(model, cfg.pretrain_target_problems)` every `cfg.pretrain_target_every` steps, and once it reaches
+    `target_fn(model, cfg.pretrain_target_problems, "target")` every `cfg.pretrain_target_every` steps, and once it reaches
     the target (or `pretrain_cooldown` steps before `pretrain_steps` at the latest) a linear decay to 0 over
     `cfg.pretrain_cooldown` steps, then the end. The model then stops at a skill level rather than a step count:
     when it learns the task's key skill (a seed- and rounding-dependent moment for a tiny model) moves the step
@@ -842,9 +842,10 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
 
     With `cfg.pretrain_level` > 0 as well (the level stop), the decay after the target goes to
     `cfg.pretrain_level_floor` x the rate instead of 0 and holds it, with `target_fn(model,
-    cfg.pretrain_level_problems)` every `cfg.pretrain_level_every` steps; the first probe at or above the level
+    cfg.pretrain_level_problems, "level")` every `cfg.pretrain_level_every` steps; the first probe at or above the level
     ends the run there (or `pretrain_steps` does). A decay to 0 froze a slow learner half-learned and let a fast
-    one run far past the target; the level stop ends both at one measured skill.
+    one run far past the target; the level stop ends both at one measured skill. The phase lets the target and
+    the level probes decode differently.
     """
     if not texts:
         raise ValueError("pretrain needs at least one (message, solution) pair")
@@ -933,7 +934,7 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
                                           cfg.pretrain_target_problems))
                 if step >= n_warmup and step % max(every, 1) == 0:
                     model.eval()
-                    acc = float(target_fn(model, n))
+                    acc = float(target_fn(model, n, phase))
                     model.train()
                     probes.append({"step": step, "phase": phase, "accuracy": round(acc, 4), "reached": acc >= goal})
                     if bar is not None:

@@ -32,7 +32,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tandem.config import Params
@@ -153,9 +153,14 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
         val = read_jsonl(prepared / "val.jsonl")[:max(mc.pretrain_target_problems,
                                                       mc.pretrain_level_problems if mc.pretrain_level > 0 else 0)]
 
-        def target_fn(m, n: int) -> float:
+        level_decode = greedy
+        if mc.pretrain_level > 0 and mc.pretrain_level_decoding == "evaluation":
+            ev = params.evaluate  # one seeded sample per problem at the evaluation's decoding
+            level_decode = replace(greedy, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k)
+
+        def target_fn(m, n: int, phase: str) -> float:
             return accuracy(m, tokenizer, [r["prompt"] for r in val[:n]], [r["answer"] for r in val[:n]],
-                            greedy)["accuracy"]
+                            level_decode if phase == "level" else greedy)["accuracy"]
 
     print(f"base: corpus {len(corpus)} problems, vocabulary {len(tokenizer)}, {M.n_params(model):,} parameters",
           file=sys.stderr, flush=True)

@@ -170,7 +170,7 @@ def test_pretrain_smoke_loss_decreases(tok, problems):
 
 def _scripted(accuracies: dict[int, float], calls: list):
     """A target_fn that records (step of the call, problems asked for) and answers from a step -> accuracy table."""
-    def fn(m, n):
+    def fn(m, n, phase):
         calls.append(n)
         return accuracies.get(len(calls), 0.0)
     return fn
@@ -203,6 +203,30 @@ def test_pretrain_level_stop_probes_on_at_full_rate_until_the_level(tok, problem
         (10, "target", False), (20, "target", True), (24, "level", False), (28, "level", False), (32, "level", True)]
     assert t["reached_at_step"] == 20 and t["level_reached_at_step"] == 32 and t["level"] == 0.8
     assert s["steps"] == 32 and s["stopped_by"] == "level"
+
+
+def test_pretrain_tells_each_probe_its_phase(tok, problems):
+    cfg = ModelConfig(**SMALL, pretrain_steps=200, pretrain_batch_size=2, pretrain_warmup=0.05, curve_points=0,
+                      pretrain_target=0.3, pretrain_target_every=10, pretrain_target_problems=7,
+                      pretrain_cooldown=0, pretrain_level=0.8, pretrain_level_every=4, pretrain_level_problems=9)
+    seen: list[tuple[int, str]] = []
+
+    def probe(m, n, phase):  # a target probe answers 0.3 (the target), a level probe 0.8 (the level)
+        seen.append((n, phase))
+        return 0.3 if phase == "target" else 0.8
+
+    s = M.pretrain(M.build_tiny_model(tok, cfg), tok, [(user_message(p.problem), p.solution) for p in problems],
+                   cfg, progress=False, target_fn=probe)
+    assert seen == [(7, "target"), (9, "level")]
+    assert [(p["step"], p["phase"]) for p in s["target"]["probes"]] == [(10, "target"), (12, "level")]
+    assert s["steps"] == 12 and s["stopped_by"] == "level"
+
+
+def test_level_decoding_is_greedy_or_evaluation():
+    assert ModelConfig(**SMALL).pretrain_level_decoding == "greedy"
+    assert ModelConfig(**SMALL, pretrain_level_decoding="evaluation").pretrain_level_decoding == "evaluation"
+    with pytest.raises(ParamsError, match="pretrain_level_decoding"):
+        ModelConfig(**SMALL, pretrain_level_decoding="sampled")
 
 
 def test_pretrain_level_stop_ends_at_the_level_and_keeps_the_cap(tok, problems):

@@ -242,3 +242,41 @@ def test_a_dialect_phase_and_a_warm_up_junior_need_a_fetched_model_with_a_warm_u
     ok = params_from_dict({"model": {"source": "gguf", "gguf_file": "x.gguf", "sft_steps": 2, "dialect_steps": 1},
                            "junior": {"source": "warmup"}})
     assert ok.model.dialect_styles == {"annotated": 1.0} and ok.junior.source == "warmup"
+
+
+@pytest.mark.parametrize("decoding", ["greedy", "evaluation"])
+def test_level_probes_decode_as_pretrain_level_decoding_says(tmp_path, monkeypatch, decoding):
+    """The target probes decode greedily; the level probes greedily too, or with one seeded sample at the
+    evaluation's temperature, top-p and top-k (model.pretrain_level_decoding)."""
+    from tandem import generation, models
+    from tasks import base
+
+    _prepare(tmp_path)
+    params = _params(tmp_path, pretrain_target=0.3, pretrain_level=0.8, pretrain_level_decoding=decoding)
+    decodes = []
+
+    def accuracy(model, tokenizer, messages, golds, decode, **kw):
+        decodes.append((len(messages), decode))
+        return {"accuracy": 0.5}
+
+    class Stop(Exception):
+        pass
+
+    def pretrain(model, tokenizer, texts, cfg, progress=True, seed=0, curve_fn=None, target_fn=None):
+        target_fn(model, 3, "target")
+        target_fn(model, 4, "level")
+        raise Stop
+
+    monkeypatch.setattr(generation, "accuracy", accuracy)
+    monkeypatch.setattr(models, "pretrain", pretrain)
+    with pytest.raises(Stop):
+        base.run(params, *base.default_io(params))
+    (n_target, target), (n_level, level) = decodes
+    ev = params.evaluate
+    assert (n_target, n_level) == (3, 4) and target.temperature == 0.0 and target.seed == level.seed == params.seed
+    if decoding == "greedy":
+        assert level == target
+    else:
+        assert (level.temperature, level.top_p, level.top_k, level.n_samples) == (ev.temperature, ev.top_p,
+                                                                                 ev.top_k, 1)
+        assert level.max_new_tokens == target.max_new_tokens
