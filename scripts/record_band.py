@@ -87,7 +87,7 @@ def same_recipe(root: Path) -> str | None:
         return out
     skip = {"seed", "out_root", "model.curve_points", "data.eval_seed"}
     mine = flat(yaml.safe_load((REPO / "params.yaml").read_text()))
-    theirs = flat(yaml.safe_load((REPO / root / "params.yaml").read_text()))
+    theirs = {**LATER_KEYS, **flat(yaml.safe_load((REPO / root / "params.yaml").read_text()))}
     diff = sorted(k for k in set(mine) | set(theirs) if k not in skip and mine.get(k) != theirs.get(k))
     # the benchmarks' seed as drawn: a params file from before data.eval_seed drew them with the run's seed
     seed = theirs["seed"]
@@ -99,6 +99,8 @@ def same_recipe(root: Path) -> str | None:
 
 
 CAP = {"model.pretrain_steps", "model.pretrain_warmup"}
+# keys added after some runs were made, with what a params file without them did
+LATER_KEYS = {"model.pretrain_level_decoding": "greedy"}
 
 
 def _eval_seed(flat_params: dict, seed: int) -> int:

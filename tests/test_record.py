@@ -332,3 +332,34 @@ def test_a_sweep_run_counts_only_when_its_benchmarks_are_the_default_runs(tmp_pa
     assert rb.same_recipe(run("new-s1", 1, eval_seed=0)) is None
     assert "data.eval_seed" in rb.same_recipe(run("own-s2", 2, eval_seed=-1))
     assert "data.n_eval" in rb.same_recipe(run("other-s0", 0, eval_seed=0, n_eval=50))
+
+
+def test_a_sweep_run_from_before_the_level_decoding_key_probed_greedily(tmp_path, monkeypatch):
+    """record_band.same_recipe: a params file without model.pretrain_level_decoding probed the level greedily, the
+    same recipe as `greedy`; `evaluation` is another one."""
+    import importlib.util
+
+    import yaml
+
+    spec = importlib.util.spec_from_file_location("record_band", REPO / "scripts" / "record_band.py")
+    rb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rb)
+    monkeypatch.setattr(rb, "REPO", tmp_path)
+    default = yaml.safe_load((REPO / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(default))
+    assert default["model"]["pretrain_level_decoding"] == "greedy"
+
+    def run(name: str, decoding: str | None) -> Path:
+        p = yaml.safe_load(yaml.safe_dump(default))
+        p["out_root"] = f"runs/levels/{name}"
+        if decoding is None:
+            p["model"].pop("pretrain_level_decoding")
+        else:
+            p["model"]["pretrain_level_decoding"] = decoding
+        (tmp_path / p["out_root"]).mkdir(parents=True)
+        (tmp_path / p["out_root"] / "params.yaml").write_text(yaml.safe_dump(p))
+        return Path(p["out_root"])
+
+    assert rb.same_recipe(run("before", None)) is None
+    assert rb.same_recipe(run("greedy", "greedy")) is None
+    assert "model.pretrain_level_decoding" in rb.same_recipe(run("sampled", "evaluation"))
