@@ -834,18 +834,18 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
 
     With `cfg.pretrain_target` > 0 and a `target_fn(model, n, phase) -> accuracy on n validation problems` the
     schedule is the target schedule instead (`target_lr_factor`): the full learning rate after warmup,
-    `target_fn(model, cfg.pretrain_target_problems, "target")` every `cfg.pretrain_target_every` steps, and once it reaches
-    the target (or `pretrain_cooldown` steps before `pretrain_steps` at the latest) a linear decay to 0 over
-    `cfg.pretrain_cooldown` steps, then the end. The model then stops at a skill level rather than a step count:
+    `target_fn(model, cfg.pretrain_target_problems, "target")` every `cfg.pretrain_target_every` steps, and once
+    it reaches the target (or `pretrain_cooldown` steps before `pretrain_steps` at the latest) a linear decay to 0
+    over `cfg.pretrain_cooldown` steps, then the end. The model then stops at a skill level rather than a step count:
     when it learns the task's key skill (a seed- and rounding-dependent moment for a tiny model) moves the step
     it stops at, not the level.
 
     With `cfg.pretrain_level` > 0 as well (the level stop), the decay after the target goes to
     `cfg.pretrain_level_floor` x the rate instead of 0 and holds it, with `target_fn(model,
-    cfg.pretrain_level_problems, "level")` every `cfg.pretrain_level_every` steps; the first probe at or above the level
-    ends the run there (or `pretrain_steps` does). A decay to 0 froze a slow learner half-learned and let a fast
-    one run far past the target; the level stop ends both at one measured skill. The phase lets the target and
-    the level probes decode differently.
+    cfg.pretrain_level_problems, "level")` every `cfg.pretrain_level_every` steps; the first probe at or above the
+    level ends the run there (or `pretrain_steps` does). A decay to 0 froze a slow learner half-learned and let a
+    fast one run far past the target; the level stop ends both at one measured skill. The phase lets the target
+    and the level probes decode differently.
     """
     if not texts:
         raise ValueError("pretrain needs at least one (message, solution) pair")
