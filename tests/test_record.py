@@ -271,17 +271,23 @@ def test_a_fresh_clone_gets_the_record_with_dvc_pull(tmp_path):
     assert (clone / "models" / "base" / "model.safetensors").exists()
 
 
-def test_the_band_script_takes_each_headline_numbers_range_over_the_runs(tmp_path, monkeypatch):
-    """scripts/record_band.py: every finished run's headline numbers (with the labels the closing message uses),
-    and per label [lowest, highest] over the runs that measured it; an unfinished run is left out."""
+def _record_band(tmp_path: Path, monkeypatch):
+    """scripts/record_band.py as a module, its repository root at `tmp_path`."""
     import importlib.util
-
-    from tasks.record import read_band
 
     spec = importlib.util.spec_from_file_location("record_band", REPO / "scripts" / "record_band.py")
     rb = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(rb)
     monkeypatch.setattr(rb, "REPO", tmp_path)
+    return rb
+
+
+def test_the_band_script_takes_each_headline_numbers_range_over_the_runs(tmp_path, monkeypatch):
+    """scripts/record_band.py: every finished run's headline numbers (with the labels the closing message uses),
+    and per label [lowest, highest] over the runs that measured it; an unfinished run is left out."""
+    from tasks.record import read_band
+
+    rb = _record_band(tmp_path, monkeypatch)
     for name, greedy, arms in (("avx2-s0", 0.9, {"grpo": 0.7}), ("default-s0", 0.95, {"grpo": 0.66}),
                                ("avx2-s1", 0.8, None)):
         root = tmp_path / rb.BAND_ROOT / name
@@ -305,14 +311,9 @@ def test_the_band_script_takes_each_headline_numbers_range_over_the_runs(tmp_pat
 def test_a_sweep_run_counts_only_when_its_benchmarks_are_the_default_runs(tmp_path, monkeypatch):
     """record_band.same_recipe: a run's params against params.yaml; a params file from before data.eval_seed drew
     its benchmarks with its own seed, which is the default's (eval_seed 0) for seed 0 only."""
-    import importlib.util
-
     import yaml
 
-    spec = importlib.util.spec_from_file_location("record_band", REPO / "scripts" / "record_band.py")
-    rb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rb)
-    monkeypatch.setattr(rb, "REPO", tmp_path)
+    rb = _record_band(tmp_path, monkeypatch)
     default = yaml.safe_load((REPO / "params.yaml").read_text())
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(default))
     assert default["data"]["eval_seed"] == 0
@@ -337,14 +338,9 @@ def test_a_sweep_run_counts_only_when_its_benchmarks_are_the_default_runs(tmp_pa
 def test_a_sweep_run_from_before_the_level_decoding_key_probed_greedily(tmp_path, monkeypatch):
     """record_band.same_recipe: a params file without model.pretrain_level_decoding probed the level greedily, the
     same recipe as `greedy`; `evaluation` is another one."""
-    import importlib.util
-
     import yaml
 
-    spec = importlib.util.spec_from_file_location("record_band", REPO / "scripts" / "record_band.py")
-    rb = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rb)
-    monkeypatch.setattr(rb, "REPO", tmp_path)
+    rb = _record_band(tmp_path, monkeypatch)
     default = yaml.safe_load((REPO / "params.yaml").read_text())
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(default))
     assert default["model"]["pretrain_level_decoding"] == "greedy"
