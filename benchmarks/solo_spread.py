@@ -34,13 +34,12 @@ def evaluate(model_dir: Path, params_file: Path) -> dict[str, list[float]]:
     """Benchmark -> per-problem solo pass rate (the share of `evaluate.n_samples` samples scored correct)."""
     import torch
 
-    from tandem.evaluation import Decoder, run_benchmark
-    from tandem.generation import eos_token_ids, stable_seed
+    from tandem.evaluation import run_benchmark
+    from tandem.generation import stable_seed
     from tandem.models import load_tokenizer
     from tandem.rewards import score_many
-    from tandem.rollout.factory import rollout_engine
     from tasks.common import load_params
-    from tasks.evaluate import _load, default_io, load_benchmarks, settings_of
+    from tasks.evaluate import _load, decoder_for, default_io, load_benchmarks, settings_of
 
     torch.set_num_threads(1)
     params = load_params(params_file)
@@ -51,9 +50,7 @@ def evaluate(model_dir: Path, params_file: Path) -> dict[str, list[float]]:
     settings = settings_of(params)
     tok = load_tokenizer(model_dir, trust_remote_code=params.model.trust_remote_code)
     model = _load(model_dir, params, keep=set())
-    engine = rollout_engine(model, model, tok, params.rollout, cpu_threads=0,
-                            roots=(params.out_root, model_dir, model_dir), trainer_processes=1)
-    decoder = Decoder(engine, tok, eos_token_ids(tok, model))
+    decoder = decoder_for(params, model, model, tok, roots=(params.out_root, model_dir, model_dir))
     ev = params.evaluate
     out = {}
     for b, rows in benches.items():

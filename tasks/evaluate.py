@@ -261,6 +261,17 @@ class Partner:
     junior_hash: str
 
 
+def decoder_for(params: Params, senior, junior, tokenizer, roots: tuple) -> Decoder:
+    """The evaluation's decoder: the rollout engine of `params.rollout` over senior and junior (`roots`: the
+    directories the engine may read), ending at the senior's end-of-sequence tokens."""
+    # evaluate.cpu_threads already governs threads here, so the engine leaves them as they are
+    # a dedicated rollout service stays off the trainer's GPUs (placement only: it shapes no output)
+    trainers = params.train.num_processes if params.rollout.backend == "vllm" else 1
+    engine = rollout_engine(senior, junior, tokenizer, params.rollout, cpu_threads=0, roots=roots,
+                            trainer_processes=trainers)
+    return Decoder(engine, tokenizer, eos_token_ids(tokenizer, senior))
+
+
 def _compute(params: Params, unit: dict, todo: dict, partner: Partner, senior_hash: str, cache: ResultCache,
              tick: Callable[[int], None]) -> dict:
     """Generate, score and cache the missing benchmarks of one unit."""
@@ -276,12 +287,7 @@ def _compute(params: Params, unit: dict, todo: dict, partner: Partner, senior_ha
     tokenizer = load_tokenizer(base, trust_remote_code=params.model.trust_remote_code)
     junior = _load(junior_path, params, keep={junior_hash})
     senior = _load(senior_path, params, keep={junior_hash})
-    # evaluate.cpu_threads already governs threads here, so the engine leaves them as they are
-    # a dedicated rollout service stays off the trainer's GPUs (placement only: it shapes no output)
-    trainers = params.train.num_processes if params.rollout.backend == "vllm" else 1
-    engine = rollout_engine(senior, junior, tokenizer, params.rollout, cpu_threads=0,
-                            roots=(params.out_root, base, junior_path), trainer_processes=trainers)
-    decoder = Decoder(engine, tokenizer, eos_token_ids(tokenizer, senior))
+    decoder = decoder_for(params, senior, junior, tokenizer, roots=(params.out_root, base, junior_path))
     for b, (key, rows) in todo.items():
         t0 = time.perf_counter()
         with tqdm(total=len(rows) * settings.n_samples, desc=f"{unit['arm']} step-{unit['step']} {mode} {b}",
