@@ -36,19 +36,13 @@ LEVELS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8)
 ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
 
 
-def write_params(root: Path, seed: int, top: float, steps: int | None = None, floor: float | None = None,
-                 decoding: str | None = None) -> Path:
+def write_params(root: Path, seed: int, top: float, model: dict | None = None) -> Path:
     """params.yaml with `seed`, `out_root` = `root` and the level at `top` (its other settings as params.yaml,
-    but the step cap, the level floor and the level probes' decoding where given)."""
+    but the `model` section's keys given, such as the step cap, the level floor, the level probes' decoding or
+    the pretraining loss)."""
     p = yaml.safe_load((REPO / "params.yaml").read_text())
     p["seed"], p["out_root"] = seed, root.as_posix()
-    p["model"].update({"pretrain_level": top, "curve_points": 0})
-    if steps:
-        p["model"]["pretrain_steps"] = steps
-    if floor is not None:
-        p["model"]["pretrain_level_floor"] = floor
-    if decoding is not None:
-        p["model"]["pretrain_level_decoding"] = decoding
+    p["model"].update({"pretrain_level": top, "curve_points": 0, **(model or {})})
     (REPO / root).mkdir(parents=True, exist_ok=True)
     (REPO / root / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     return root / "params.yaml"
@@ -99,10 +93,10 @@ def child(params_path: str, levels: list[float]) -> None:
     (root / "levels.json").write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def measure(kernel: str, seed: int, top: float, levels: list[float], steps: int | None = None,
-            floor: float | None = None, base: Path = ROOT, decoding: str | None = None) -> None:
+def measure(kernel: str, seed: int, top: float, levels: list[float], model: dict | None = None,
+            base: Path = ROOT) -> None:
     root = base / f"{kernel}-s{seed}"
-    params = write_params(root, seed, top, steps, floor, decoding)
+    params = write_params(root, seed, top, model)
     env = {**os.environ, **ENV, "ATEN_CPU_CAPABILITY": kernel, "PYTHONPATH": str(REPO)}
     with open(REPO / root / "levels.log", "w") as log:
         subprocess.run([sys.executable, "-m", "cli", "stage", "prepare", "--params", str(params)], cwd=REPO,
@@ -139,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decoding", choices=("greedy", "evaluation"),
                     help="how the level probes decode (default: params.yaml's model.pretrain_level_decoding); "
                     "give another --root with it")
+    ap.add_argument("--loss", choices=("completion", "sequence"),
+                    help="the tokens pretraining's loss covers (default: params.yaml's model.pretrain_loss); give "
+                    "another --root with it")
     ap.add_argument("--root", type=Path, default=ROOT, help=f"where the runs go (default {ROOT})")
     ap.add_argument("--table", action="store_true", help="print the table of the runs measured so far")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -148,10 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         child(a.child, a.levels)
         return 0
     if not a.table:
+        model = {k: v for k, v in {"pretrain_steps": a.steps, "pretrain_level_floor": a.floor,
+                                   "pretrain_level_decoding": a.decoding, "pretrain_loss": a.loss}.items()
+                 if v is not None}
         for kernel in a.kernels:
             for seed in a.seeds:
                 if not (REPO / a.root / f"{kernel}-s{seed}" / "levels.json").exists():
-                    measure(kernel, seed, a.top, a.levels, a.steps, a.floor, a.root, a.decoding)
+                    measure(kernel, seed, a.top, a.levels, model, a.root)
     print(table(a.root))
     return 0
 

@@ -589,6 +589,8 @@ class ModelConfig(_Section):
     pretrain_level_problems: int = _f(200, "tiny, level stop: validation problems per level probe", ge=1, le=100_000)
     pretrain_level_decoding: str = _f("greedy", "tiny, level stop: how a level probe decodes: greedy, or evaluation (one sample per problem at evaluate.temperature, top_p and top_k, seeded: the stop then holds the base's sampled skill, which solo pass@1 follows, instead of its greedy one); the target probes stay greedy",
                                       choices=("greedy", "evaluation"))
+    pretrain_loss: str = _f("completion", "tiny: the tokens pretraining's loss covers: completion (the reference solution and end of sequence, as supervised fine-tuning) or sequence (the whole chat-rendered sequence, the question included, as language-model pretraining); the supervised phases of fetched models (warm-up, dialect) always train on the completion",
+                            choices=("completion", "sequence"))
     sft_steps: int = _f(0, "hub/path/gguf sources: supervised warm-up steps on synthetic reference solutions before RL (0 = off); teaches a small instruct model the \\boxed{} answer format the reward reads",
                         ge=0, le=MAX_STEPS, note="0 = no warm-up")
     sft_lr: float = _f(5e-5, "warm-up: peak learning rate (linear warmup over the first 10%, cosine decay)", gt=0, le=MAX_LR)

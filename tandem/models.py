@@ -746,17 +746,22 @@ class Example:
     n_prompt: int
 
 
-def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]]) -> list[Example]:
-    """(user message, reference solution) pairs -> chat-rendered token sequences ending with EOS."""
+def encode_examples(tokenizer, pairs: Sequence[tuple[str, str]], loss: str = "completion") -> list[Example]:
+    """(user message, reference solution) pairs -> chat-rendered token sequences ending with EOS; the loss covers
+    the completion (`loss` "completion") or every token after the first ("sequence")."""
+    if loss not in ("completion", "sequence"):
+        raise ValueError(f"loss must be completion or sequence, not {loss!r}")
     prompts = [render_prompt(m, tokenizer) for m, _ in pairs]
     p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     c_ids = tokenizer([s for _, s in pairs], add_special_tokens=False)["input_ids"]
     eos = tokenizer.eos_token_id
-    return [Example(ids=list(p) + list(c) + [eos], n_prompt=len(p)) for p, c in zip(p_ids, c_ids)]
+    return [Example(ids=list(p) + list(c) + [eos], n_prompt=len(p) if loss == "completion" else 0)
+            for p, c in zip(p_ids, c_ids)]
 
 
 def collate(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad a batch; labels are -100 on prompt and padding so the loss covers completion + EOS only."""
+    """Right-pad a batch; labels are -100 on each example's first `n_prompt` tokens (its prompt, or none) and on
+    padding, so the loss covers what the example trains on."""
     T = max(len(e.ids) for e in examples)
     B = len(examples)
     ids_BT = torch.full((B, T), pad_id, dtype=torch.long)
@@ -825,6 +830,9 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
              target_fn: Callable[[Any, int, str], float] | None = None) -> dict:
     """Supervised pretraining on (user message, reference solution) pairs; returns a summary dict.
 
+    The loss covers the reference solution and EOS, or the whole rendered sequence with `cfg.pretrain_loss`
+    "sequence".
+
     Runs `cfg.pretrain_steps` AdamW steps, or stops at `cfg.pretrain_max_seconds` of training time if that
     comes first; the learning-rate schedule follows whichever limit is nearer (progress = the larger of the
     step and time fractions), so a time-capped run still finishes its decay instead of stopping mid-rise.
@@ -851,7 +859,7 @@ def pretrain(model, tokenizer, texts: Sequence[tuple[str, str]], cfg: ModelConfi
         raise ValueError("pretrain needs at least one (message, solution) pair")
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    examples = encode_examples(tokenizer, texts)
+    examples = encode_examples(tokenizer, texts, cfg.pretrain_loss)
     too_long = sum(len(e.ids) > cfg.max_position for e in examples)
     if too_long:
         raise ValueError(f"{too_long} of {len(examples)} pretraining sequences exceed model.max_position "

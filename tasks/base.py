@@ -226,7 +226,7 @@ def _warm_up(params: Params, prepared: Path, model_dir: Path, phase: Phase | Non
                       exclude=_prepared_problems(prepared), prefix=phase.name)
     cfg = dataclasses.replace(mc, pretrain_steps=phase.steps, pretrain_lr=mc.sft_lr,
                               pretrain_batch_size=mc.sft_batch_size, pretrain_max_seconds=0.0, pretrain_warmup=0.1,
-                              pretrain_target=0.0, pretrain_cooldown=0, pretrain_level=0.0,
+                              pretrain_target=0.0, pretrain_cooldown=0, pretrain_level=0.0, pretrain_loss="completion",
                               max_position=max(mc.max_position, 2048))
     summary = M.pretrain(model, tok, [(user_message(p.problem), p.solution) for p in corpus], cfg, progress=True,
                          seed=params.seed)

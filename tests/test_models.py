@@ -137,6 +137,30 @@ def test_encode_examples_ends_with_eos(tok, problems):
         assert tok.decode(e.ids[e.n_prompt:-1]) == p.solution
 
 
+def test_encode_examples_sequence_loss_covers_the_question(tok, problems):
+    """model.pretrain_loss sequence: the same tokens, with the loss on every one after the first."""
+    pairs = [(user_message(p.problem), p.solution) for p in problems[:3]]
+    completion, sequence = M.encode_examples(tok, pairs), M.encode_examples(tok, pairs, "sequence")
+    assert [e.ids for e in sequence] == [e.ids for e in completion]
+    assert all(e.n_prompt == 0 for e in sequence) and all(e.n_prompt > 0 for e in completion)
+    labels = M.collate(sequence, tok.pad_token_id)["labels"]
+    assert [int((row != -100).sum()) for row in labels] == [len(e.ids) for e in sequence]
+    with pytest.raises(ValueError, match="completion or sequence"):
+        M.encode_examples(tok, pairs, "prompt")
+
+
+def test_pretrain_loss_is_completion_or_sequence_and_changes_training(tok, problems):
+    assert ModelConfig(**SMALL).pretrain_loss == "completion"
+    with pytest.raises(ParamsError, match="pretrain_loss"):
+        ModelConfig(**SMALL, pretrain_loss="prompt")
+    pairs = [(user_message(p.problem), p.solution) for p in problems]
+    losses = {}
+    for loss in ("completion", "sequence"):
+        cfg = ModelConfig(**SMALL, pretrain_steps=3, pretrain_batch_size=2, curve_points=0, pretrain_loss=loss)
+        losses[loss] = M.pretrain(M.build_tiny_model(tok, cfg), tok, pairs, cfg, progress=False)["first_loss"]
+    assert losses["completion"] != losses["sequence"]  # the same first batch, scored over other tokens
+
+
 # --------------------------------------------------------------------------------------------------
 # Model, pretraining, generation
 # --------------------------------------------------------------------------------------------------

@@ -335,27 +335,31 @@ def test_a_sweep_run_counts_only_when_its_benchmarks_are_the_default_runs(tmp_pa
     assert "data.n_eval" in rb.same_recipe(run("other-s0", 0, eval_seed=0, n_eval=50))
 
 
-def test_a_sweep_run_from_before_the_level_decoding_key_probed_greedily(tmp_path, monkeypatch):
-    """record_band.same_recipe: a params file without model.pretrain_level_decoding probed the level greedily, the
-    same recipe as `greedy`; `evaluation` is another one."""
+@pytest.mark.parametrize("key,before,other", [("pretrain_level_decoding", "greedy", "evaluation"),
+                                               ("pretrain_loss", "completion", "sequence")])
+def test_a_sweep_run_from_before_a_later_key_ran_as_that_key_says(tmp_path, monkeypatch, key, before, other):
+    """record_band.same_recipe: a params file without a key added later (record_band.LATER_KEYS) ran as the key's
+    `before` value says (the level probed greedily; the loss on the completion), the same recipe as that value;
+    another value is another recipe."""
     import yaml
 
     rb = _record_band(tmp_path, monkeypatch)
+    assert rb.LATER_KEYS[f"model.{key}"] == before
     default = yaml.safe_load((REPO / "params.yaml").read_text())
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(default))
-    assert default["model"]["pretrain_level_decoding"] == "greedy"
+    assert default["model"][key] == before
 
-    def run(name: str, decoding: str | None) -> Path:
+    def run(name: str, value: str | None) -> Path:
         p = yaml.safe_load(yaml.safe_dump(default))
         p["out_root"] = f"runs/levels/{name}"
-        if decoding is None:
-            p["model"].pop("pretrain_level_decoding")
+        if value is None:
+            p["model"].pop(key)
         else:
-            p["model"]["pretrain_level_decoding"] = decoding
+            p["model"][key] = value
         (tmp_path / p["out_root"]).mkdir(parents=True)
         (tmp_path / p["out_root"] / "params.yaml").write_text(yaml.safe_dump(p))
         return Path(p["out_root"])
 
-    assert rb.same_recipe(run("before", None)) is None
-    assert rb.same_recipe(run("greedy", "greedy")) is None
-    assert "model.pretrain_level_decoding" in rb.same_recipe(run("sampled", "evaluation"))
+    assert rb.same_recipe(run("missing", None)) is None
+    assert rb.same_recipe(run("same", before)) is None
+    assert f"model.{key}" in rb.same_recipe(run("other", other))

@@ -325,7 +325,8 @@ def build_control(s: StudySettings, seed: int, c: Control) -> Path:
         base = root / "models" / "base"
         model, tok = M.load_model(base, "float32"), M.load_tokenizer(base)
         cfg = dataclasses.replace(mc, pretrain_steps=c.sft_steps, pretrain_lr=c.sft_lr,
-                                  pretrain_batch_size=c.sft_batch_size, pretrain_warmup=0.1, pretrain_max_seconds=0.0)
+                                  pretrain_batch_size=c.sft_batch_size, pretrain_warmup=0.1, pretrain_max_seconds=0.0,
+                                  pretrain_loss="completion")
         M.pretrain(model, tok, [(user_message(p.problem), p.solution) for p in corpus], cfg, progress=False,
                    seed=seed)
     with atomic_path(ck) as tmp:

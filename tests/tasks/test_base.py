@@ -191,6 +191,26 @@ def test_warm_up_trains_a_fetched_model_in_place_and_records_it(tmp_path):
     assert metrics["timing"]["total"] >= metrics["timing"]["build"] > 0
 
 
+def test_a_warm_up_trains_on_the_completion_whatever_the_pretraining_loss(tmp_path, monkeypatch):
+    """model.pretrain_loss is the tiny base's: a fetched model's supervised phase always scores the solution."""
+    from tandem import models as M
+    from tasks import base
+
+    _prepare(tmp_path)
+    src = _path_model(tmp_path)
+    (src / M.SOURCE_FILE).write_text("{}")  # what fetching it would have recorded
+    seen = []
+
+    def fake_pretrain(model, tok, pairs, cfg, **kw):
+        seen.append(cfg.pretrain_loss)
+        return {"steps": cfg.pretrain_steps}
+
+    monkeypatch.setattr(M, "pretrain", fake_pretrain)
+    params = _params(tmp_path, source="path", path=str(src), sft_steps=2, sft_batch_size=2, pretrain_loss="sequence")
+    base._warm_up(params, tmp_path / "data" / "prepared", src)
+    assert seen == ["completion"]
+
+
 def _path_model(tmp_path: Path) -> Path:
     """A tiny untrained model directory for the fetched-model path (source: path)."""
     from tandem.config import ModelConfig
