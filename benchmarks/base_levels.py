@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loss", choices=("completion", "sequence"),
                     help="the tokens pretraining's loss covers (default: params.yaml's model.pretrain_loss); give "
                     "another --root with it")
+    ap.add_argument("--order", choices=("given", "shuffled"),
+                    help="the pretraining questions' line order (default: params.yaml's "
+                    "model.pretrain_question_order); give another --root with it")
     ap.add_argument("--root", type=Path, default=ROOT, help=f"where the runs go (default {ROOT})")
     ap.add_argument("--table", action="store_true", help="print the table of the runs measured so far")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -146,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.table:
         model = {k: v for k, v in {"pretrain_steps": a.steps, "pretrain_level_floor": a.floor,
-                                   "pretrain_level_decoding": a.decoding, "pretrain_loss": a.loss}.items()
+                                   "pretrain_level_decoding": a.decoding, "pretrain_loss": a.loss,
+                                   "pretrain_question_order": a.order}.items()
                  if v is not None}
         for kernel in a.kernels:
             for seed in a.seeds:

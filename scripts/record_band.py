@@ -100,7 +100,8 @@ def same_recipe(root: Path) -> str | None:
 
 CAP = {"model.pretrain_steps", "model.pretrain_warmup"}
 # keys added after some runs were made, with what a params file without them did
-LATER_KEYS = {"model.pretrain_level_decoding": "greedy", "model.pretrain_loss": "completion"}
+LATER_KEYS = {"model.pretrain_level_decoding": "greedy", "model.pretrain_loss": "completion",
+              "model.pretrain_question_order": "given"}
 
 
 def _eval_seed(flat_params: dict, seed: int) -> int:

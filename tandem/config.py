@@ -591,6 +591,8 @@ class ModelConfig(_Section):
                                       choices=("greedy", "evaluation"))
     pretrain_loss: str = _f("completion", "tiny: the tokens pretraining's loss covers: completion (the reference solution and end of sequence, as supervised fine-tuning) or sequence (the whole chat-rendered sequence, the question included, as language-model pretraining); the supervised phases of fetched models (warm-up, dialect) always train on the completion",
                             choices=("completion", "sequence"))
+    pretrain_question_order: str = _f("given", "tiny: the order of the operation lines in the pretraining corpus's questions: given (the ordinals' order, as every prepared problem has them) or shuffled (random, so that a step's operation is found only by matching its ordinal, never by its line's position); the prepared problems and benchmarks keep the given order",
+                                      choices=("given", "shuffled"))
     sft_steps: int = _f(0, "hub/path/gguf sources: supervised warm-up steps on synthetic reference solutions before RL (0 = off); teaches a small instruct model the \\boxed{} answer format the reward reads",
                         ge=0, le=MAX_STEPS, note="0 = no warm-up")
     sft_lr: float = _f(5e-5, "warm-up: peak learning rate (linear warmup over the first 10%, cosine decay)", gt=0, le=MAX_LR)

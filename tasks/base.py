@@ -100,7 +100,8 @@ def pretraining_corpus(params: Params, exclude: set[str], seed: int | None = Non
 
     Step counts span every count the run trains or evaluates on (the training range and each benchmark's), so a
     run that trains RL on long problems only still has a base that has seen the short ones. `seed` and `styles`
-    (a junior of its own) replace `seed` and `data.solution_styles`.
+    (a junior of its own) replace `seed` and `data.solution_styles`. `model.pretrain_question_order` shuffled
+    puts each question's operation lines in random order (none is an excluded problem in any order).
     """
     import dataclasses
 
@@ -109,7 +110,7 @@ def pretraining_corpus(params: Params, exclude: set[str], seed: int | None = Non
     dc = params.data
     lo = min([dc.min_steps] + [r[0] for r in dc.benchmarks.values()]) if dc.source == "synthetic" else dc.min_steps
     hi = max([dc.max_steps] + [r[1] for r in dc.benchmarks.values()]) if dc.source == "synthetic" else dc.max_steps
-    shape = ProblemShape.of(dc)
+    shape = dataclasses.replace(ProblemShape.of(dc), shuffled=params.model.pretrain_question_order == "shuffled")
     if styles is not None:
         shape = dataclasses.replace(shape, styles=dict(styles))
     return generate(params.model.n_pretrain, lo, hi, params.seed if seed is None else seed, shape,

@@ -149,6 +149,13 @@ def test_encode_examples_sequence_loss_covers_the_question(tok, problems):
         M.encode_examples(tok, pairs, "prompt")
 
 
+def test_question_order_is_given_or_shuffled():
+    assert ModelConfig(**SMALL).pretrain_question_order == "given"
+    assert ModelConfig(**SMALL, pretrain_question_order="shuffled").pretrain_question_order == "shuffled"
+    with pytest.raises(ParamsError, match="pretrain_question_order"):
+        ModelConfig(**SMALL, pretrain_question_order="reversed")
+
+
 def test_pretrain_loss_is_completion_or_sequence_and_changes_training(tok, problems):
     assert ModelConfig(**SMALL).pretrain_loss == "completion"
     with pytest.raises(ParamsError, match="pretrain_loss"):

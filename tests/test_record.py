@@ -336,7 +336,8 @@ def test_a_sweep_run_counts_only_when_its_benchmarks_are_the_default_runs(tmp_pa
 
 
 @pytest.mark.parametrize("key,before,other", [("pretrain_level_decoding", "greedy", "evaluation"),
-                                               ("pretrain_loss", "completion", "sequence")])
+                                               ("pretrain_loss", "completion", "sequence"),
+                                               ("pretrain_question_order", "given", "shuffled")])
 def test_a_sweep_run_from_before_a_later_key_ran_as_that_key_says(tmp_path, monkeypatch, key, before, other):
     """record_band.same_recipe: a params file without a key added later (record_band.LATER_KEYS) ran as the key's
     `before` value says (the level probed greedily; the loss on the completion), the same recipe as that value;

@@ -157,8 +157,12 @@ def _clauses(op: str, k: int, obj: str) -> tuple[str, str]:
 
 
 def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_value: int = 40,
-                 style: str | None = None, styles: dict[str, float] | None = None) -> Problem:
+                 style: str | None = None, styles: dict[str, float] | None = None,
+                 shuffled: bool = False) -> Problem:
     """One problem: a start count, then one line per operation keyed by its ordinal ("Second, ...").
+
+    `shuffled` puts the operation lines of the question in random order (the solution keeps the ordinals'
+    order), so that only matching the ordinal finds a step's operation, never its line's position.
 
     The ordinal opens both the question line and the solution step, so each step finds its operation by
     matching one token, and operands are number words (a word is retrieved far more reliably than a digit
@@ -173,8 +177,10 @@ def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_val
     start = rng.randint(2, min(15, max_value))
     ops = _ops(rng, start, n_steps, max_operand, max_value)
     lines = [f"{name} has {start} {obj}."]
-    for i, (op, k, _, _) in enumerate(ops):
-        lines.append(f"{ORDINALS[i]}, {_clauses(op, k, obj)[0]}.")
+    body = [f"{ORDINALS[i]}, {_clauses(op, k, obj)[0]}." for i, (op, k, _, _) in enumerate(ops)]
+    if shuffled:
+        rng.shuffle(body)
+    lines += body
     lines.append(f"How many {obj} does {name} have now?")
     problem = "\n".join(lines)
     style = style or draw_style(rng, styles)
@@ -204,6 +210,17 @@ def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_val
     return Problem(id=pid, problem=problem, answer=answer, solution=solution, n_steps=n_steps, style=style)
 
 
+def in_order(problem: str) -> str:
+    """A question with its operation lines in the ordinals' order: the text a shuffled question has in order
+    (what excluding a problem compares, so a shuffled copy of an excluded problem is excluded too)."""
+    lines = problem.split("\n")
+    body = lines[1:-1]
+    if not all(line.split(",", 1)[0] in ORDINALS for line in body):
+        return problem
+    body.sort(key=lambda line: ORDINALS.index(line.split(",", 1)[0]))
+    return "\n".join([lines[0], *body, lines[-1]])
+
+
 def solution_style(text: str) -> str:
     """The style a solution is written in, read off its first step (its first line): "annotated" (the line
     carries a calculator annotation `<<expression=result>>`, whatever else it holds), "reversed" (an ordinal, a
@@ -227,11 +244,13 @@ def solution_style(text: str) -> str:
 @dataclass(frozen=True)
 class ProblemShape:
     """What every problem of a set shares besides its step count: the largest operand, the largest running
-    value, and the shares of the solution styles (None: `make_problem`'s default)."""
+    value, the shares of the solution styles (None: `make_problem`'s default) and whether the question's
+    operation lines come in random order (`make_problem`'s `shuffled`)."""
 
     max_operand: int = 9
     max_value: int = 40
     styles: dict[str, float] | None = None
+    shuffled: bool = False
 
     @classmethod
     def of(cls, data) -> "ProblemShape":
@@ -244,7 +263,8 @@ def generate(n: int, min_steps: int, max_steps: int, seed: int, shape: ProblemSh
     """`n` distinct problems of `shape` with a step count uniform in [min_steps, max_steps], deterministic in
     `seed`.
 
-    Problems whose text is in `exclude` (problem strings) are skipped, so splits never share a problem.
+    Problems whose text is in `exclude` (problem strings) are skipped, so splits never share a problem; a
+    shuffled problem is compared in order (`in_order`), so it never is another set's problem in another order.
     """
     rng = random.Random(f"{seed}-{min_steps}-{max_steps}-{prefix}")
     seen = set(exclude or ())
@@ -256,9 +276,10 @@ def generate(n: int, min_steps: int, max_steps: int, seed: int, shape: ProblemSh
             raise ValueError(f"could only generate {len(out)} distinct problems of {n} requested "
                              f"({min_steps}-{max_steps} steps): the space is too small")
         p = make_problem(rng, rng.randint(min_steps, max_steps), shape.max_operand, shape.max_value,
-                         styles=shape.styles)
-        if p.problem in seen:
+                         styles=shape.styles, shuffled=shape.shuffled)
+        key = in_order(p.problem) if shape.shuffled else p.problem
+        if key in seen:
             continue
-        seen.add(p.problem)
+        seen.add(key)
         out.append(p)
     return out

@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from tandem.data.synthetic import STYLES, ProblemShape, draw_style, generate, make_problem, solution_style
+from tandem.data.synthetic import (STYLES, ProblemShape, draw_style, generate, in_order, make_problem,
+                                    solution_style)
 
 
 def test_each_style_renders_and_reads_back():
@@ -62,3 +63,31 @@ def test_new_styles_keep_the_draws_of_existing_share_mixes_and_the_problems():
     assert [p.problem for p in keyed] == [p.problem for p in jargon]
     assert [p.answer for p in keyed] == [p.answer for p in jargon]
     assert {p.style for p in jargon} == {"annotated", "verbose", "terse"}
+
+
+
+def test_shuffled_questions_keep_the_problem_and_its_solution_and_read_back_in_order():
+    """make_problem's `shuffled`: the same problem with the operation lines in random order; the solution keeps
+    the ordinals' order, and in_order gives back the given text."""
+    moved = 0
+    for seed in range(60):
+        n = 2 + seed % 7
+        g = make_problem(random.Random(seed), n, 20, 99, style="verbose")
+        s = make_problem(random.Random(seed), n, 20, 99, style="verbose", shuffled=True)
+        assert in_order(g.problem) == g.problem
+        lines, given = s.problem.split("\n"), g.problem.split("\n")
+        assert lines[0] == given[0] and lines[-1] == given[-1] and sorted(lines) == sorted(given)
+        assert (s.solution, s.answer, s.n_steps) == (g.solution, g.answer, g.n_steps)
+        assert in_order(s.problem) == g.problem
+        moved += s.problem != g.problem
+    assert moved > 40  # most questions of 2-8 lines come out of order
+
+
+def test_a_shuffled_copy_of_an_excluded_problem_is_excluded():
+    """generate compares a shuffled question in order, so no shuffled problem is an excluded one reordered."""
+    given = generate(40, 2, 2, seed=4, shape=ProblemShape(3, 9))
+    exclude = {p.problem for p in given}
+    shuffled = generate(300, 2, 2, seed=4, shape=ProblemShape(3, 9, shuffled=True), exclude=exclude)
+    assert not exclude & {in_order(p.problem) for p in shuffled}
+    again = generate(300, 2, 2, seed=4, shape=ProblemShape(3, 9, shuffled=True))
+    assert exclude & {in_order(p.problem) for p in again}  # without the exclusion some would be there

@@ -57,6 +57,21 @@ def test_pretraining_corpus_excludes_every_prepared_problem(tmp_path):
     assert not {p.problem for p in corpus} & excluded
 
 
+def test_a_shuffled_pretraining_corpus_shuffles_its_questions_only(tmp_path):
+    """model.pretrain_question_order shuffled: the corpus's questions out of order, none of them a prepared
+    problem in any order; the same draws' solutions as in the given order would have."""
+    from tandem.data.synthetic import in_order
+    from tasks import base
+
+    _prepare(tmp_path)
+    excluded = base._prepared_problems(tmp_path / "data" / "prepared")
+    corpus = base.pretraining_corpus(_params(tmp_path, pretrain_question_order="shuffled"), excluded)
+    given = base.pretraining_corpus(_params(tmp_path), excluded)
+    assert sum(p.problem != in_order(p.problem) for p in corpus) > len(corpus) // 3
+    assert all(p.problem == in_order(p.problem) for p in given)
+    assert not {in_order(p.problem) for p in corpus} & excluded
+
+
 def test_missing_prepared_data_is_a_clear_error(tmp_path):
     from tasks import base
 
