@@ -149,17 +149,19 @@ def test_encode_examples_sequence_loss_covers_the_question(tok, problems):
         M.encode_examples(tok, pairs, "prompt")
 
 
-def test_question_order_is_given_or_shuffled():
-    assert ModelConfig(**SMALL).pretrain_question_order == "given"
-    assert ModelConfig(**SMALL, pretrain_question_order="shuffled").pretrain_question_order == "shuffled"
-    with pytest.raises(ParamsError, match="pretrain_question_order"):
-        ModelConfig(**SMALL, pretrain_question_order="reversed")
+@pytest.mark.parametrize("key,default,other,bad", [
+    ("pretrain_level_decoding", "greedy", "evaluation", "sampled"),
+    ("pretrain_loss", "completion", "sequence", "prompt"),
+    ("pretrain_question_order", "given", "shuffled", "reversed"),
+])
+def test_a_pretraining_choice_takes_its_values_and_refuses_others(key, default, other, bad):
+    assert getattr(ModelConfig(**SMALL), key) == default
+    assert getattr(ModelConfig(**SMALL, **{key: other}), key) == other
+    with pytest.raises(ParamsError, match=key):
+        ModelConfig(**SMALL, **{key: bad})
 
 
-def test_pretrain_loss_is_completion_or_sequence_and_changes_training(tok, problems):
-    assert ModelConfig(**SMALL).pretrain_loss == "completion"
-    with pytest.raises(ParamsError, match="pretrain_loss"):
-        ModelConfig(**SMALL, pretrain_loss="prompt")
+def test_pretrain_loss_changes_training(tok, problems):
     pairs = [(user_message(p.problem), p.solution) for p in problems]
     losses = {}
     for loss in ("completion", "sequence"):
@@ -251,13 +253,6 @@ def test_pretrain_tells_each_probe_its_phase(tok, problems):
     assert seen == [(7, "target"), (9, "level")]
     assert [(p["step"], p["phase"]) for p in s["target"]["probes"]] == [(10, "target"), (12, "level")]
     assert s["steps"] == 12 and s["stopped_by"] == "level"
-
-
-def test_level_decoding_is_greedy_or_evaluation():
-    assert ModelConfig(**SMALL).pretrain_level_decoding == "greedy"
-    assert ModelConfig(**SMALL, pretrain_level_decoding="evaluation").pretrain_level_decoding == "evaluation"
-    with pytest.raises(ParamsError, match="pretrain_level_decoding"):
-        ModelConfig(**SMALL, pretrain_level_decoding="sampled")
 
 
 def test_pretrain_level_stop_ends_at_the_level_and_keeps_the_cap(tok, problems):
