@@ -1,7 +1,7 @@
 """What a tiny base gets wrong: the first wrong step of its greedy solutions, sorted into kinds.
 
-For each model directory, the greedy solution (Hugging Face generate, one problem at a time) to each of the first
-`--n` problems with `--steps` steps of a benchmark file is read step by step against the reference solution
+For each model directory, the greedy solution (decoded as the base stage decodes: `tandem.generation`) to each
+of the first `--n` problems with `--steps` steps of a benchmark file is read step by step against the reference solution
 (`a op b = c` per line). The first step that differs decides the problem's kind:
 
 - wrong operand: the step's operand `b` is not the question's (the model copied another number word);
@@ -44,18 +44,25 @@ def kind_of(reference: str, generated: str) -> str:
 
 
 def classify(model_dir: Path, rows: list[dict]) -> dict[str, int]:
+    """Kind -> problems, decoding greedily as the base stage does (`tandem.generation`, the hf engine)."""
     import torch
 
-    from tandem.data.prompts import render_prompt
+    from tandem.generation import Draws, default_score_fn, eos_token_ids, generate_and_score
     from tandem.models import load_model, load_tokenizer
+    from tandem.rollout.core import SamplingParams
+    from tandem.rollout.factory import make_engine
+    from tandem.rollout.request import RolloutSettings
+    from tandem.rollout.schedule import ScheduleSpec
 
     torch.set_num_threads(1)
     model, tok = load_model(model_dir), load_tokenizer(model_dir)
+    settings = RolloutSettings(ScheduleSpec("solo"), SamplingParams(temperature=0.0, max_new_tokens=256),
+                               batch_size=len(rows))
+    records = generate_and_score(make_engine(model, None, tok, "hf"), tok, rows, settings, Draws(1, 0),
+                                 default_score_fn(), eos_ids=eos_token_ids(tok, model))
     counts = dict.fromkeys(KINDS, 0)
-    for r in rows:
-        ids = tok(render_prompt(r["prompt"], tok), add_special_tokens=False, return_tensors="pt")["input_ids"]
-        out = model.generate(ids, max_new_tokens=256, do_sample=False, pad_token_id=tok.pad_token_id)
-        counts[kind_of(r["solution"], tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))] += 1
+    for r, rec in zip(rows, records):
+        counts[kind_of(r["solution"], rec["text"])] += 1
     return counts
 
 
