@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="the step cap (default: params.yaml's model.pretrain_steps)")
     ap.add_argument("--floor", type=float, help="the level phase's rate floor (default: params.yaml's "
                     "model.pretrain_level_floor); give another --root with it")
-    ap.add_argument("--decoding", choices=("greedy", "evaluation"),
-                    help="how the level probes decode (default: params.yaml's model.pretrain_level_decoding); "
+    ap.add_argument("--decoding", choices=("greedy", "evaluation", "likelihood"),
+                    help="what the level probes measure (default: params.yaml's model.pretrain_level_decoding); "
                     "give another --root with it")
     ap.add_argument("--loss", choices=("completion", "sequence"),
                     help="the tokens pretraining's loss covers (default: params.yaml's model.pretrain_loss); give "

@@ -125,7 +125,9 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
     base's tokenizer instead of training one."""
     from tandem import models as M
     from tandem.data.prompts import user_message
+    from tandem.data.synthetic import restyle
     from tandem.generation import SoloDecode, accuracy
+    from tandem.likelihood import Decoding, reference_pass_rate
 
     mc = params.model
     recipe = recipe or TinyRecipe(params.seed)
@@ -154,12 +156,21 @@ def _build_tiny(params: Params, prepared: Path, dest: Path, eval_sets: dict[str,
         val = read_jsonl(prepared / "val.jsonl")[:max(mc.pretrain_target_problems,
                                                       mc.pretrain_level_problems if mc.pretrain_level > 0 else 0)]
 
+        ev = params.evaluate
         level_decode = greedy
         if mc.pretrain_level > 0 and mc.pretrain_level_decoding == "evaluation":
-            ev = params.evaluate  # one seeded sample per problem at the evaluation's decoding
+            # one seeded sample per problem at the evaluation's decoding
             level_decode = replace(greedy, temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k)
+        likely = mc.pretrain_level > 0 and mc.pretrain_level_decoding == "likelihood"
+        if likely:  # each validation problem's reference solution in every style of the corpus
+            styles = [s for s, w in (recipe.styles or params.data.solution_styles).items() if w > 0]
+            references = [[restyle(r["solution"], s) for s in styles] for r in val]
+            decoding = Decoding(ev.temperature, ev.top_k, ev.top_p)
 
         def target_fn(m, n: int, phase: str) -> float:
+            if phase == "level" and likely:
+                return reference_pass_rate(m, tokenizer, [r["prompt"] for r in val[:n]], references[:n], decoding,
+                                           mc.eval_batch_size)["pass_rate"]
             return accuracy(m, tokenizer, [r["prompt"] for r in val[:n]], [r["answer"] for r in val[:n]],
                             level_decode if phase == "level" else greedy)["accuracy"]
 

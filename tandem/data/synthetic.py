@@ -186,28 +186,57 @@ def make_problem(rng: random.Random, n_steps: int, max_operand: int = 9, max_val
     style = style or draw_style(rng, styles)
     if style not in STYLES:
         raise ValueError(f"unknown solution style {style!r}; known: {', '.join(STYLES)}")
-    steps = []
-    for i, (op, k, before, after) in enumerate(ops):
-        eq = f"{before} {op} {k} = {after}"
-        if style == "verbose":
-            steps.append(f"{ORDINALS[i]}, {_clauses(op, k, obj)[1]}: {eq}")
-        elif style == "terse":
-            steps.append(f"{ORDINALS[i]}: {eq}")
-        elif style == "coded":
-            steps.append(f"{LETTER_KEYS[i]}){before}{op}{k}={after}")
-        elif style == "annotated":
-            calc = f"{before}{'*' if op == 'x' else op}{k}={after}"
-            steps.append(f"{ORDINALS[i]}, {_clauses(op, k, obj)[1]}: {before} {op} {k} = <<{calc}>>{after}")
-        elif style == "reversed":
-            r = reversed_number
-            steps.append(f"{ORDINALS[i]}; {r(before)} {op} {r(k)} = {r(after)}")
-        else:
-            steps.append(f"{before}{op}{k}={after}")
+    steps = [render_step(i, op, k, before, after, style) for i, (op, k, before, after) in enumerate(ops)]
     answer = str(ops[-1][3])
     steps.append(f"\\boxed{{{answer}}}")
     solution = "\n\n".join(steps)
     pid = "syn-" + hashlib.sha1(problem.encode()).hexdigest()[:12]
     return Problem(id=pid, problem=problem, answer=answer, solution=solution, n_steps=n_steps, style=style)
+
+
+def render_step(i: int, op: str, k: int, before: int, after: int, style: str) -> str:
+    """Solution step `i` (0-based) of one operation, `before op k = after`, written in `style`."""
+    eq = f"{before} {op} {k} = {after}"
+    if style == "verbose":
+        return f"{ORDINALS[i]}, {_clauses(op, k, '')[1]}: {eq}"
+    if style == "terse":
+        return f"{ORDINALS[i]}: {eq}"
+    if style == "coded":
+        return f"{LETTER_KEYS[i]}){before}{op}{k}={after}"
+    if style == "annotated":
+        calc = f"{before}{'*' if op == 'x' else op}{k}={after}"
+        return f"{ORDINALS[i]}, {_clauses(op, k, '')[1]}: {before} {op} {k} = <<{calc}>>{after}"
+    if style == "reversed":
+        r = reversed_number
+        return f"{ORDINALS[i]}; {r(before)} {op} {r(k)} = {r(after)}"
+    return f"{before}{op}{k}={after}"
+
+
+# A step's equation at the end of its line, in any style: `before op k = after` (spaces optional, a
+# calculator annotation allowed before the result).
+_EQUATION = re.compile(r"(\d+) ?([-+x]) ?(\d+) ?= ?(?:<<[^<>\n]*>>)?(\d+)$")
+
+
+def restyle(solution: str, style: str) -> str:
+    """The same solution written in another style: its steps' equations read off the text and each step
+    rendered as `make_problem` renders `style` (the `\\boxed{}` line kept). What a reader of the reference
+    solution would count as the same solution in another of the corpus's styles.
+
+    Raises ValueError when a step is not an equation this generator writes."""
+    if style not in STYLES:
+        raise ValueError(f"unknown solution style {style!r}; known: {', '.join(STYLES)}")
+    *steps, boxed = solution.split("\n\n")
+    little_endian = solution_style(solution) == "reversed"
+    out = []
+    for i, line in enumerate(steps):
+        m = _EQUATION.search(line)
+        if m is None:
+            raise ValueError(f"step {i + 1} of the solution is not an equation this generator writes: {line!r}")
+        before, op, k, after = m.group(1), m.group(2), m.group(3), m.group(4)
+        if little_endian:
+            before, k, after = before[::-1], k[::-1], after[::-1]
+        out.append(render_step(i, op, int(k), int(before), int(after), style))
+    return "\n\n".join([*out, boxed])
 
 
 def in_order(problem: str) -> str:

@@ -118,6 +118,21 @@ def filter_logits(logits_BV: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -
     return out
 
 
+def decoding_logprobs_BT(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: float, top_k: int = 0,
+                         top_p: float = 1.0) -> torch.Tensor:
+    """Log-probability of each id under the distribution a decoding draws it from, `logits_BTV[b, t]` being
+    the logits the id at (b, t) was drawn with: log_softmax of `filter_logits(logits / temperature)` (so -inf
+    outside the top-k and the nucleus). Temperature 0 (greedy): 0 where the id is the filtered argmax, else -inf.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        best_BT = torch.argmax(filter_logits(logits_BTV, top_k, top_p), dim=-1)
+        return torch.where(best_BT == ids_BT, 0.0, float("-inf")).to(logits_BTV.dtype)
+    filtered_BTV = filter_logits(logits_BTV / temperature, top_k, top_p)
+    return torch.log_softmax(filtered_BTV, dim=-1).gather(-1, ids_BT.unsqueeze(-1)).squeeze(-1)
+
+
 def inverse_cdf(probs_BV: torch.Tensor, u_B: torch.Tensor) -> torch.Tensor:
     """Index of the first token whose cumulative probability exceeds u * total (zero-mass ids never win)."""
     cdf_BV = torch.cumsum(probs_BV.to(torch.float64), dim=-1)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tandem.rollout.sampling import (STREAM_REDRAW, STREAM_SAMPLE, filter_logits, inverse_cdf, mix32, mix32_int,
+from tandem.rollout.sampling import (STREAM_REDRAW, STREAM_SAMPLE, decoding_logprobs_BT, filter_logits, inverse_cdf, mix32, mix32_int,
                                      sample_tokens, uniform, uniform_int)
 
 
@@ -96,6 +96,33 @@ def test_filter_logits_matches_naive(top_k, top_p):
     out = filter_logits(logits, top_k, top_p)
     for row, o in zip(logits.tolist(), out):
         assert torch.isfinite(o).tolist() == _naive_filter(row, top_k, top_p)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 3, 1.0), (0.7, 0, 0.6), (0.5, 4, 0.5),
+                                                    (0.0, 0, 1.0), (0.0, 2, 0.5)])
+def test_decoding_logprobs_match_a_naive_distribution_per_position(temperature, top_k, top_p):
+    """Each id's log-probability under the filtered, renormalised distribution it is drawn from; -inf outside
+    it; greedy: 0 at the argmax, -inf elsewhere."""
+    g = torch.Generator().manual_seed(2)
+    logits_BTV = torch.randn(3, 5, 9, generator=g, dtype=torch.float64) * 2
+    ids_BT = torch.randint(0, 9, (3, 5), generator=g)
+    ids_BT[0, :] = logits_BTV[0].argmax(-1)  # some ids inside the nucleus
+    got_BT = decoding_logprobs_BT(logits_BTV, ids_BT, temperature, top_k, top_p)
+    for b in range(3):
+        for t in range(5):
+            row = logits_BTV[b, t].tolist()
+            i = int(ids_BT[b, t])
+            if temperature == 0:
+                kept = [j for j, k in enumerate(_naive_filter(row, top_k, top_p)) if k]
+                want = 0.0 if i == max(kept, key=lambda j: row[j]) else -math.inf
+            else:
+                keep = _naive_filter([x / temperature for x in row], top_k, top_p)
+                z = sum(math.exp(x / temperature) for x, k in zip(row, keep) if k)
+                want = math.log(math.exp(row[i] / temperature) / z) if keep[i] else -math.inf
+            assert got_BT[b, t].item() == pytest.approx(want, abs=1e-9) if math.isfinite(want) else \
+                got_BT[b, t].item() == -math.inf
+    with pytest.raises(ValueError, match="temperature"):
+        decoding_logprobs_BT(logits_BTV, ids_BT, -0.1)
 
 
 def test_sample_tokens_frequencies_and_logprobs():

@@ -315,3 +315,45 @@ def test_level_probes_decode_as_pretrain_level_decoding_says(tmp_path, monkeypat
         assert (level.temperature, level.top_p, level.top_k, level.n_samples) == (ev.temperature, ev.top_p,
                                                                                  ev.top_k, 1)
         assert level.max_new_tokens == target.max_new_tokens
+
+
+def test_likelihood_level_probes_score_each_validation_reference_in_every_corpus_style(tmp_path, monkeypatch):
+    """model.pretrain_level_decoding likelihood: a level probe is the reference pass rate at the evaluation's
+    decoding over the first n validation problems, each reference written in every style with a share; the
+    target probes still decode greedily."""
+    from tandem import generation, likelihood, models
+    from tandem.data.synthetic import restyle
+    from tasks import base
+
+    _prepare(tmp_path)
+    params = _params(tmp_path, pretrain_target=0.3, pretrain_level=0.8, pretrain_level_decoding="likelihood")
+    seen = {}
+
+    def accuracy(model, tokenizer, messages, golds, decode, **kw):
+        seen["target"] = (len(messages), decode.temperature)
+        return {"accuracy": 0.5}
+
+    def reference_pass_rate(model, tokenizer, messages, references, decoding, batch_size=64):
+        seen["level"] = (messages, references, decoding)
+        return {"pass_rate": 0.25, "per_problem": [0.25] * len(messages)}
+
+    class Stop(Exception):
+        pass
+
+    def pretrain(model, tokenizer, texts, cfg, progress=True, seed=0, curve_fn=None, target_fn=None):
+        seen["values"] = (target_fn(model, 3, "target"), target_fn(model, 4, "level"))
+        raise Stop
+
+    monkeypatch.setattr(generation, "accuracy", accuracy)
+    monkeypatch.setattr(likelihood, "reference_pass_rate", reference_pass_rate)
+    monkeypatch.setattr(models, "pretrain", pretrain)
+    with pytest.raises(Stop):
+        base.run(params, *base.default_io(params))
+    val = [json.loads(line) for line in (tmp_path / "data" / "prepared" / "val.jsonl").read_text().splitlines()][:4]
+    messages, references, decoding = seen["level"]
+    ev = params.evaluate
+    styles = [s for s, w in params.data.solution_styles.items() if w > 0]
+    assert seen["target"] == (3, 0.0) and seen["values"] == (0.5, 0.25)
+    assert messages == [r["prompt"] for r in val]
+    assert references == [[restyle(r["solution"], s) for s in styles] for r in val] and len(styles) == 2
+    assert (decoding.temperature, decoding.top_k, decoding.top_p) == (ev.temperature, ev.top_k, ev.top_p)
