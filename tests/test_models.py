@@ -150,7 +150,7 @@ def test_encode_examples_sequence_loss_covers_the_question(tok, problems):
 
 
 @pytest.mark.parametrize("key,default,other,bad", [
-    ("pretrain_level_decoding", "greedy", "evaluation", "sampled"),
+    ("pretrain_level_decoding", "likelihood", "greedy", "sampled"),
     ("pretrain_loss", "completion", "sequence", "prompt"),
     ("pretrain_question_order", "given", "shuffled", "reversed"),
 ])

@@ -340,15 +340,15 @@ def test_a_sweep_run_counts_only_when_its_benchmarks_are_the_default_runs(tmp_pa
                                                ("pretrain_question_order", "given", "shuffled")])
 def test_a_sweep_run_from_before_a_later_key_ran_as_that_key_says(tmp_path, monkeypatch, key, before, other):
     """record_band.same_recipe: a params file without a key added later (record_band.LATER_KEYS) ran as the key's
-    `before` value says (the level probed greedily; the loss on the completion), the same recipe as that value;
-    another value is another recipe."""
+    `before` value says (the level probed greedily; the loss on the completion), the same recipe as that value,
+    which is the default's only while the default keeps it; another value is another recipe."""
     import yaml
 
     rb = _record_band(tmp_path, monkeypatch)
     assert rb.LATER_KEYS[f"model.{key}"] == before
     default = yaml.safe_load((REPO / "params.yaml").read_text())
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(default))
-    assert default["model"][key] == before
+    now = default["model"][key]  # the default's value: `before`, or (the level probe) a later one
 
     def run(name: str, value: str | None) -> Path:
         p = yaml.safe_load(yaml.safe_dump(default))
@@ -361,6 +361,7 @@ def test_a_sweep_run_from_before_a_later_key_ran_as_that_key_says(tmp_path, monk
         (tmp_path / p["out_root"] / "params.yaml").write_text(yaml.safe_dump(p))
         return Path(p["out_root"])
 
-    assert rb.same_recipe(run("missing", None)) is None
-    assert rb.same_recipe(run("same", before)) is None
-    assert f"model.{key}" in rb.same_recipe(run("other", other))
+    assert (rb.same_recipe(run("missing", None)) is None) == (now == before)
+    assert (rb.same_recipe(run("before", before)) is None) == (now == before)
+    assert rb.same_recipe(run("same", now)) is None
+    assert f"model.{key}" in rb.same_recipe(run("other", other if other != now else before))
