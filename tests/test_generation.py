@@ -9,9 +9,8 @@ from tandem.generation import (Draws, SoloDecode, accuracy, accuracy_of, cut_at_
 from tandem.rollout.core import RolloutBatch, SamplingParams
 from tandem.rollout.request import RolloutSettings
 from tandem.rollout.schedule import ScheduleSpec
+from train_fixtures import SMALL
 
-SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=0, intermediate_size=64,
-             max_position=512)
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,8 @@ from tandem.data.prompts import user_message
 from tandem.data.synthetic import STYLES, generate, make_problem, restyle
 from tandem.likelihood import Decoding, reference_logprobs, reference_pass_rate, sequence_logprob_B
 from tandem.rollout.sampling import decoding_logprobs_BT
+from train_fixtures import SMALL
 
-SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=0, intermediate_size=64,
-             max_position=512)
 
 
 @pytest.fixture(scope="module")

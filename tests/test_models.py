@@ -12,9 +12,8 @@ from tandem import models as M
 from tandem.config import ModelConfig, ParamsError
 from tandem.data.prompts import render_prompt, user_message
 from tandem.data.synthetic import generate
+from train_fixtures import SMALL
 
-SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=0, intermediate_size=64,
-             max_position=512)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ have reward variance and the senior really learns.
 
 `FakeBatch` has the shape of `tandem.rollout.core.RolloutBatch` (owner mask, the senior's sampling log-probs)
 for tests that script the rollouts themselves, where what the engine would sample does not matter.
+
+`SMALL` is the model section of a tiny Qwen3 (32 wide, 2 layers) that tests build with `ModelConfig(**SMALL)`.
 """
 
 from __future__ import annotations
@@ -109,3 +111,7 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=0, intermediate_size=64,
+             max_position=512)
