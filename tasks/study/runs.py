@@ -159,14 +159,17 @@ def analyze(root: Path) -> dict:
 
 
 def unit_state(root: Path, arm: str, total: int) -> dict:
-    """Where one training run of a study root stands (every study's `--status` rows): trained, partial (its last
-    saved step), started (a log, no checkpoint yet) or pending; then analyzed or evaluated once those ran."""
+    """Where one training run of a study root stands (every study's `--status` rows): pending, started (a log, no
+    checkpoint yet), partial (its last saved step), trained, then evaluated and analyzed as each of those stages
+    writes its metrics after the one before it (an older file is a former run's)."""
     done = root / "metrics" / f"train_{arm}.json"
     if done.exists():
         state, step = "trained", read_json(done).get("steps", total)
         ev, an = root / "metrics" / "eval.json", root / "metrics" / "analysis.json"
-        if an.exists() and ev.exists() and an.stat().st_mtime >= ev.stat().st_mtime:
-            state = "analyzed"
+        if ev.exists() and ev.stat().st_mtime >= done.stat().st_mtime:
+            state = "evaluated"
+            if an.exists() and an.stat().st_mtime >= ev.stat().st_mtime:
+                state = "analyzed"
         return {"arm": arm, "state": state, "step": step, "steps": total}
     saved = [int(p.name[5:]) for d in (root / "scratch" / "train" / arm, root / "models" / "checkpoints" / arm)
              for p in d.glob("step-*") if p.name[5:].isdigit()]

@@ -4,6 +4,7 @@ several fake seeds (claims.json fields, verdicts that follow the data, the repor
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,16 @@ def test_status_reports_trained_partial_and_pending_runs(tmp_path):
     assert rows["grpo"]["state"] == "partial" and rows["grpo"]["step"] == 50
     assert rows["kl_reg"]["state"] == "pending"
     assert {r["unit"] for r in rows.values()} == {"seed 0"}
+    # then evaluated and analyzed, each only once its stage wrote after the one before it
+    m = root / "metrics"
+    for name, t in (("train_tandem.json", 100), ("eval.json", 200), ("analysis.json", 150)):
+        (m / name).write_text("{}")
+        os.utime(m / name, (t, t))
+    assert {r["arm"]: r["state"] for r in study.status(s)}["tandem"] == "evaluated"  # a former run's analysis
+    os.utime(m / "analysis.json", (300, 300))
+    assert {r["arm"]: r["state"] for r in study.status(s)}["tandem"] == "analyzed"
+    os.utime(m / "train_tandem.json", (400, 400))  # retrained: a former run's evaluation and analysis
+    assert {r["arm"]: r["state"] for r in study.status(s)}["tandem"] == "trained"
 
 
 def _fake_seed(root: Path, seed: int, p_correct: dict, kl: dict) -> None:
