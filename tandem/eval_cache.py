@@ -4,6 +4,10 @@
   rows, result settings) in a directory, `<key>.jsonl` (one record per sample) and `<key>.json` (the summary,
   written last: its presence marks the entry complete), so a rerun, or a rerun after a crash, computes only
   what is missing. The stage gives it its durable writers (`tasks.common.write_json` / `write_jsonl`).
+- `StatsCache` / `stats_key`: the analysis's per-checkpoint teacher-forced statistics by key (the checkpoint,
+  the base and junior it is compared with, the very completions and reference texts, the numerics settings), so
+  an analysis resumes at the first checkpoint it had not finished and a checkpoint another run already scored
+  (a study's step 0) is read back.
 - `plan_units`: the (arm, checkpoint, mode) units of an evaluation, one per distinct (weights, mode), so the
   base every arm starts from runs once.
 - `ModelCache`: models by content hash, keeping resident only those a unit asks for (the base and the current
@@ -14,12 +18,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
 
 from tandem.evaluation import content_hash
 
@@ -61,6 +68,67 @@ class ResultCache:
         meta_p, gen_p = self.paths(key)
         self.write_jsonl(gen_p, records)
         self.write_json(meta_p, meta)
+
+
+STATS_FORMAT = 1
+
+
+def stats_key(senior_hash: str, base_hash: str, junior_hash: str | None, texts: Any, refs: Any,
+              numerics: dict) -> str:
+    """SHA-256 naming one checkpoint's analysis statistics: the senior's weights, the base's, the junior's (None:
+    the junior is the base), the teacher-forced texts and reference texts (any JSON-able value: the token ids
+    themselves) and whatever else can change a float (`numerics`: batch size, dtype, device, threads, the hash of
+    the computing code)."""
+    payload = {"format": STATS_FORMAT, "senior": senior_hash, "base": base_hash, "junior": junior_hash,
+               "texts": texts, "refs": refs, "numerics": numerics}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class StatsCache:
+    """Per-checkpoint statistics by key under `root`: `<key>.npz` (per benchmark, each per-token array of every
+    completion, concatenated, with the completions' lengths) and `<key>.json` (the benchmarks, the completions'
+    problem ids and the per-problem values on the reference texts; written last, its presence marks the entry
+    complete). `write_arrays(path, arrays)` / `write_json(path, obj)` write files atomically."""
+
+    root: Path
+    write_arrays: Callable[[Path, dict[str, np.ndarray]], None]
+    write_json: Callable[[Path, Any], None]
+
+    def paths(self, key: str) -> tuple[Path, Path]:
+        """The entry's summary file and arrays file."""
+        return self.root / f"{key}.json", self.root / f"{key}.npz"
+
+    def store(self, key: str, stats: dict[str, list[dict[str, np.ndarray]]], ids: dict[str, list],
+              common: dict) -> None:
+        """Write one checkpoint's `stats` (benchmark -> one dict of per-token arrays per completion), the
+        completions' problem `ids` (benchmark -> ids, same order) and its `common` values."""
+        meta_p, arr_p = self.paths(key)
+        arrays: dict[str, np.ndarray] = {}
+        benches = list(stats)
+        for j, b in enumerate(benches):
+            rows = stats[b]
+            arrays[f"b{j}.lengths"] = np.asarray([len(r["targets"]) for r in rows], dtype=np.int64)
+            for name in (rows[0] if rows else {}):
+                arrays[f"b{j}.{name}"] = np.concatenate([r[name] for r in rows])
+        self.write_arrays(arr_p, arrays)
+        self.write_json(meta_p, {"format": STATS_FORMAT, "key": key, "benchmarks": benches, "ids": ids,
+                                 "common": common})
+
+    def load(self, key: str) -> tuple[dict[str, list[dict[str, np.ndarray]]], dict[str, list], dict] | None:
+        """(stats, ids, common) as `store` was given them, or None when the entry is not complete."""
+        meta_p, arr_p = self.paths(key)
+        if not meta_p.exists():
+            return None
+        meta = json.loads(meta_p.read_text())
+        stats: dict[str, list[dict[str, np.ndarray]]] = {}
+        with np.load(arr_p) as z:
+            for j, b in enumerate(meta["benchmarks"]):
+                bounds = np.cumsum(np.concatenate([[0], z[f"b{j}.lengths"]]))
+                names = [k.split(".", 1)[1] for k in z.files if k.startswith(f"b{j}.") and k != f"b{j}.lengths"]
+                cols = {n: z[f"b{j}.{n}"] for n in names}
+                stats[b] = [{n: cols[n][lo:hi].copy() for n in names} for lo, hi in zip(bounds[:-1], bounds[1:])]
+        return stats, meta["ids"], meta["common"]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -8,7 +8,10 @@ quantiles, histogram), and the mean log-ratio on the reference arm's most-drifte
 `metrics/analysis.json` and the CSV tables of docs/metrics.md, among them `per_problem.csv` (the values per
 problem, which a multi-seed study resamples) and `common_text.csv` (per-token KL(senior || base) and overlap
 on each benchmark problem's reference solution: one text shared by every arm and seed, so a difference in the
-arms' own style mix or length cannot pass for drift); identical weights are scored once.
+arms' own style mix or length cannot pass for drift); identical weights are scored once. Each checkpoint's
+statistics are cached under their key in `scratch/analyze/` (`tandem.eval_cache.StatsCache`, not a DVC output;
+the key names the weights, the texts, the numerics settings and the source of the code that computes them), so
+an analysis stopped midway resumes at the first checkpoint it had not finished.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 
 from tandem.checkpoints import generations_file
 from tandem.config import Params
+from tandem.eval_cache import StatsCache, stats_key
 from tandem.evaluation import content_hash, teacher_forced_pair_stats, teacher_forced_stats
 from tandem.threads import torch_threads
 from tandem.metrics.analysis import analyze_checkpoints, per_problem_counts, per_problem_means
@@ -35,7 +39,7 @@ def default_io(params: Params) -> tuple[dict[str, Path], dict[str, Path]]:
     inputs = {"eval": lay.metrics / "eval.json", "generations": lay.generations, "base_model": lay.base_model,
               "junior_model": lay.junior_model, "checkpoints": lay.checkpoints, "eval_data": lay.prepared / "eval"}
     outputs = {"metrics": lay.metrics / "analysis.json", "headline": lay.metrics / "headline" / "analysis.json",
-               "plots": lay.plots / "analysis"}
+               "plots": lay.plots / "analysis", "cache": lay.scratch / "analyze"}
     return inputs, outputs
 
 
@@ -104,6 +108,35 @@ def _common_stats(senior, base, refs: dict, batch_size: int, pad_id: int) -> dic
     return out
 
 
+def _write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+
+def _stats_code() -> str:
+    """SHA-256 of the source that computes a checkpoint's statistics (this stage and the library modules it
+    teacher-forces with): a cache entry written by other code is not read back."""
+    import hashlib
+
+    import tandem.evaluation
+    import tandem.logprobs
+    import tandem.metrics.drift
+    import tandem.metrics.legibility
+
+    h = hashlib.sha256()
+    for mod in (tandem.evaluation, tandem.logprobs, tandem.metrics.drift, tandem.metrics.legibility,
+                sys.modules[__name__]):
+        h.update(Path(mod.__file__).read_bytes())
+    return h.hexdigest()
+
+
+def _texts(gens: dict[str, list[dict]]) -> list:
+    """What a checkpoint is teacher-forced on, as its cache key names it: per benchmark, each completion's
+    problem id, prompt ids and completion ids, in order."""
+    return [[b, [[r["id"], r["prompt_ids"], r["completion_ids"]] for r in rows]] for b, rows in gens.items()]
+
+
 def run(params: Params, inputs: dict | None = None, outputs: dict | None = None) -> dict:
     """Analyse every arm's checkpoints; returns {"<arm>/<metric>": value} at each arm's last checkpoint."""
     di, do = default_io(params)
@@ -145,7 +178,12 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
         else int(base.config.vocab_size)
 
     # Teacher-force each distinct checkpoint once (every arm's step 0 is the base), on its own solo completions
-    # and on the reference solutions of the evaluated problems (the common text).
+    # and on the reference solutions of the evaluated problems (the common text); read back a checkpoint whose
+    # statistics the cache holds under the same key.
+    cache = StatsCache(Path(outputs["cache"]), _write_arrays, write_json)
+    numerics = {"batch_size": an.batch_size, "dtype": params.model.dtype, "device": device,
+                "cpu_threads": an.cpu_threads, "code": _stats_code()}
+    junior_key = None if junior is None else junior_hash
     by_hash: dict[str, dict[str, list[dict]]] = {}
     ids_by_hash: dict[str, dict[str, list]] = {}
     common_by_hash: dict[str, dict] = {}
@@ -155,16 +193,23 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
             if c["hash"] in by_hash:
                 continue
             gens = _solo_generations(gen_dir, arm, c["step"], benchmarks)
+            if refs is None:
+                refs = _reference_texts(inputs["eval_data"], {b: sorted({str(r["id"]) for r in rows})
+                                                              for b, rows in gens.items()}, tok)
+            key = stats_key(c["hash"], base_hash, junior_key, _texts(gens), {b: list(v) for b, v in refs.items()},
+                            numerics)
+            found = cache.load(key)
+            if found is not None:
+                by_hash[c["hash"]], ids_by_hash[c["hash"]], common_by_hash[c["hash"]] = found
+                continue
             senior = None
             if c["hash"] != base_hash:
                 senior = load_model(_resolve(c["path"], root), params.model.dtype,
                                     params.model.trust_remote_code).to(device).eval()
             by_hash[c["hash"]], ids_by_hash[c["hash"]] = _checkpoint_stats(
                 senior, base, junior, gens, an.batch_size, pad_id, params.evaluate.progress, f"analyze {arm} step-{c['step']}")
-            if refs is None:
-                refs = _reference_texts(inputs["eval_data"], {b: sorted(set(map(str, v)))
-                                                              for b, v in ids_by_hash[c["hash"]].items()}, tok)
             common_by_hash[c["hash"]] = _common_stats(senior, base, refs, an.batch_size, pad_id)
+            cache.store(key, by_hash[c["hash"]], ids_by_hash[c["hash"]], common_by_hash[c["hash"]])
             del senior
 
     doc = {"settings": {"top_drift_tokens": an.top_drift_tokens, "min_type_count": an.min_type_count,

@@ -13,10 +13,11 @@ from the project's own stages and library, and every setting from the registrati
 - `run`: every registered seed x arm without a result: a complete params file per run under
   `runs/seed-<S>/<arm>/` (links to the chosen dialect's data, S and J, and to the seed's evaluation cache), then
   the train, evaluate and analyze stages (each resumable), then `results/seed-<S>/<arm>.json`, the run's small
-  per-problem results, which is what gets committed. A seed's arms share one evaluation cache
-  (`runs/seed-<S>/eval-cache`): a result's key names its weights, mode, problems and settings (the seed among
-  them) and, in step mode, the partner's weights, so step 0 (S alone; S with J and J alone for the arms whose
-  partner is J) is computed by the first arm that reaches it and read by the others.
+  per-problem results, which is what gets committed. A seed's arms share one evaluation cache and one analysis
+  cache (`runs/seed-<S>/eval-cache`, `analyze-cache`): an evaluation result's key names its weights, mode,
+  problems and settings (the seed among them) and, in step mode, the partner's weights, and an analysis entry's
+  key the checkpoint, the base, the junior and the very texts scored, so step 0 (S alone; S with J and J alone
+  for the arms whose partner is J) is computed by the first arm that reaches it and read by the others.
 """
 
 from __future__ import annotations
@@ -359,9 +360,12 @@ def result_file(out: Path, seed: int, arm: str) -> Path:
     return Path(out) / "results" / f"seed-{seed}" / f"{arm}.json"
 
 
-def eval_cache(out: Path, seed: int) -> Path:
-    """The evaluation cache one seed's arms share (each run's `scratch/evaluate` links to it)."""
-    return (Path(out) / "runs" / f"seed-{seed}" / "eval-cache").resolve()
+SEED_CACHES = {"evaluate": "eval-cache", "analyze": "analyze-cache"}  # stage -> the seed's shared cache
+
+
+def seed_cache(out: Path, seed: int, stage: str) -> Path:
+    """The cache of stage `stage` that one seed's arms share (each run's `scratch/<stage>` links to it)."""
+    return (Path(out) / "runs" / f"seed-{seed}" / SEED_CACHES[stage]).resolve()
 
 
 def share_dir(link: Path, shared: Path) -> None:
@@ -386,7 +390,7 @@ def share_dir(link: Path, shared: Path) -> None:
 def prepare_run(reg: R.ControlRegistration, dialect: str, seed: int, arm: str) -> Path:
     """`runs/seed-<S>/<arm>/params.yaml`: the dialect's gate file with this seed, this root, the arm's pipeline
     arm and its partner (J: the dialect's junior; S: `junior.source: base`), and links to the dialect's prepared
-    data, S, (partner J) J and the seed's evaluation cache."""
+    data, S, (partner J) J and the seed's evaluation and analysis caches."""
     spec = reg.arms[arm]
     src_root = ensure_inputs(reg, dialect)
     root = run_root(reg.dir, seed, arm)
@@ -396,7 +400,8 @@ def prepare_run(reg: R.ControlRegistration, dialect: str, seed: int, arm: str) -
         dst.parent.mkdir(parents=True, exist_ok=True)
         if not dst.exists():
             dst.symlink_to(src_root / rel, target_is_directory=True)
-    share_dir(root / "scratch" / "evaluate", eval_cache(reg.dir, seed))
+    for stage_name in SEED_CACHES:
+        share_dir(root / "scratch" / stage_name, seed_cache(reg.dir, seed, stage_name))
     raw = yaml.safe_load((src_root / "params.yaml").read_text())
     return write_params(root / "params.yaml", derive(raw, *run_changes(reg, seed, arm, str(root))))
 

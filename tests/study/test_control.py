@@ -118,8 +118,15 @@ def test_the_control_end_to_end_with_a_junior_of_its_own(tmp_path):
         h = res[arm]["hashes"]
         assert {h["junior_gate"], h["junior_train"], h["junior_eval"], h["junior_analysis"]} == {want}, arm
         assert h["junior_weights_before"] == h["junior_weights_after"] and res[arm]["junior_unchanged"]
-    # the seed's arms evaluated into one cache: step 0 (the same weights, mode, problems and settings) once
-    assert {(ctl.run_root(out, 0, a) / "scratch" / "evaluate").resolve() for a in res} == {ctl.eval_cache(out, 0)}
+    # the seed's arms evaluated and analysed into one cache each: step 0 (the same key) once
+    for name in ("evaluate", "analyze"):
+        assert {(ctl.run_root(out, 0, a) / "scratch" / name).resolve() for a in res} == {ctl.seed_cache(out, 0, name)}
+    # one analysis entry per distinct (checkpoint weights, partner weights) of the seed's runs
+    pairs = set()
+    for a in res:
+        ev_doc = json.loads((ctl.run_root(out, 0, a) / "metrics" / "eval.json").read_text())
+        pairs |= {(c["hash"], ev_doc["junior"]["hash"]) for arm in ev_doc["arms"].values() for c in arm["checkpoints"]}
+    assert len(list(ctl.seed_cache(out, 0, "analyze").glob("*.json"))) == len(pairs) >= 2
     naive = res["tandem-naive"]
     assert set(naive["evaluation"]["checkpoints"]) == {"0", "1", "2"}
     assert set(naive["evaluation"]["checkpoints"]["2"]) == {"solo", "step"}

@@ -194,3 +194,30 @@ def test_analyze_without_the_reference_arm_leaves_top_token_metrics_undefined(ev
     top = doc["arms"]["tandem"]["checkpoints"][-1]["drift"]["top_tokens"]
     assert top["mean_logratio"] is None and top["coverage"] is None
     assert (tmp_path / "plots" / "tandem.csv").exists() and not (tmp_path / "plots" / "grpo.csv").exists()
+
+
+@pytest.mark.slow
+def test_an_analysis_resumes_from_its_cache_and_writes_the_same_bytes(evaluated, tmp_path, monkeypatch):
+    """Each checkpoint's statistics are cached under their key: a second analysis whose cache lost one entry (a
+    run stopped before that checkpoint finished) scores that checkpoint alone and writes the same files."""
+    p = F.small_params(evaluated, modes=["solo"])
+    inputs, _ = an.default_io(p)
+
+    def outputs(d):
+        return {"metrics": d / "analysis.json", "headline": d / "headline.json", "plots": d / "plots",
+                "cache": tmp_path / "cache"}
+
+    an.run(p, inputs, outputs(tmp_path / "first"))
+    ev_doc = json.loads((evaluated / "metrics" / "eval.json").read_text())
+    distinct = {c["hash"] for a in F.ARMS for c in ev_doc["arms"][a]["checkpoints"]}
+    entries = sorted((tmp_path / "cache").glob("*.json"))
+    assert len(entries) == len(distinct) == 1 + 2 * len(F.ARMS)  # the base (every arm's step 0) once
+    entries[0].unlink()
+    scored = []
+    real = an._checkpoint_stats
+    monkeypatch.setattr(an, "_checkpoint_stats", lambda *a, **k: (scored.append(a[-1]), real(*a, **k))[1])
+    an.run(p, inputs, outputs(tmp_path / "second"))
+    assert len(scored) == 1
+    for f in sorted((tmp_path / "first").rglob("*")):
+        if f.is_file():
+            assert (tmp_path / "second" / f.relative_to(tmp_path / "first")).read_bytes() == f.read_bytes(), f
