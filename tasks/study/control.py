@@ -11,13 +11,17 @@ from the project's own stages and library, and every setting from the registrati
   are named by the registered classifier. `tandem.study.control.gate` decides; `gate.json` and `gate.md` are
   written and the first dialect that passes is chosen.
 - `run`: every registered seed x arm without a result: a complete params file per run under
-  `runs/seed-<S>/<arm>/` (links to the chosen dialect's data, S and J), then the train, evaluate and analyze stages
-  (each resumable), then `results/seed-<S>/<arm>.json`, the run's small per-problem results, which is what gets
-  committed.
+  `runs/seed-<S>/<arm>/` (links to the chosen dialect's data, S and J, and to the seed's evaluation cache), then
+  the train, evaluate and analyze stages (each resumable), then `results/seed-<S>/<arm>.json`, the run's small
+  per-problem results, which is what gets committed. A seed's arms share one evaluation cache
+  (`runs/seed-<S>/eval-cache`): a result's key names its weights, mode, problems and settings (the seed among
+  them) and, in step mode, the partner's weights, so step 0 (S alone; S with J and J alone for the arms whose
+  partner is J) is computed by the first arm that reaches it and read by the others.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -355,10 +359,34 @@ def result_file(out: Path, seed: int, arm: str) -> Path:
     return Path(out) / "results" / f"seed-{seed}" / f"{arm}.json"
 
 
+def eval_cache(out: Path, seed: int) -> Path:
+    """The evaluation cache one seed's arms share (each run's `scratch/evaluate` links to it)."""
+    return (Path(out) / "runs" / f"seed-{seed}" / "eval-cache").resolve()
+
+
+def share_dir(link: Path, shared: Path) -> None:
+    """Make `link` a link to the directory `shared`. A `link` that is a directory of its own (a run begun before
+    its cache was shared) moves its entries there first: an entry `shared` already holds is the same result
+    under the same key and is dropped, and each `<key>.json`, which marks an entry complete, moves after the
+    records beside it, so a sibling reading `shared` meanwhile never sees half an entry."""
+    shared.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink():
+        return
+    if link.is_dir():
+        for f in sorted(link.iterdir(), key=lambda f: (f.suffix == ".json", f.name)):
+            if (shared / f.name).exists():
+                f.unlink()
+            else:
+                os.replace(f, shared / f.name)
+        link.rmdir()
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(shared, target_is_directory=True)
+
+
 def prepare_run(reg: R.ControlRegistration, dialect: str, seed: int, arm: str) -> Path:
     """`runs/seed-<S>/<arm>/params.yaml`: the dialect's gate file with this seed, this root, the arm's pipeline
     arm and its partner (J: the dialect's junior; S: `junior.source: base`), and links to the dialect's prepared
-    data, S and (partner J) J."""
+    data, S, (partner J) J and the seed's evaluation cache."""
     spec = reg.arms[arm]
     src_root = ensure_inputs(reg, dialect)
     root = run_root(reg.dir, seed, arm)
@@ -368,6 +396,7 @@ def prepare_run(reg: R.ControlRegistration, dialect: str, seed: int, arm: str) -
         dst.parent.mkdir(parents=True, exist_ok=True)
         if not dst.exists():
             dst.symlink_to(src_root / rel, target_is_directory=True)
+    share_dir(root / "scratch" / "evaluate", eval_cache(reg.dir, seed))
     raw = yaml.safe_load((src_root / "params.yaml").read_text())
     return write_params(root / "params.yaml", derive(raw, *run_changes(reg, seed, arm, str(root))))
 

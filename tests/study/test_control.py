@@ -118,6 +118,8 @@ def test_the_control_end_to_end_with_a_junior_of_its_own(tmp_path):
         h = res[arm]["hashes"]
         assert {h["junior_gate"], h["junior_train"], h["junior_eval"], h["junior_analysis"]} == {want}, arm
         assert h["junior_weights_before"] == h["junior_weights_after"] and res[arm]["junior_unchanged"]
+    # the seed's arms evaluated into one cache: step 0 (the same weights, mode, problems and settings) once
+    assert {(ctl.run_root(out, 0, a) / "scratch" / "evaluate").resolve() for a in res} == {ctl.eval_cache(out, 0)}
     naive = res["tandem-naive"]
     assert set(naive["evaluation"]["checkpoints"]) == {"0", "1", "2"}
     assert set(naive["evaluation"]["checkpoints"]["2"]) == {"solo", "step"}
@@ -147,6 +149,30 @@ def test_the_control_end_to_end_with_a_junior_of_its_own(tmp_path):
     assert got["hashes"]["junior_gate"] == J
     params = yaml.safe_load((ctl.run_root(later, 5, "grpo") / "params.yaml").read_text())
     assert params["train"]["steps"] == 1 and params["train"]["save_every"] == 1 and params["seed"] == 5
+
+
+def test_a_run_begun_with_a_cache_of_its_own_moves_it_into_the_seeds_shared_one(tmp_path, monkeypatch):
+    shared = tmp_path / "runs" / "seed-0" / "eval-cache"
+    shared.mkdir(parents=True)
+    (shared / "a.jsonl").write_text("records of a")
+    (shared / "a.json").write_text("summary of a")
+    own = tmp_path / "runs" / "seed-0" / "grpo" / "scratch" / "evaluate"
+    own.mkdir(parents=True)
+    for name in ("a.json", "a.jsonl", "b.json", "b.jsonl"):
+        (own / name).write_text(f"own {name}")
+    moved = []
+    real_replace = ctl.os.replace
+    monkeypatch.setattr(ctl.os, "replace", lambda a, b: (moved.append(Path(a).name), real_replace(a, b)))
+    ctl.share_dir(own, shared)
+    assert own.is_symlink() and own.resolve() == shared.resolve()
+    # the entry the shared cache held stays; the run's own entry moves, its records before its summary
+    assert {f.name: f.read_text() for f in shared.iterdir()} == {
+        "a.jsonl": "records of a", "a.json": "summary of a", "b.jsonl": "own b.jsonl", "b.json": "own b.json"}
+    assert moved == ["b.jsonl", "b.json"]
+    fresh = tmp_path / "runs" / "seed-0" / "tandem-naive" / "scratch" / "evaluate"
+    ctl.share_dir(fresh, shared)
+    ctl.share_dir(fresh, shared)  # a resumed run: the link is already there
+    assert fresh.resolve() == shared.resolve() and len(list(fresh.iterdir())) == 4
 
 
 def test_recompute_refuses_a_control_without_results_and_keeps_its_gate_page(tmp_path):
