@@ -11,7 +11,7 @@ from the project's own stages and library, and every setting from the registrati
   are named by the registered classifier. `tandem.study.control.gate` decides; `gate.json` and `gate.md` are
   written and the first dialect that passes is chosen.
 - `run`: every registered seed x arm without a result: a complete params file per run under
-  `runs/seed-<S>/<arm>/` (links to the chosen dialect's data, S and J, and to the seed's evaluation cache), then
+  `runs/seed-<S>/<arm>/` (links to the chosen dialect's data, S and J, and to the seed's caches), then
   the train, evaluate and analyze stages (each resumable), then `results/seed-<S>/<arm>.json`, the run's small
   per-problem results, which is what gets committed. A seed's arms share one evaluation cache and one analysis
   cache (`runs/seed-<S>/eval-cache`, `analyze-cache`): an evaluation result's key names its weights, mode,
