@@ -30,7 +30,7 @@ from tandem.evaluation import content_hash, teacher_forced_pair_stats, teacher_f
 from tandem.threads import torch_threads
 from tandem.metrics.analysis import analyze_checkpoints, per_problem_counts, per_problem_means
 from tasks import headline
-from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_csv, write_json
+from tasks.common import Layout, atomic_path, read_json, read_jsonl, write_csv, write_json, write_npz
 from tandem.errors import BadInputError
 
 
@@ -108,12 +108,6 @@ def _common_stats(senior, base, refs: dict, batch_size: int, pad_id: int) -> dic
     return out
 
 
-def _write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-
-
 def _stats_code() -> str:
     """SHA-256 of the source that computes a checkpoint's statistics (this stage and the library modules it
     teacher-forces with): a cache entry written by other code is not read back."""
@@ -180,7 +174,7 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
     # Teacher-force each distinct checkpoint once (every arm's step 0 is the base), on its own solo completions
     # and on the reference solutions of the evaluated problems (the common text); read back a checkpoint whose
     # statistics the cache holds under the same key.
-    cache = StatsCache(Path(outputs["cache"]), _write_arrays, write_json)
+    cache = StatsCache(Path(outputs["cache"]), write_npz, write_json)
     numerics = {"batch_size": an.batch_size, "dtype": params.model.dtype, "device": device,
                 "cpu_threads": an.cpu_threads, "code": _stats_code()}
     junior_key = None if junior is None else junior_hash
@@ -196,8 +190,7 @@ def _run(params: Params, inputs: dict, outputs: dict) -> dict:
             if refs is None:
                 refs = _reference_texts(inputs["eval_data"], {b: sorted({str(r["id"]) for r in rows})
                                                               for b, rows in gens.items()}, tok)
-            key = stats_key(c["hash"], base_hash, junior_key, _texts(gens), {b: list(v) for b, v in refs.items()},
-                            numerics)
+            key = stats_key(c["hash"], base_hash, junior_key, _texts(gens), refs, numerics)
             found = cache.load(key)
             if found is not None:
                 by_hash[c["hash"]], ids_by_hash[c["hash"]], common_by_hash[c["hash"]] = found

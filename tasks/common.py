@@ -332,6 +332,15 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
         Path(tmp).write_text(json.dumps(redact(obj), indent=2, sort_keys=False, ensure_ascii=False) + "\n")
 
 
+def write_npz(path: str | os.PathLike, arrays: dict[str, Any]) -> None:
+    """Write named numpy arrays as one uncompressed `.npz` file, atomically."""
+    import numpy as np
+
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+
 def write_csv(path: str | os.PathLike, cols: list[str], rows: list[dict]) -> None:
     """A CSV with header `cols`; None becomes an empty cell (undefined, never 0)."""
     with open(path, "w", newline="", encoding="utf-8") as f:
