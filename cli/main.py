@@ -427,18 +427,30 @@ GATE_DIALECT = typer.Option(None, "--dialect",
                             help="measure only this registered dialect (repeatable); writes no gate.json")
 
 
+GATE_REBUILD = typer.Option(False, "--rebuild",
+                            help="measure the gate again on S and J rebuilt on this machine (a registered rebuild "
+                                 "amendment): writes rebuilds/<S>-<J>/gate.json")
+
+
 @study_app.command("gate")
-def study_gate(out: str = STUDY_OUT, dialect: list[str] | None = GATE_DIALECT) -> None:
+def study_gate(out: str = STUDY_OUT, dialect: list[str] | None = GATE_DIALECT, rebuild: bool = GATE_REBUILD) -> None:
     """A registered positive control's gate: build S and J for each registered dialect in order and measure the
     base-only criteria (G1-G5); writes gate.json and gate.md. Rerun: dialects already measured are kept (each
     dialect's result is kept in gate-dialects/<dialect>.json as soon as it is measured). --dialect NAME
     (repeatable) measures only those dialects, e.g. two in processes side by side, and writes no gate.json:
-    a run without it then decides in the registered order."""
+    a run without it then decides in the registered order. --rebuild measures the taken dialect again on S and J
+    the stages rebuild on this machine, when a rebuild amendment is registered (amendments.yaml)."""
     _offline_defaults()
     with expected_failures("study gate"):
         from tasks.study import control as ctl
 
         t0 = time.perf_counter()
+        if rebuild:
+            doc = ctl.gate_rebuild(Path(out))
+            where = ctl.rebuild_dir(ctl.registration(Path(out)), doc["build"])
+            typer.secho(f"rebuild gate finished in {time.perf_counter() - t0:.0f}s: "
+                        f"{'passed' if doc['passed'] else 'failed'} ({ctl.rel(where / 'gate.md')})", bold=True)
+            return
         if dialect:
             measured = ctl.measure_dialects(Path(out), dialect)
         else:

@@ -297,6 +297,12 @@ def gate_markdown(doc: dict) -> str:
     lines = [f"# The gate of the junior positive control{setting}", "",
              "Base models only, no RL (studies/junior-control/registration.md). Written by `tandem study gate` "
              "from `gate.json`.", ""]
+    if doc.get("amendment"):  # a rebuild's gate, measured again (tasks.study.control.gate_rebuild)
+        b, g = doc["build"], doc["rebuild_of"]
+        lines += [f"Measured again on a rebuild of S and J (amendment {doc['amendment']}, amendments.md): S "
+                  f"`{b['S'][:16]}`, J `{b['J'][:16]}`, made by the registered stages on another machine; the "
+                  f"registered gate measured S `{g['S'][:16]}`, J `{g['J'][:16]}`. The dialect the registered gate "
+                  "took, its measurements, criteria and estimator; this build trains only if it passes.", ""]
     lines.append(f"**Result: {'passed, dialect ' + repr(doc['dialect']) if doc['passed'] else 'no dialect passed'}.**")
     for d in doc["dialects"]:
         m, c = d["measures"], d["criteria"]

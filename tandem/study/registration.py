@@ -12,6 +12,10 @@ Two kinds of registered study share these types (docs/studies.md):
 - `PilotRegistration` (`pilot:` + `study:` + `claims:`): the registered pilot, the study it decides, and the
   study's claims over per-problem results.
 
+A control's `amendments.yaml` beside its registration (`Amendment`) holds what was registered later, each entry
+committed before anything it governs ran; the one kind the code reads is `rebuild` (a run may train from S and J
+rebuilt on another machine once their own gate, measured again, has passed: tasks/study/control.py).
+
 Every problem of a file is collected and raised as one `BadInputError` naming the file, one problem per clause.
 Nothing here writes a file: a registration is a record and is never rewritten.
 """
@@ -45,6 +49,10 @@ CONTROL_FIELDS = ("kind", "setting", "reason", "params", "gate_from", "params_ov
 # The setting indicators the claims engine computes (tandem.study.control.setting_indicators).
 SETTING_INDICATORS = ("H_grpo_keeps",)
 SECONDARY_TESTS = ("less", "greater", "noninferior", "difference", "per_arm")
+# The kinds of amendment the code acts on (amendments.yaml): `rebuild` accepts S and J rebuilt by the registered
+# stages whose gate, measured again on them, passed.
+AMENDMENT_KINDS = ("rebuild",)
+AMENDMENT_FIELDS = ("id", "kind", "reason", "governs", "rule")
 
 
 def _need(d: Mapping, key: str, where: str, problems: list[str], kind: type | tuple = object) -> Any:
@@ -155,6 +163,18 @@ class GateSpec:
 
 
 @dataclass(frozen=True)
+class Amendment:
+    """One registered amendment (amendments.yaml): its id, kind (AMENDMENT_KINDS), reason, the runs it governs and
+    its rule in words."""
+
+    id: str
+    kind: str
+    reason: str
+    governs: tuple[str, ...]
+    rule: str
+
+
+@dataclass(frozen=True)
 class ControlRegistration:
     """A registered positive control (`kind: junior-control`), with the setting it gates from, if any."""
 
@@ -181,6 +201,7 @@ class ControlRegistration:
     params_overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     classifier: str = "solution_style"
     setting_indicators: Mapping[str, Any] = field(default_factory=dict)
+    amendments: tuple[Amendment, ...] = ()
     kind: str = "junior-control"
 
     @property
@@ -200,6 +221,10 @@ class ControlRegistration:
 
     def claim(self, cid: str) -> RegisteredClaim:
         return next(c for c in self.claims if c.id == cid)
+
+    def amended(self, kind: str) -> Amendment | None:
+        """The registered amendment of `kind`, if any."""
+        return next((a for a in self.amendments if a.kind == kind), None)
 
 
 @dataclass(frozen=True)
@@ -295,6 +320,38 @@ def _build(d: Any, where: str, problems: list[str], junior: bool) -> Build | Non
         problems.append(f"{where}.params: section -> {{key: value}}")
         return None
     return Build(int(d["seed"]), {k: dict(v) for k, v in sections.items()}, build)
+
+
+def _amendments(path: Path, problems: list[str]) -> tuple[Amendment, ...]:
+    """The amendments in `path` (amendments.yaml; none when it does not exist), each checked."""
+    if not path.is_file():
+        return ()
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        problems.append(f"{path.name}: not YAML: {str(e).splitlines()[0]}")
+        return ()
+    items = raw.get("amendments") if isinstance(raw, Mapping) else None
+    if not isinstance(items, list) or not items:
+        problems.append(f"{path.name}: an `amendments:` list of entries ({', '.join(AMENDMENT_FIELDS)})")
+        return ()
+    out = []
+    for i, a in enumerate(items):
+        where = f"{path.name}: amendments[{i}]"
+        if not isinstance(a, Mapping) or sorted(set(a) ^ set(AMENDMENT_FIELDS)):
+            problems.append(f"{where}: exactly the fields {', '.join(AMENDMENT_FIELDS)}")
+            continue
+        if a["kind"] not in AMENDMENT_KINDS:
+            problems.append(f"{where}.kind: {a['kind']!r} is none of {', '.join(AMENDMENT_KINDS)}")
+            continue
+        if not isinstance(a["governs"], list) or not all(isinstance(g, str) for g in a["governs"]):
+            problems.append(f"{where}.governs: a list of the runs it governs (e.g. 'seed 2 grpo')")
+            continue
+        out.append(Amendment(str(a["id"]), a["kind"], str(a["reason"]), tuple(a["governs"]), str(a["rule"])))
+    ids = [a.id for a in out]
+    if len(set(ids)) != len(ids):
+        problems.append(f"{path.name}: amendment ids repeat ({ids})")
+    return tuple(out)
 
 
 def _control(path: Path, raw: Mapping, problems: list[str], root: Path) -> ControlRegistration | None:
@@ -399,6 +456,7 @@ def _control(path: Path, raw: Mapping, problems: list[str], root: Path) -> Contr
     elif "H_grpo_keeps" in setting_ind and not (isinstance(setting_ind["H_grpo_keeps"], (int, float))
                                                  and 0 < setting_ind["H_grpo_keeps"] <= 1):
         problems.append("setting_indicators.H_grpo_keeps: a fraction in (0, 1] of grpo's step-0 share")
+    amendments = _amendments(path.parent / "amendments.yaml", problems)
     if problems:
         return None
     return ControlRegistration(
@@ -410,7 +468,7 @@ def _control(path: Path, raw: Mapping, problems: list[str], root: Path) -> Contr
         statistics=stats, claims=claims, secondary=tuple(secondary), bug_indicators=dict(raw.get("bug_indicators") or {}),
         setting=raw.get("setting"), reason=raw.get("reason"), gate_from=gate_from,
         params_overrides={k: dict(v) for k, v in overrides.items()}, classifier=classifier,
-        setting_indicators=dict(setting_ind))
+        setting_indicators=dict(setting_ind), amendments=amendments)
 
 
 def _pilot(path: Path, raw: Mapping, problems: list[str]) -> PilotRegistration | None:

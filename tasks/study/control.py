@@ -123,24 +123,52 @@ def gated_hashes(reg: R.ControlRegistration, dialect: str) -> dict[str, str]:
     return dict(found[0]["hashes"])
 
 
-def check_models(root: Path, gated: dict[str, str]) -> None:
-    """Refuse (one line) when the S (`root/models/base`) or J (`root/models/junior`) a run would use is not the
-    gated one."""
+def build_of(root: Path) -> dict[str, str]:
+    """{"S": hash, "J": hash} of the S (`root/models/base`) and J (`root/models/junior`) a work root holds."""
     from tandem.evaluation import content_hash
 
-    for name, sub in (("S", "base"), ("J", "junior")):
-        got = content_hash(Path(root) / "models" / sub)
-        if got != gated[name]:
-            raise BadInputError(f"control: {name} at {Path(root) / 'models' / sub} has hash {got[:16]}, the gate "
-                                f"measured {gated[name][:16]}: it is not the gated model (remove it to rebuild it "
-                                "with the stages, on the machine that ran the gate)")
+    return {name: content_hash(Path(root) / "models" / sub) for name, sub in (("S", "base"), ("J", "junior"))}
 
 
-def ensure_inputs(reg: R.ControlRegistration, dialect: str) -> Path:
+def rebuild_dir(reg: R.ControlRegistration, build: dict[str, str]) -> Path:
+    """`rebuilds/<S hash 16>-<J hash 16>/` beside gate.json: a rebuild's gate, measured again (amendment `rebuild`)."""
+    return gate_dir(reg) / "rebuilds" / f"{build['S'][:16]}-{build['J'][:16]}"
+
+
+def rebuild_amendment(reg: R.ControlRegistration) -> R.Amendment | None:
+    """The registered `rebuild` amendment of this setting or of the setting whose gate it uses."""
+    return reg.amended("rebuild") or reg.gated.amended("rebuild")
+
+
+def accepted_build(reg: R.ControlRegistration, dialect: str, got: dict[str, str]) -> dict[str, str]:
+    """`got` ({"S", "J"} hashes) with the gate that lets it train (`gate`, a path): the registered gate when `got`
+    is the gated build; else, under a registered `rebuild` amendment, this very build's own gate, measured again
+    and passed. Refuses in one line, saying what to run, otherwise."""
+    gated = gated_hashes(reg, dialect)
+    if {k: got[k] for k in ("S", "J")} == {k: gated[k] for k in ("S", "J")}:
+        return {"S": got["S"], "J": got["J"], "gate": rel(gate_dir(reg) / "gate.json")}
+    am = rebuild_amendment(reg)
+    where = f"S {got['S'][:16]} and J {got['J'][:16]} (in {rel(work_root(reg, dialect) / 'models')})"
+    if am is None:
+        raise BadInputError(f"control: {where} are not the gated build (S {gated['S'][:16]}, J {gated['J'][:16]}): "
+                            "remove them to rebuild them with the stages on the machine that ran the gate, or "
+                            "register a rebuild amendment (amendments.yaml) before anything trains from a rebuild")
+    f = rebuild_dir(reg, got) / "gate.json"
+    if not f.exists():
+        raise BadInputError(f"control: {where} are a rebuild, not the gated build; amendment {am.id} lets a rebuild "
+                            f"train once its own gate has passed: run `tandem study gate --rebuild --out "
+                            f"{rel(reg.dir)}` and commit {rel(f.parent)}")
+    if not read_json(f)["passed"]:
+        raise BadInputError(f"control: {where} failed their own gate ({rel(f.parent / 'gate.md')}): amendment "
+                            f"{am.id} lets this rebuild train nothing")
+    return {"S": got["S"], "J": got["J"], "gate": rel(f)}
+
+
+def ensure_inputs(reg: R.ControlRegistration, dialect: str) -> tuple[Path, dict[str, str]]:
     """The dialect's work root with its prepared data (rebuilt by the prepare stage when missing: it is
     deterministic) and its models: linked to the committed S and J where the gate kept them in git, otherwise
-    the git-ignored ones in the work root, rebuilt by the base and junior stages when missing; either way checked
-    against the gate's hashes (a later setting's: its gate's)."""
+    the git-ignored ones in the work root, rebuilt by the base and junior stages when missing; and the build they
+    are, accepted by `accepted_build` (the gate's hashes, a later setting's: its gate's; or a rebuild's own gate)."""
     reg = reg.gated
     d = reg.dialect(dialect)
     f = dialect_params(reg, d)
@@ -152,8 +180,7 @@ def ensure_inputs(reg: R.ControlRegistration, dialect: str) -> Path:
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.symlink_to(keep / name, target_is_directory=True)
     build_models(f, root / "logs")
-    check_models(root, gated_hashes(reg, dialect))
-    return root
+    return root, accepted_build(reg, dialect, build_of(root))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -277,18 +304,23 @@ def dialect_result_file(reg: R.ControlRegistration, dialect: str) -> Path:
 def measure_dialect(reg: R.ControlRegistration, d: R.Dialect, crit) -> dict:
     """One dialect's gate result: kept from its result file when there is one, else S and J built and measured
     (`gate_measures`) and the result file written."""
-    from tandem.study.control import gate as decide
-
     kept = dialect_result_file(reg, d.name)
     if kept.exists():
         return read_json(kept)
     f = dialect_params(reg, d)
     build_models(f, work_root(reg, d.name) / "logs")
-    m = gate_measures(f, d.style, classifier(reg.classifier), reg.keyed_styles, crit.estimator)
-    res = {"dialect": d.name, **({"style": d.style} if d.style != d.name else {}),
-           "senior_styles": dict(d.senior_styles), **decide(m["values"], crit), **m, "params": rel(f)}
+    res = _measured(reg, d, crit, f)
     write_json(kept, res)
     return res
+
+
+def _measured(reg: R.ControlRegistration, d: R.Dialect, crit, f: Path) -> dict:
+    """One dialect's gate result from the S and J its params file `f` names, as built."""
+    from tandem.study.control import gate as decide
+
+    m = gate_measures(f, d.style, classifier(reg.classifier), reg.keyed_styles, crit.estimator)
+    return {"dialect": d.name, **({"style": d.style} if d.style != d.name else {}),
+            "senior_styles": dict(d.senior_styles), **decide(m["values"], crit), **m, "params": rel(f)}
 
 
 def _gate_registration(out: Path) -> tuple[R.ControlRegistration, GateCriteria]:
@@ -341,6 +373,39 @@ def gate(out: Path = CONTROL_DIR) -> dict:
 # The seed x arm runs
 # --------------------------------------------------------------------------------------------------
 
+def gate_rebuild(out: Path) -> dict:
+    """The gate measured again on a rebuild (a registered `rebuild` amendment): the S and J the stages build in the
+    taken dialect's work root on this machine, measured as the registered gate measures them (that dialect only,
+    the registered criteria and estimator), written to `rebuilds/<S>-<J>/gate.json` and `gate.md` (read back when
+    they exist: a rebuild on a machine whose kernels give the same bits is that earlier build). The gated build
+    itself is refused: its gate is gate.json."""
+    reg, crit = _gate_registration(out)
+    am = rebuild_amendment(reg)
+    if am is None:
+        raise BadInputError(f"control: {rel(Path(out))} registers no rebuild amendment (amendments.yaml): its runs "
+                            "train from the gated S and J only")
+    dialect = chosen_dialect(reg)
+    d = reg.dialect(dialect)
+    f = dialect_params(reg, d)
+    root = work_root(reg, dialect)
+    build_models(f, root / "logs")
+    got = build_of(root)
+    gated = gated_hashes(reg, dialect)
+    if got == {k: gated[k] for k in ("S", "J")}:
+        raise BadInputError(f"control: {rel(root / 'models')} holds the gated build itself: gate.json is its gate")
+    dest = rebuild_dir(reg, got)
+    if (dest / "gate.json").exists():
+        return read_json(dest / "gate.json")
+    res = _measured(reg, d, crit, f)
+    doc = {"registration": rel(reg.path), "amendment": am.id, "rebuild_of": gated, "build": got,
+           "passed": res["passed"], "dialect": dialect if res["passed"] else None, "dialects": [res],
+           **({"setting": reg.setting} if reg.setting else {})}
+    write_json(dest / "gate.json", doc)
+    with atomic_path(dest / "gate.md") as tmp:
+        Path(tmp).write_text(gate_markdown(doc))
+    return doc
+
+
 def chosen_dialect(reg: R.ControlRegistration) -> str:
     """The dialect the committed gate chose (a later setting's: its gate's); refuses to run without a passed gate."""
     f = gate_dir(reg) / "gate.json"
@@ -387,13 +452,27 @@ def share_dir(link: Path, shared: Path) -> None:
     link.symlink_to(shared, target_is_directory=True)
 
 
+def keep_build(f: Path, build: dict[str, str]) -> None:
+    """Record the build a run trains from (`build.json` in its root) when it begins; refuse to go on with another
+    one (a run resumed on a machine whose rebuild differs would mix two builds in one run)."""
+    if f.exists():
+        began = read_json(f)
+        if (began["S"], began["J"]) != (build["S"], build["J"]):
+            raise BadInputError(f"control: {rel(f.parent)} began on S {began['S'][:16]} and J {began['J'][:16]}, and "
+                                f"the work root now holds S {build['S'][:16]} and J {build['J'][:16]}: remove "
+                                f"{rel(f.parent)} to start that run over on this build")
+        return
+    write_json(f, build)
+
+
 def prepare_run(reg: R.ControlRegistration, dialect: str, seed: int, arm: str) -> Path:
     """`runs/seed-<S>/<arm>/params.yaml`: the dialect's gate file with this seed, this root, the arm's pipeline
     arm and its partner (J: the dialect's junior; S: `junior.source: base`), and links to the dialect's prepared
     data, S, (partner J) J and the seed's evaluation and analysis caches."""
     spec = reg.arms[arm]
-    src_root = ensure_inputs(reg, dialect)
+    src_root, build = ensure_inputs(reg, dialect)
     root = run_root(reg.dir, seed, arm)
+    keep_build(root / "build.json", build)
     links = ["data/prepared", "models/base"] + (["models/junior"] if spec.partner == "J" else [])
     for rel in links:
         dst = root / rel

@@ -74,20 +74,72 @@ def test_an_unknown_field_or_build_is_refused_in_one_line(tmp_path):
         R.load(_copy(tmp_path, setting_indicators={"H_other": 1}), ROOT)
 
 
-def test_a_model_other_than_the_gated_one_is_refused(tmp_path):
-    from tandem.evaluation import content_hash
+def _models(root, s=b"S", j=b"J"):
+    for sub, data in (("base", s), ("junior", j)):
+        (root / "models" / sub).mkdir(parents=True, exist_ok=True)
+        (root / "models" / sub / "model.safetensors").write_bytes(data * 64)
+
+
+def _gated(tmp_path, gated: dict, amendment: bool) -> "R.ControlRegistration":
+    """A copy of setting 2 whose gate.json records `gated` as reversed-long's hashes, with or without its rebuild
+    amendment."""
+    import json
+    import shutil
+
+    src = ROOT / "studies" / "jargon-smollm2" / "setting-2"
+    d = tmp_path / "studies" / "jargon-smollm2" / "setting-2"
+    d.mkdir(parents=True)
+    for name in ("registration.yaml", "params.yaml") + (("amendments.yaml",) if amendment else ()):
+        shutil.copy(src / name, d / name)
+    doc = json.loads((src / "gate.json").read_text())
+    doc["dialects"][-1]["hashes"] = dict(gated)
+    (d / "gate.json").write_text(json.dumps(doc))
+    return R.load(d, ROOT)
+
+
+def test_a_model_other_than_the_gated_one_trains_only_as_a_gated_rebuild(tmp_path):
     from tasks.study import control as ctl
 
     root = tmp_path / "work"
-    for sub, data in (("base", b"S"), ("junior", b"J")):
-        (root / "models" / sub).mkdir(parents=True)
-        (root / "models" / sub / "model.safetensors").write_bytes(data * 64)
-    gated = {"S": content_hash(root / "models" / "base"), "J": content_hash(root / "models" / "junior")}
-    ctl.check_models(root, gated)
-    (root / "models" / "junior" / "model.safetensors").write_bytes(b"X" * 64)
+    _models(root)
+    gated = ctl.build_of(root)
+    reg = _gated(tmp_path, gated, amendment=False)
+    assert ctl.accepted_build(reg, "reversed-long", gated)["gate"].endswith("setting-2/gate.json")
+    _models(root, j=b"X")
+    other = ctl.build_of(root)
     with pytest.raises(BadInputError) as e:
-        ctl.check_models(root, gated)
-    assert "\n" not in str(e.value) and "J at" in str(e.value) and "not the gated model" in str(e.value)
+        ctl.accepted_build(reg, "reversed-long", other)
+    assert "\n" not in str(e.value) and "not the gated build" in str(e.value) and "amendment" in str(e.value)
+    reg = _gated(tmp_path / "b", gated, amendment=True)
+    with pytest.raises(BadInputError, match="gate --rebuild"):
+        ctl.accepted_build(reg, "reversed-long", other)
+    f = ctl.rebuild_dir(reg, other) / "gate.json"
+    f.parent.mkdir(parents=True)
+    f.write_text('{"passed": false}')
+    with pytest.raises(BadInputError, match="failed their own gate"):
+        ctl.accepted_build(reg, "reversed-long", other)
+    f.write_text('{"passed": true}')
+    assert ctl.accepted_build(reg, "reversed-long", other) == {**other, "gate": ctl.rel(f)}
+
+
+def test_a_run_refuses_to_resume_on_another_build(tmp_path):
+    from tasks.study import control as ctl
+
+    f = tmp_path / "run" / "build.json"
+    ctl.keep_build(f, {"S": "a" * 64, "J": "b" * 64, "gate": "g"})
+    ctl.keep_build(f, {"S": "a" * 64, "J": "b" * 64, "gate": "g"})
+    with pytest.raises(BadInputError, match="start that run over"):
+        ctl.keep_build(f, {"S": "c" * 64, "J": "b" * 64, "gate": "h"})
+
+
+def test_amendments_are_read_and_checked(tmp_path):
+    reg = R.load(ROOT / "studies" / "jargon-smollm2" / "setting-2", ROOT)
+    assert reg.amended("rebuild").id == "A1" and "seed 2 grpo" in reg.amended("rebuild").governs
+    assert R.load(ROOT / "studies" / "jargon-smollm2", ROOT).amendments == ()
+    d = _gated(tmp_path, {"S": "s", "J": "j"}, amendment=True).dir
+    (d / "amendments.yaml").write_text("amendments:\n  - {id: A1, kind: retrain, reason: r, governs: [], rule: r}\n")
+    with pytest.raises(BadInputError, match="kind: 'retrain' is none of rebuild"):
+        R.load(d, ROOT)
 
 
 def test_large_models_stay_in_the_ignored_work_root(tmp_path, monkeypatch):
