@@ -111,6 +111,8 @@ def build_report(doc: Mapping[str, Any], gate_doc: Mapping[str, Any]) -> Report:
                             f"{_fmt(d['values']['cost_SJ'])}, with S {_fmt(d['values']['cost_SS'])}, S's solo gap "
                             f"{_fmt(d['values']['solo_gap_S'])} (gate.md has every number).")
     rep.sections.append(s)
+    if doc.get("builds"):
+        rep.sections.append(_builds_section(doc))
     if doc.get("secondary"):
         s = Section("Secondary rows (unadjusted)")
         s.tables.append(Table("Final checkpoint", ["id", "row", "comparison", "estimate [95% CI]", "note"],
@@ -130,6 +132,22 @@ def build_report(doc: Mapping[str, Any], gate_doc: Mapping[str, Any]) -> Report:
                         "the committed results.")
     rep.sections.append(s)
     return rep
+
+
+def _builds_section(doc: Mapping[str, Any]) -> Section:
+    """Which runs trained from which build of S and J (a registered rebuild amendment), each build's gate values."""
+    s = Section("Builds of S and J (amendments.md)")
+    s.tables.append(Table(
+        "Each build's gate (base models only) and the runs it trained; claims pool the builds",
+        ["gate", "S", "J", "passed", "S's share", "keyed share", "pass@1 S / J", "cost with J", "S's solo gap", "runs"],
+        [[b["gate"], b["S"][:16], b["J"][:16], "yes" if b["passed"] else "no", b["values"]["share"],
+          b["values"]["keyed_share"], f"{b['values']['solo_pass1_S']:.3f} / {b['values']['solo_pass1_J']:.3f}",
+          _fmt(b["values"]["cost_SJ"]), _fmt(b["values"]["solo_gap_S"]), ", ".join(b["runs"])]
+         for b in doc["builds"]]))
+    for cid, seeds in (doc.get("mixed_build_seeds") or {}).items():
+        s.paragraphs.append(f"{cid} compares, in seed(s) {', '.join(map(str, seeds))}, two runs that trained from "
+                            "different builds of S and J.")
+    return s
 
 
 def _fmt(x: Any) -> str:

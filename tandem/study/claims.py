@@ -219,11 +219,14 @@ def complete_seeds(reg: ControlRegistration, res: Results) -> list[int]:
     return [s for s in reg.seeds if all((s, a) in res.docs for a in reg.arms)]
 
 
-def control_document(reg: ControlRegistration, res: Results, gate_doc: dict, registration: str) -> dict:
+def control_document(reg: ControlRegistration, res: Results, gate_doc: dict, registration: str,
+                     gate_path: str = "gate.json", rebuild_gates: Mapping[str, dict] | None = None) -> dict:
     """claims.json of a positive control from its results, registration and gate: the claims (Holm over the
     family), the secondary rows, the dose curve and the bug indicators; a note only, with the dose curve, while
-    fewer seeds than the registered minimum are complete."""
-    from tandem.study.control import bug_inputs, bug_indicators, dose_series, setting_indicators
+    fewer seeds than the registered minimum are complete. Where runs trained from a rebuild of S and J (amendment
+    `rebuild`; `rebuild_gates`: gate path -> its gate.json, `gate_path` the registered gate's), `builds` says which
+    run trained from which build, with each build's gate values (tandem.study.control.builds_section)."""
+    from tandem.study.control import builds_section, bug_inputs, bug_indicators, dose_series, setting_indicators
 
     seeds = complete_seeds(reg, res)
     stats = reg.statistics.as_dict()
@@ -231,7 +234,8 @@ def control_document(reg: ControlRegistration, res: Results, gate_doc: dict, reg
     doc: dict = {"registration": registration, "setting": reg.setting or "1", "dialect": gate_doc.get("dialect"),
                  "seeds": seeds, "seeds_registered": list(reg.seeds),
                  "complete": len(seeds) == len(reg.seeds), "verdicts_final": len(seeds) == len(reg.seeds),
-                 "claims": [], "secondary": [], "bug_indicators": {}, "dose": {}}
+                 "claims": [], "secondary": [], "bug_indicators": {}, "dose": {},
+                 **builds_section(reg, res.docs, gate_doc, gate_path, rebuild_gates or {})}
     if len(seeds) < reg.min_seeds_for_verdict:
         doc["note"] = (f"{len(seeds)} of the registered seeds have every arm's result; verdicts need at least "
                        f"{reg.min_seeds_for_verdict}")
@@ -264,7 +268,8 @@ def control_document(reg: ControlRegistration, res: Results, gate_doc: dict, reg
             entry["verdict"] = "holds" if row["ci"][0] > -float(sec.margin) else "not shown"
         doc["secondary"].append(entry)
     doc["dose"] = dose_series(reg, res, seeds)
-    doc["bug_indicators"] = bug_indicators(bug_inputs(reg, res, seeds, gate_doc, doc), reg.bug_indicators)
+    doc["bug_indicators"] = bug_indicators(bug_inputs(reg, res, seeds, gate_doc, doc, rebuild_gates),
+                                           reg.bug_indicators)
     if reg.setting_indicators:  # read before the claims and reported beside the bug indicators; not bugs
         doc["setting_indicators"] = setting_indicators(doc["dose"], reg.setting_indicators)
     return doc

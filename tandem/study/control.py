@@ -256,8 +256,42 @@ def dose_series(reg, res, seeds: list[int]) -> dict:
     return out
 
 
-def bug_inputs(reg, res, seeds: list[int], gate_doc: Mapping, doc: Mapping) -> dict:
-    """The numbers `bug_indicators` reads, from the results, the gate and the claims rows of `doc`."""
+def build_of_run(doc: Mapping, gate_doc: Mapping, gate_path: str) -> dict:
+    """The build a result trained from: its `build` (a rebuild, amendment `rebuild`), else the registered gate's."""
+    h = gate_doc["dialects"][-1]["hashes"]
+    return dict(doc.get("build") or {"S": h["S"], "J": h["J"], "gate": gate_path})
+
+
+def builds_section(reg, docs: Mapping, gate_doc: Mapping, gate_path: str, rebuild_gates: Mapping[str, Mapping]) -> dict:
+    """Which build (S and J) each run trained from, each build's gate values, and per claim the seeds whose two arms
+    trained from different builds; empty when every run trained from the registered gate's build.
+    `rebuild_gates`: gate path -> that rebuild's gate.json (tasks.study.control.gate_rebuild)."""
+    runs: dict[str, list[str]] = {}
+    by_run: dict[tuple, str] = {}
+    for (seed, arm), d in sorted(docs.items()):
+        b = build_of_run(d, gate_doc, gate_path)
+        runs.setdefault(b["gate"], []).append(f"seed {seed} {arm}")
+        by_run[(seed, arm)] = b["gate"]
+    if set(runs) <= {gate_path}:
+        return {}
+    builds = []
+    for path in [gate_path] + sorted(set(runs) - {gate_path}):
+        g = gate_doc if path == gate_path else rebuild_gates[path]
+        d = g["dialects"][-1]
+        builds.append({"gate": path, "S": d["hashes"]["S"], "J": d["hashes"]["J"], "passed": g["passed"],
+                       "values": {k: d["values"].get(k) for k in ("share", "keyed_share", "solo_pass1_S", "solo_pass1_J",
+                                                               "cost_SJ", "solo_gap_S", "cost_SS")},
+                       "runs": runs.get(path, [])})
+    seeds = sorted({s for s, _ in docs})
+    mixed = {c.id: [s for s in seeds if (s, c.a) in by_run and (s, c.b) in by_run
+                    and by_run[(s, c.a)] != by_run[(s, c.b)]] for c in reg.claims}
+    return {"builds": builds, "mixed_build_seeds": {k: v for k, v in mixed.items() if v}}
+
+
+def bug_inputs(reg, res, seeds: list[int], gate_doc: Mapping, doc: Mapping,
+               rebuild_gates: Mapping[str, Mapping] | None = None) -> dict:
+    """The numbers `bug_indicators` reads, from the results, the gate (and the gates of any rebuild the runs
+    trained from) and the claims rows of `doc`."""
     docs = res.docs
     share = {a: d["mean"] for a, d in doc["dose"].items()}
     k = int(reg.bug_indicators["B3_first_steps"])
@@ -283,8 +317,15 @@ def bug_inputs(reg, res, seeds: list[int], gate_doc: Mapping, doc: Mapping) -> d
         **({"gate_cost_label": "the gate's paired (S, J) step gap"} if "gap_SJ" in gate_d["values"] else {}),
         "move": {a: v[-1] - v[0] for a, v in share.items()}, "final_share": {a: v[-1] for a, v in share.items()},
         "J1_holds": by_claim["J1"]["verdict"] == "holds", "H1_estimate": by_claim["H1"]["estimate"],
-        "junior_matches_warmup": (gate_d.get("junior_metrics") or {}).get("matches_base_warmup"),
+        # every build's J equal to its own S's warm-up (the registered gate's, and each rebuild's gate)
+        "junior_matches_warmup": _all_or_none((g["dialects"][-1].get("junior_metrics") or {}).get("matches_base_warmup")
+                                              for g in (gate_doc, *(rebuild_gates or {}).values())),
     }
+
+
+def _all_or_none(values) -> bool | None:
+    vals = list(values)
+    return None if any(v is None for v in vals) else all(vals)
 
 
 def _f(x, digits: int = 3) -> str:

@@ -523,7 +523,8 @@ def _problems(records: list[dict], dialect: str, style_of) -> dict[str, list[int
 def collect_result(reg: R.ControlRegistration, dialect: str, seed: int, arm: str, root: Path) -> dict:
     """The small result of one seed x arm: per checkpoint and mode the per-problem counts (samples, correct, in
     the dialect), per checkpoint the per-problem analysis means, the per-step training series, and every hash
-    the bug indicator B2 compares."""
+    the bug indicator B2 compares (`junior_gate`: the partner's hash as its build's gate measured it); a run on a
+    rebuild (amendment `rebuild`) also names its build (`build`: S and J hashes and the gate that passed them)."""
     import csv
 
     from tandem.checkpoints import generations_file
@@ -550,6 +551,7 @@ def collect_result(reg: R.ControlRegistration, dialect: str, seed: int, arm: str
             vals = {k: (float(r[k]) if r.get(k) not in (None, "") else None)
                     for k in ("junior_ce", "overlap", "kl_mean", "kl_junior_mean") if k in r}
             per_problem.setdefault(r["step"], {}).setdefault(r["benchmark"], {})[r["id"]] = vals
+    build = read_json(root / "build.json")  # the build it trained from: the gated one, or a gated rebuild
     last = sorted((root / "models" / "checkpoints" / tarm).glob("step-*"), key=lambda p: int(p.name[5:]))[-1]
     history = read_json(last / "trainer_state.json")["log_history"]
     series: dict[str, dict] = {}
@@ -561,7 +563,8 @@ def collect_result(reg: R.ControlRegistration, dialect: str, seed: int, arm: str
     return {
         "seed": seed, "arm": arm, "train_arm": tarm, "partner": spec.partner, "dialect": dialect,
         "steps": summ.get("steps"),
-        "hashes": {"junior_gate": read_json(gate_dir(reg) / "gate.json")["dialects"][-1]["hashes"][spec.partner],
+        **({"build": build} if build["gate"] != rel(gate_dir(reg) / "gate.json") else {}),
+        "hashes": {"junior_gate": build[spec.partner],
                    "junior_train": (summ.get("junior") or {}).get("hash"), "junior_eval": ev["junior"]["hash"],
                    "junior_analysis": (an.get("junior") or {}).get("hash", ev["junior"]["hash"]),
                    "junior_weights_before": summ.get("junior_hash_before"),

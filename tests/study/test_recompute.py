@@ -85,3 +85,34 @@ def test_the_command_recomputes_the_committed_control_in_place_without_changes()
     assert "J1: tandem-naive - grpo dialect_share" in r.stdout and "bug indicators fired: none" in r.stdout
     after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after.keys() == before.keys() and all(after[p] == before[p] for p in before)
+
+
+def test_runs_on_a_gated_rebuild_are_pooled_and_named_with_their_build(tmp_path, monkeypatch):
+    """A run that trained from a rebuild of S and J (a registered rebuild amendment) names its build; the claims
+    pool the builds, and claims.json and the report say which run trained from which build, each build's gate
+    values, and the claims whose two arms in a seed come from different builds."""
+    import json
+
+    rel = "studies/junior-control/coded-100"
+    monkeypatch.setattr(rc, "CODE_ROOT", tmp_path)
+    _copy(tmp_path, "studies/junior-control", ("registration.yaml", "gate.json"))
+    (tmp_path / "studies/junior-control/params.yaml").write_text((ROOT / "studies/junior-control/params.yaml").read_text())
+    out = _copy(tmp_path, rel, ("registration.yaml", "results"))
+    base = json.loads((ROOT / rel / "claims.json").read_text())
+    gate = json.loads((ROOT / "studies/junior-control/gate.json").read_text())
+    gate["dialects"][-1]["hashes"] = {"S": "e" * 64, "J": "f" * 64}
+    gate["dialects"][-1]["values"]["share"] = 0.5
+    gpath = "studies/junior-control/rebuilds/eeee-ffff/gate.json"
+    (tmp_path / gpath).parent.mkdir(parents=True)
+    (tmp_path / gpath).write_text(json.dumps({**gate, "amendment": "A1"}))
+    f = out / "results" / "seed-6" / "tandem-self.json"
+    f.write_text(json.dumps({**json.loads(f.read_text()), "build": {"S": "e" * 64, "J": "f" * 64, "gate": gpath}}))
+    kind, doc = rc.recompute(out)
+    assert [c["estimate"] for c in doc["claims"]] == [c["estimate"] for c in base["claims"]]  # pooled as before
+    registered, rebuild = doc["builds"]
+    assert registered["gate"].endswith("studies/junior-control/gate.json") and "seed 6 tandem-self" not in registered["runs"]
+    assert rebuild == {**rebuild, "gate": gpath, "S": "e" * 64, "runs": ["seed 6 tandem-self"], "passed": True}
+    assert rebuild["values"]["share"] == 0.5 and doc["mixed_build_seeds"] == {"J2": [6]}
+    assert doc["bug_indicators"]["B2"]["fired"] is base["bug_indicators"]["B2"]["fired"]
+    md = (out / "report.md").read_text()
+    assert "Builds of S and J" in md and "J2 compares, in seed(s) 6, two runs" in md
