@@ -63,6 +63,8 @@ GROUPED = {
                                                     "(`tandem study --recompute`)",
     "studies/jargon-smollm2/setting-2/report.*": "setting 2's report, dose curve first (Markdown and HTML)",
     "studies/jargon-smollm2/setting-2/figures/*": "setting 2's report figures",
+    "studies/jargon-smollm2/setting-2/rebuilds/*/gate.*": "setting 2's gate measured again on a rebuild of S and J "
+    "(amendment A1): the taken dialect, the registered criteria, on the rebuild's hashes",
     "studies/jargon-smollm2/setting-2/gate.*": "setting 2's gate on its base models (G1-G5 per dialect, within "
                                                "problems; JSON and Markdown), written by `tandem study gate`",
 }
@@ -111,6 +113,8 @@ OTHER_FILES = {
     "studies/jargon-smollm2/registration.yaml": "the same registration in the form the control driver reads (kind: junior-control)",
     "studies/jargon-smollm2/setting-2/params.yaml": "setting 2 of the SmolLM2 jargon control: setting 1's params file with every running value in 0-9 (data.max_value 9)",
     "studies/jargon-smollm2/setting-2/registration.md": "setting 2 of the SmolLM2 jargon control, registered before anything of it ran: why setting 1's jargons failed, reversed on values 0-9, a gate taken within problems, claims, bug indicators, budget",
+    "studies/jargon-smollm2/setting-2/amendments.md": "setting 2's amendments, each registered before anything it governs ran: A1, the remaining runs train from a rebuild of S and J whose own gate passed (the gated ones were lost with the machine that built them)",
+    "studies/jargon-smollm2/setting-2/amendments.yaml": "the same amendments in the form `tandem study control` reads (tandem.study.registration.Amendment)",
     "studies/jargon-smollm2/setting-2/registration.yaml": "the same registration in the form `tandem study gate|control` reads (kind: junior-control, estimator paired_problems)",
     "studies/junior-control/params.yaml": "the junior positive control's params file: what every one of its runs starts from",
     "studies/junior-control/registration.md": "the registered junior positive control: setting, arms, gate G1-G5, claims, bug indicators, seeds",

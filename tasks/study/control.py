@@ -80,7 +80,8 @@ def build_models(params_file: Path, log_dir: Path) -> None:
 
 # S and J are committed under `models/<dialect>/` only when both together stay under this size; larger ones (the
 # SmolLM2 control's, about 540 MB each) stay git-ignored under `work/<dialect>/models/` and are rebuilt by the
-# stages when missing; either way every run checks them against the hashes the gate recorded.
+# stages when missing; either way every run checks them against the hashes the gate recorded. A rebuild has the
+# same bits on the same CPU kernels only; on another machine it trains only as a gated rebuild (`accepted_build`).
 KEEP_MAX_BYTES = 50 * 2**20
 
 
