@@ -432,8 +432,13 @@ GATE_REBUILD = typer.Option(False, "--rebuild",
                                  "amendment): writes rebuilds/<S>-<J>/gate.json")
 
 
+GATE_JOBS = typer.Option(1, "--jobs", min=1, max=6, help="with --rebuild: measurements side by side, one process "
+                                                           "and one thread each (the same samples)")
+
+
 @study_app.command("gate")
-def study_gate(out: str = STUDY_OUT, dialect: list[str] | None = GATE_DIALECT, rebuild: bool = GATE_REBUILD) -> None:
+def study_gate(out: str = STUDY_OUT, dialect: list[str] | None = GATE_DIALECT, rebuild: bool = GATE_REBUILD,
+               jobs: int = GATE_JOBS) -> None:
     """A registered positive control's gate: build S and J for each registered dialect in order and measure the
     base-only criteria (G1-G5); writes gate.json and gate.md. Rerun: dialects already measured are kept (each
     dialect's result is kept in gate-dialects/<dialect>.json as soon as it is measured). --dialect NAME
@@ -446,7 +451,7 @@ def study_gate(out: str = STUDY_OUT, dialect: list[str] | None = GATE_DIALECT, r
 
         t0 = time.perf_counter()
         if rebuild:
-            doc = ctl.gate_rebuild(Path(out))
+            doc = ctl.gate_rebuild(Path(out), jobs)
             where = ctl.rebuild_dir(ctl.registration(Path(out)), doc["build"])
             typer.secho(f"rebuild gate finished in {time.perf_counter() - t0:.0f}s: "
                         f"{'passed' if doc['passed'] else 'failed'} ({ctl.rel(where / 'gate.md')})", bold=True)

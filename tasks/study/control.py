@@ -238,43 +238,67 @@ def _summary(records: list[dict], dialect: str, style_of, keyed) -> dict:
                              max(1, sum(1 for r in records if r["owner"])))}
 
 
-def gate_measures(params_file: Path, dialect: str, style_of, keyed, estimator: str = "pooled") -> dict:
-    """Every gate measurement of one dialect's S and J (solo, step and word), summarised; `dialect` is the style
-    the classifier names. G3-G5 by the registered `estimator` (tandem.study.control.GateCriteria): `pooled`, or
-    `paired_problems` (tandem.study.control.paired_gate_values, kept whole under `paired`)."""
-    from tandem.evaluation import content_hash
+# The gate's six measurements: name -> (senior, partner or None, problems: `benchmarks` or `validation`, mode,
+# who). The self pairs use a second copy of S as the junior, as training does. Each measurement's draws are seeded
+# by its own name (tandem.generation.stable_seed), so measuring them in any order or process gives the same samples.
+GATE_MEASUREMENTS = {
+    "S_solo": ("S", None, "benchmarks", "solo", "S"),
+    "J_solo": ("J", None, "benchmarks", "solo", "J"),
+    "SJ_step": ("S", "J", "benchmarks", "step", "SJ"),
+    "SS_step": ("S", "S", "benchmarks", "step", "SS"),
+    "SJ_word": ("S", "J", "validation", "word", "SJ"),
+    "SS_word": ("S", "S", "validation", "word", "SS"),
+}
+
+
+def gate_measurement(params_file: Path, name: str) -> list[dict]:
+    """The scored samples of one gate measurement (GATE_MEASUREMENTS) of the S and J `params_file` names, on one
+    thread; each model loaded once per call."""
+    import dataclasses
+
+    from tandem.data.prompts import user_message
+    from tandem.models import load_model, load_tokenizer
     from tandem.threads import torch_threads
     from tasks.evaluate import load_benchmarks
 
     params = load_params(params_file)
     root = Path(params.out_root)
-    S, J = root / "models" / "base", root / "models" / "junior"
-    import dataclasses
-
-    everything = dataclasses.replace(params, evaluate=dataclasses.replace(params.evaluate, max_problems=0))
-    benches = load_benchmarks(everything, {"eval_data": root / "data" / "prepared" / "eval"})
-    from tandem.data.prompts import user_message
-
-    val = {"validation": [{**r, "prompt": r.get("prompt") or user_message(r["problem"]), "answer": str(r["answer"])}
-                          for r in read_jsonl(root / "data" / "prepared" / "val.jsonl")]}
-    from tandem.models import load_model, load_tokenizer
-
+    dirs = {"S": root / "models" / "base", "J": root / "models" / "junior"}
+    senior, partner, problems, mode, who = GATE_MEASUREMENTS[name]
+    if problems == "benchmarks":
+        everything = dataclasses.replace(params, evaluate=dataclasses.replace(params.evaluate, max_problems=0))
+        rows = load_benchmarks(everything, {"eval_data": root / "data" / "prepared" / "eval"})
+    else:
+        rows = {"validation": [{**r, "prompt": r.get("prompt") or user_message(r["problem"]), "answer": str(r["answer"])}
+                               for r in read_jsonl(root / "data" / "prepared" / "val.jsonl")]}
     mc = params.model
-    tok = load_tokenizer(S, mc.trust_remote_code)  # J shares it (the junior stage checked)
+    tok = load_tokenizer(dirs["S"], mc.trust_remote_code)  # J shares it (the junior stage checked)
     with torch_threads(1):
-        # each model loaded once; the self pairs use a second copy of S as the junior, as training does
-        s_, s2, j_ = (load_model(d, mc.dtype, mc.trust_remote_code).eval() for d in (S, S, J))
-        runs = {
-            "S_solo": _pair_records(params, tok, s_, None, benches, "solo", "S"),
-            "J_solo": _pair_records(params, tok, j_, None, benches, "solo", "J"),
-            "SJ_step": _pair_records(params, tok, s_, j_, benches, "step", "SJ"),
-            "SS_step": _pair_records(params, tok, s_, s2, benches, "step", "SS"),
-            "SJ_word": _pair_records(params, tok, s_, j_, val, "word", "SJ"),
-            "SS_word": _pair_records(params, tok, s_, s2, val, "word", "SS"),
-        }
+        s_ = load_model(dirs[senior], mc.dtype, mc.trust_remote_code).eval()
+        j_ = None if partner is None else load_model(dirs[partner], mc.dtype, mc.trust_remote_code).eval()
+        return _pair_records(params, tok, s_, j_, rows, mode, who)
+
+
+def gate_measures(params_file: Path, dialect: str, style_of, keyed, estimator: str = "pooled", jobs: int = 1) -> dict:
+    """Every gate measurement of one dialect's S and J (solo, step and word), summarised; `dialect` is the style
+    the classifier names. G3-G5 by the registered `estimator` (tandem.study.control.GateCriteria): `pooled`, or
+    `paired_problems` (tandem.study.control.paired_gate_values, kept whole under `paired`). `jobs` > 1 measures
+    that many side by side, one process and one thread each: the same samples as one after the other."""
+    from tandem.evaluation import content_hash
+
+    root = Path(load_params(params_file).out_root)
+    names = list(GATE_MEASUREMENTS)
+    if jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(jobs, len(names)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            runs = dict(zip(names, pool.map(gate_measurement, [params_file] * len(names), names)))
+    else:
+        runs = {n: gate_measurement(params_file, n) for n in names}
     summ = {k: _summary(v, dialect, style_of, keyed) for k, v in runs.items()}
     return {**gate_values(summ, dialect, keyed, estimator), "measures": summ,
-            "hashes": {"S": content_hash(S), "J": content_hash(J)},
+            "hashes": {"S": content_hash(root / "models" / "base"), "J": content_hash(root / "models" / "junior")},
             "junior_metrics": read_json(root / "metrics" / "junior.json")}
 
 
@@ -315,11 +339,12 @@ def measure_dialect(reg: R.ControlRegistration, d: R.Dialect, crit) -> dict:
     return res
 
 
-def _measured(reg: R.ControlRegistration, d: R.Dialect, crit, f: Path) -> dict:
-    """One dialect's gate result from the S and J its params file `f` names, as built."""
+def _measured(reg: R.ControlRegistration, d: R.Dialect, crit, f: Path, jobs: int = 1) -> dict:
+    """One dialect's gate result from the S and J its params file `f` names, as built (`jobs` measurements side
+    by side)."""
     from tandem.study.control import gate as decide
 
-    m = gate_measures(f, d.style, classifier(reg.classifier), reg.keyed_styles, crit.estimator)
+    m = gate_measures(f, d.style, classifier(reg.classifier), reg.keyed_styles, crit.estimator, jobs)
     return {"dialect": d.name, **({"style": d.style} if d.style != d.name else {}),
             "senior_styles": dict(d.senior_styles), **decide(m["values"], crit), **m, "params": rel(f)}
 
@@ -374,12 +399,12 @@ def gate(out: Path = CONTROL_DIR) -> dict:
 # The seed x arm runs
 # --------------------------------------------------------------------------------------------------
 
-def gate_rebuild(out: Path) -> dict:
+def gate_rebuild(out: Path, jobs: int = 1) -> dict:
     """The gate measured again on a rebuild (a registered `rebuild` amendment): the S and J the stages build in the
     taken dialect's work root on this machine, measured as the registered gate measures them (that dialect only,
     the registered criteria and estimator), written to `rebuilds/<S>-<J>/gate.json` and `gate.md` (read back when
     they exist: a rebuild on a machine whose kernels give the same bits is that earlier build). The gated build
-    itself is refused: its gate is gate.json."""
+    itself is refused: its gate is gate.json. `jobs`: measurements side by side (the same samples)."""
     reg, crit = _gate_registration(out)
     am = rebuild_amendment(reg)
     if am is None:
@@ -397,7 +422,7 @@ def gate_rebuild(out: Path) -> dict:
     dest = rebuild_dir(reg, got)
     if (dest / "gate.json").exists():
         return read_json(dest / "gate.json")
-    res = _measured(reg, d, crit, f)
+    res = _measured(reg, d, crit, f, jobs)
     doc = {"registration": rel(reg.path), "amendment": am.id, "rebuild_of": gated, "build": got,
            "passed": res["passed"], "dialect": dialect if res["passed"] else None, "dialects": [res],
            **({"setting": reg.setting} if reg.setting else {})}

@@ -105,6 +105,12 @@ def test_the_control_end_to_end_with_a_junior_of_its_own(tmp_path):
         "S_solo", "J_solo", "SJ_step", "SS_step", "SJ_word", "SS_word"}
     S, J = compact["hashes"]["S"], compact["hashes"]["J"]
     assert S != J  # a junior of its own, built by the junior stage with the base's tokenizer
+    # the six measurements side by side, one process each, give the very same samples
+    reg = ctl.registration(out)
+    d = reg.dialect("compact")
+    par = ctl.gate_measures(ctl.dialect_params(reg, d), d.style, ctl.classifier(reg.classifier), reg.keyed_styles,
+                            jobs=2)
+    assert par["measures"] == compact["measures"] and par["hashes"] == compact["hashes"]
     if not g["passed"]:  # the tiny model writes no dialect: let the compact dialect through for the path below
         g.update(passed=True, dialect="compact", dialects=[compact])
         (out / "gate.json").write_text(json.dumps(g))
