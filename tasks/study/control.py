@@ -146,8 +146,8 @@ def accepted_build(reg: R.ControlRegistration, dialect: str, got: dict[str, str]
     is the gated build; else, under a registered `rebuild` amendment, this very build's own gate, measured again
     and passed. Refuses in one line, saying what to run, otherwise."""
     gated = gated_hashes(reg, dialect)
-    if {k: got[k] for k in ("S", "J")} == {k: gated[k] for k in ("S", "J")}:
-        return {"S": got["S"], "J": got["J"], "gate": rel(gate_dir(reg) / "gate.json")}
+    if got == gated:
+        return {**got, "gate": rel(gate_dir(reg) / "gate.json")}
     am = rebuild_amendment(reg)
     where = f"S {got['S'][:16]} and J {got['J'][:16]} (in {rel(work_root(reg, dialect) / 'models')})"
     if am is None:
@@ -162,14 +162,14 @@ def accepted_build(reg: R.ControlRegistration, dialect: str, got: dict[str, str]
     if not read_json(f)["passed"]:
         raise BadInputError(f"control: {where} failed their own gate ({rel(f.parent / 'gate.md')}): amendment "
                             f"{am.id} lets this rebuild train nothing")
-    return {"S": got["S"], "J": got["J"], "gate": rel(f)}
+    return {**got, "gate": rel(f)}
 
 
-def ensure_inputs(reg: R.ControlRegistration, dialect: str) -> tuple[Path, dict[str, str]]:
+def built(reg: R.ControlRegistration, dialect: str) -> tuple[Path, dict[str, str]]:
     """The dialect's work root with its prepared data (rebuilt by the prepare stage when missing: it is
     deterministic) and its models: linked to the committed S and J where the gate kept them in git, otherwise
-    the git-ignored ones in the work root, rebuilt by the base and junior stages when missing; and the build they
-    are, accepted by `accepted_build` (the gate's hashes, a later setting's: its gate's; or a rebuild's own gate)."""
+    the git-ignored ones in the work root, rebuilt by the base and junior stages when missing; and their hashes
+    (`build_of`)."""
     reg = reg.gated
     d = reg.dialect(dialect)
     f = dialect_params(reg, d)
@@ -181,7 +181,14 @@ def ensure_inputs(reg: R.ControlRegistration, dialect: str) -> tuple[Path, dict[
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.symlink_to(keep / name, target_is_directory=True)
     build_models(f, root / "logs")
-    return root, accepted_build(reg, dialect, build_of(root))
+    return root, build_of(root)
+
+
+def ensure_inputs(reg: R.ControlRegistration, dialect: str) -> tuple[Path, dict[str, str]]:
+    """`built`'s work root and the build it holds, accepted by `accepted_build` (the gate's hashes, a later
+    setting's: its gate's; or a rebuild's own gate, passed)."""
+    root, got = built(reg, dialect)
+    return root, accepted_build(reg, dialect, got)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -395,10 +402,6 @@ def gate(out: Path = CONTROL_DIR) -> dict:
     return doc
 
 
-# --------------------------------------------------------------------------------------------------
-# The seed x arm runs
-# --------------------------------------------------------------------------------------------------
-
 def gate_rebuild(out: Path, jobs: int = 1) -> dict:
     """The gate measured again on a rebuild (a registered `rebuild` amendment): the S and J the stages build in the
     taken dialect's work root on this machine, measured as the registered gate measures them (that dialect only,
@@ -412,17 +415,14 @@ def gate_rebuild(out: Path, jobs: int = 1) -> dict:
                             "train from the gated S and J only")
     dialect = chosen_dialect(reg)
     d = reg.dialect(dialect)
-    f = dialect_params(reg, d)
-    root = work_root(reg, dialect)
-    build_models(f, root / "logs")
-    got = build_of(root)
+    root, got = built(reg, dialect)
     gated = gated_hashes(reg, dialect)
-    if got == {k: gated[k] for k in ("S", "J")}:
+    if got == gated:
         raise BadInputError(f"control: {rel(root / 'models')} holds the gated build itself: gate.json is its gate")
     dest = rebuild_dir(reg, got)
     if (dest / "gate.json").exists():
         return read_json(dest / "gate.json")
-    res = _measured(reg, d, crit, f, jobs)
+    res = _measured(reg, d, crit, dialect_params(reg, d), jobs)
     doc = {"registration": rel(reg.path), "amendment": am.id, "rebuild_of": gated, "build": got,
            "passed": res["passed"], "dialect": dialect if res["passed"] else None, "dialects": [res],
            **({"setting": reg.setting} if reg.setting else {})}
@@ -431,6 +431,10 @@ def gate_rebuild(out: Path, jobs: int = 1) -> dict:
         Path(tmp).write_text(gate_markdown(doc))
     return doc
 
+
+# --------------------------------------------------------------------------------------------------
+# The seed x arm runs
+# --------------------------------------------------------------------------------------------------
 
 def chosen_dialect(reg: R.ControlRegistration) -> str:
     """The dialect the committed gate chose (a later setting's: its gate's); refuses to run without a passed gate."""

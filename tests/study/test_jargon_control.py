@@ -303,3 +303,22 @@ def test_setting_2_loads_with_its_own_gate_and_builds_each_jargon_as_registered(
         assert {k: v for k, v in f["data"].items() if k != "max_value"} == {
             k: v for k, v in base["data"].items() if k != "max_value"}
     assert "/studies/jargon-smollm2/*/work/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_the_rebuild_gate_needs_the_amendment_and_a_build_other_than_the_gated_one(tmp_path, monkeypatch):
+    from tasks.study import control as ctl
+
+    gated = {"S": "a" * 64, "J": "b" * 64}
+    with pytest.raises(BadInputError, match="registers no rebuild amendment"):
+        ctl.gate_rebuild(_gated(tmp_path / "none", gated, amendment=False).dir)
+    reg = _gated(tmp_path, gated, amendment=True)
+    monkeypatch.setattr(ctl, "built", lambda r, d: (tmp_path / "work", gated))
+    with pytest.raises(BadInputError, match="holds the gated build itself"):
+        ctl.gate_rebuild(reg.dir)
+    other = {"S": "c" * 64, "J": "b" * 64}
+    monkeypatch.setattr(ctl, "built", lambda r, d: (tmp_path / "work", other))
+    kept = ctl.rebuild_dir(reg, other) / "gate.json"
+    kept.parent.mkdir(parents=True)
+    kept.write_text('{"passed": true, "build": {}}')
+    monkeypatch.setattr(ctl, "_measured", lambda *a: pytest.fail("a rebuild already gated is read back"))
+    assert ctl.gate_rebuild(reg.dir)["passed"] is True
