@@ -256,6 +256,10 @@ def dose_series(reg, res, seeds: list[int]) -> dict:
     return out
 
 
+# A build's gate values the claims document shows beside the runs it trained (builds_section).
+BUILD_VALUES = ("share", "keyed_share", "solo_pass1_S", "solo_pass1_J", "cost_SJ", "solo_gap_S", "cost_SS")
+
+
 def build_of_run(doc: Mapping, gate_doc: Mapping, gate_path: str) -> dict:
     """The build a result trained from: its `build` (a rebuild, amendment `rebuild`), else the registered gate's."""
     h = gate_doc["dialects"][-1]["hashes"]
@@ -279,8 +283,7 @@ def builds_section(reg, docs: Mapping, gate_doc: Mapping, gate_path: str, rebuil
         g = gate_doc if path == gate_path else rebuild_gates[path]
         d = g["dialects"][-1]
         builds.append({"gate": path, "S": d["hashes"]["S"], "J": d["hashes"]["J"], "passed": g["passed"],
-                       "values": {k: d["values"].get(k) for k in ("share", "keyed_share", "solo_pass1_S", "solo_pass1_J",
-                                                               "cost_SJ", "solo_gap_S", "cost_SS")},
+                       "values": {k: d["values"].get(k) for k in BUILD_VALUES},
                        "runs": runs.get(path, [])})
     seeds = sorted({s for s, _ in docs})
     mixed = {c.id: [s for s in seeds if (s, c.a) in by_run and (s, c.b) in by_run

@@ -276,8 +276,9 @@ def gate_measurement(params_file: Path, name: str) -> list[dict]:
         everything = dataclasses.replace(params, evaluate=dataclasses.replace(params.evaluate, max_problems=0))
         rows = load_benchmarks(everything, {"eval_data": root / "data" / "prepared" / "eval"})
     else:
-        rows = {"validation": [{**r, "prompt": r.get("prompt") or user_message(r["problem"]), "answer": str(r["answer"])}
-                               for r in read_jsonl(root / "data" / "prepared" / "val.jsonl")]}
+        val = read_jsonl(root / "data" / "prepared" / "val.jsonl")
+        rows = {"validation": [{**r, "prompt": r.get("prompt") or user_message(r["problem"]),
+                                "answer": str(r["answer"])} for r in val]}
     mc = params.model
     tok = load_tokenizer(dirs["S"], mc.trust_remote_code)  # J shares it (the junior stage checked)
     with torch_threads(1):

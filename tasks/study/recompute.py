@@ -58,7 +58,8 @@ def control(out: Path) -> dict:
     _refuse_without_results(Path(out), "seed-*/*.json", gate_doc)
     res = read_control_results(Path(out) / "results", reg.evaluation.get("ks", [1, 2, 4, 8]))
     # the gates of the rebuilds any run trained from (amendment `rebuild`), by the path each result names
-    rebuilds = {d["build"]["gate"]: read_json(CODE_ROOT / d["build"]["gate"]) for d in res.docs.values() if "build" in d}
+    rebuilds = {d["build"]["gate"]: read_json(CODE_ROOT / d["build"]["gate"])
+                for d in res.docs.values() if "build" in d}
     doc = control_document(reg, res, gate_doc, rel(reg.path, CODE_ROOT),
                            rel(reg.gated.dir / "gate.json", CODE_ROOT), rebuilds)
     write_json(Path(out) / "claims.json", doc)

@@ -96,7 +96,7 @@ def test_runs_on_a_gated_rebuild_are_pooled_and_named_with_their_build(tmp_path,
     rel = "studies/junior-control/coded-100"
     monkeypatch.setattr(rc, "CODE_ROOT", tmp_path)
     _copy(tmp_path, "studies/junior-control", ("registration.yaml", "gate.json"))
-    (tmp_path / "studies/junior-control/params.yaml").write_text((ROOT / "studies/junior-control/params.yaml").read_text())
+    _copy(tmp_path, "studies/junior-control", ("params.yaml",))
     out = _copy(tmp_path, rel, ("registration.yaml", "results"))
     base = json.loads((ROOT / rel / "claims.json").read_text())
     gate = json.loads((ROOT / "studies/junior-control/gate.json").read_text())
@@ -110,7 +110,8 @@ def test_runs_on_a_gated_rebuild_are_pooled_and_named_with_their_build(tmp_path,
     kind, doc = rc.recompute(out)
     assert [c["estimate"] for c in doc["claims"]] == [c["estimate"] for c in base["claims"]]  # pooled as before
     registered, rebuild = doc["builds"]
-    assert registered["gate"].endswith("studies/junior-control/gate.json") and "seed 6 tandem-self" not in registered["runs"]
+    assert registered["gate"].endswith("studies/junior-control/gate.json")
+    assert "seed 6 tandem-self" not in registered["runs"]
     assert rebuild == {**rebuild, "gate": gpath, "S": "e" * 64, "runs": ["seed 6 tandem-self"], "passed": True}
     assert rebuild["values"]["share"] == 0.5 and doc["mixed_build_seeds"] == {"J2": [6]}
     assert doc["bug_indicators"]["B2"]["fired"] is base["bug_indicators"]["B2"]["fired"]
