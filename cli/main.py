@@ -432,8 +432,8 @@ GATE_REBUILD = typer.Option(False, "--rebuild",
                                  "amendment): writes rebuilds/<S>-<J>/gate.json")
 
 
-GATE_JOBS = typer.Option(1, "--jobs", min=1, max=6, help="with --rebuild: measurements side by side, one process "
-                                                           "and one thread each (the same samples)")
+GATE_JOBS = typer.Option(1, "--jobs", min=1, max=6, help="a dialect's six measurements side by side, one process and "
+                                                           "one thread each (the same samples as one after the other)")
 
 
 @study_app.command("gate")
@@ -444,7 +444,8 @@ def study_gate(out: str = STUDY_OUT, dialect: list[str] | None = GATE_DIALECT, r
     dialect's result is kept in gate-dialects/<dialect>.json as soon as it is measured). --dialect NAME
     (repeatable) measures only those dialects, e.g. two in processes side by side, and writes no gate.json:
     a run without it then decides in the registered order. --rebuild measures the taken dialect again on S and J
-    the stages rebuild on this machine, when a rebuild amendment is registered (amendments.yaml)."""
+    the stages rebuild on this machine, when a rebuild amendment is registered (amendments.yaml). --jobs N measures
+    a dialect's six measurements N at a time, one process and one thread each: the same samples."""
     _offline_defaults()
     with expected_failures("study gate"):
         from tasks.study import control as ctl
@@ -457,9 +458,9 @@ def study_gate(out: str = STUDY_OUT, dialect: list[str] | None = GATE_DIALECT, r
                         f"{'passed' if doc['passed'] else 'failed'} ({ctl.rel(where / 'gate.md')})", bold=True)
             return
         if dialect:
-            measured = ctl.measure_dialects(Path(out), dialect)
+            measured = ctl.measure_dialects(Path(out), dialect, jobs)
         else:
-            doc = ctl.gate(Path(out))
+            doc = ctl.gate(Path(out), jobs)
     if dialect:
         reg = ctl.registration(Path(out))
         for r in measured:

@@ -334,15 +334,15 @@ def dialect_result_file(reg: R.ControlRegistration, dialect: str) -> Path:
     return gate_dir(reg) / "gate-dialects" / f"{dialect}.json"
 
 
-def measure_dialect(reg: R.ControlRegistration, d: R.Dialect, crit) -> dict:
+def measure_dialect(reg: R.ControlRegistration, d: R.Dialect, crit, jobs: int = 1) -> dict:
     """One dialect's gate result: kept from its result file when there is one, else S and J built and measured
-    (`gate_measures`) and the result file written."""
+    (`gate_measures`, `jobs` measurements side by side) and the result file written."""
     kept = dialect_result_file(reg, d.name)
     if kept.exists():
         return read_json(kept)
     f = dialect_params(reg, d)
     build_models(f, work_root(reg, d.name) / "logs")
-    res = _measured(reg, d, crit, f)
+    res = _measured(reg, d, crit, f, jobs)
     write_json(kept, res)
     return res
 
@@ -366,7 +366,7 @@ def _gate_registration(out: Path) -> tuple[R.ControlRegistration, GateCriteria]:
     return reg, GateCriteria.from_dict(reg.gate.criteria)
 
 
-def measure_dialects(out: Path, names: list[str]) -> list[dict]:
+def measure_dialects(out: Path, names: list[str], jobs: int = 1) -> list[dict]:
     """The named registered dialects alone, each measured into its result file (`dialect_result_file`; several
     can run side by side, one process each) or read from it: no decision, neither gate.json nor gate.md; a
     later `gate` reads these results and decides in the registered order."""
@@ -376,10 +376,10 @@ def measure_dialects(out: Path, names: list[str]) -> list[dict]:
     if unknown:
         raise BadInputError(f"control: dialect(s) {', '.join(unknown)} are not registered (registered: "
                             f"{', '.join(registered)})")
-    return [measure_dialect(reg, d, crit) for d in reg.dialects if d.name in names]
+    return [measure_dialect(reg, d, crit, jobs) for d in reg.dialects if d.name in names]
 
 
-def gate(out: Path = CONTROL_DIR) -> dict:
+def gate(out: Path = CONTROL_DIR, jobs: int = 1) -> dict:
     """The registered gate: dialects in order until one passes (each measured, or read from its result file or
     gate.json); writes gate.json and gate.md."""
     reg, crit = _gate_registration(out)
@@ -389,7 +389,7 @@ def gate(out: Path = CONTROL_DIR) -> dict:
     results, chosen = [], None
     for d in reg.dialects:
         name = d.name
-        res = done[name] if name in done else measure_dialect(reg, d, crit)
+        res = done[name] if name in done else measure_dialect(reg, d, crit, jobs)
         results.append(res)
         if res["passed"]:
             chosen = name
