@@ -379,6 +379,13 @@ def measure_dialects(out: Path, names: list[str], jobs: int = 1) -> list[dict]:
     return [measure_dialect(reg, d, crit, jobs) for d in reg.dialects if d.name in names]
 
 
+def write_gate(folder: Path, doc: dict) -> None:
+    """A gate's record: `gate.json` and the page rendered from it, `gate.md`, in `folder`."""
+    write_json(folder / "gate.json", doc)
+    with atomic_path(folder / "gate.md") as tmp:
+        Path(tmp).write_text(gate_markdown(doc))
+
+
 def gate(out: Path = CONTROL_DIR, jobs: int = 1) -> dict:
     """The registered gate: dialects in order until one passes (each measured, or read from its result file or
     gate.json); writes gate.json and gate.md."""
@@ -397,9 +404,7 @@ def gate(out: Path = CONTROL_DIR, jobs: int = 1) -> dict:
             break
     doc = {"registration": rel(Path(out) / "registration.yaml"), "passed": chosen is not None,
            "dialect": chosen, "dialects": results, **({"setting": reg.setting} if reg.setting else {})}
-    write_json(Path(out) / "gate.json", doc)
-    with atomic_path(Path(out) / "gate.md") as tmp:
-        Path(tmp).write_text(gate_markdown(doc))
+    write_gate(Path(out), doc)
     return doc
 
 
@@ -427,9 +432,7 @@ def gate_rebuild(out: Path, jobs: int = 1) -> dict:
     doc = {"registration": rel(reg.path), "amendment": am.id, "rebuild_of": gated, "build": got,
            "passed": res["passed"], "dialect": dialect if res["passed"] else None, "dialects": [res],
            **({"setting": reg.setting} if reg.setting else {})}
-    write_json(dest / "gate.json", doc)
-    with atomic_path(dest / "gate.md") as tmp:
-        Path(tmp).write_text(gate_markdown(doc))
+    write_gate(dest, doc)
     return doc
 
 
